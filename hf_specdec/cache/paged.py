@@ -1,0 +1,323 @@
+"""PagedCache: a `transformers.Cache` whose K/V live in a pool of fixed-size blocks, one block table per row.
+
+Layout (per layer): ``keys`` and ``values`` are pools of shape `[num_blocks, block_size, num_kv_heads, head_dim]`.
+A row's token at position ``p`` lives in block ``block_table[row][p // block_size]`` at offset ``p % block_size``;
+its *slot* is ``block * block_size + offset`` in the flattened `[num_blocks * block_size, H_kv, D]` view.
+All layers share one `BlockAllocator` (the same block tables), so a slot means the same thing in every layer.
+
+Two ways to use it:
+
+- Drop-in: ``model.generate(ids, past_key_values=PagedCache())``. ``update`` appends the new K/V of every row and
+  returns the row's dense K/V, so any attention implementation works.
+- Speculative decoding (hf_specdec's loop): the `AttentionPlan` of a forward reserves slots once; the registered
+  attention writes K/V straight into them and reads through the block tables. After verification,
+  `commit` moves accepted tree nodes into place (inside and across blocks) and frees pages of rejected nodes.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class BlockAllocator:
+    """Block tables and lengths of every row; hands out and takes back blocks (lowest id first)."""
+
+    def __init__(self, block_size: int = 16, initial_blocks: int = 0):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.num_blocks = initial_blocks  # capacity the layer pools must have
+        self._free: list[int] = list(range(initial_blocks))
+        heapq.heapify(self._free)
+        self.block_tables: list[list[int]] = []
+        self.lengths: list[int] = []  # committed tokens per row
+        self.active: list[bool] = []
+        self.dense_slots: torch.Tensor | None = None  # slots of the current drop-in forward (set by layer 0)
+
+    # rows -------------------------------------------------------------------
+    def add_rows(self, n: int) -> list[int]:
+        start = len(self.lengths)
+        for _ in range(n):
+            self.block_tables.append([])
+            self.lengths.append(0)
+            self.active.append(True)
+        return list(range(start, start + n))
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.lengths)
+
+    def free_row(self, row: int) -> None:
+        """Give every block of ``row`` back; the row keeps its index but holds nothing."""
+        for blk in self.block_tables[row]:
+            heapq.heappush(self._free, blk)
+        self.block_tables[row] = []
+        self.lengths[row] = 0
+        self.active[row] = False
+
+    # blocks -----------------------------------------------------------------
+    def _take_block(self) -> int:
+        if not self._free:
+            grow = max(16, self.num_blocks)  # amortised doubling
+            for blk in range(self.num_blocks, self.num_blocks + grow):
+                heapq.heappush(self._free, blk)
+            self.num_blocks += grow
+        return heapq.heappop(self._free)
+
+    def reserve(self, row: int, total_len: int) -> None:
+        """Make sure ``row`` has blocks for positions ``[0, total_len)``."""
+        need = -(-total_len // self.block_size)
+        table = self.block_tables[row]
+        while len(table) < need:
+            table.append(self._take_block())
+
+    def truncate(self, row: int, length: int) -> None:
+        """Set the row's committed length to ``length`` and free blocks past it."""
+        if length > len(self.block_tables[row]) * self.block_size:
+            raise ValueError(f"row {row}: cannot keep {length} tokens, only blocks for fewer are reserved")
+        keep = -(-length // self.block_size)
+        table = self.block_tables[row]
+        for blk in table[keep:]:
+            heapq.heappush(self._free, blk)
+        del table[keep:]
+        self.lengths[row] = length
+
+    def slots(self, row: int, positions: torch.Tensor | Sequence[int], device=None) -> torch.Tensor:
+        """`[n]` flat slot ids of ``positions`` of ``row`` (the blocks must be reserved)."""
+        pos = torch.as_tensor(positions, dtype=torch.long)
+        table = torch.tensor(self.block_tables[row], dtype=torch.long)
+        out = table[pos // self.block_size] * self.block_size + pos % self.block_size
+        return out if device is None else out.to(device)
+
+    def slot_range(self, row: int, start: int, stop: int, device=None) -> torch.Tensor:
+        return self.slots(row, torch.arange(start, stop), device)
+
+    def contiguous_span(self, row: int, length: int) -> int | None:
+        """First slot if positions ``[0, length)`` of ``row`` occupy consecutive slots, else None."""
+        table = self.block_tables[row]
+        need = -(-length // self.block_size)
+        if need == 0:
+            return 0
+        first = table[0]
+        if table[need - 1] - first == need - 1 and all(table[i] == first + i for i in range(need)):
+            return first * self.block_size
+        return None
+
+    def block_table_tensor(self, rows: Sequence[int], device=None) -> torch.Tensor:
+        """`[len(rows), max_blocks]` int32 block tables, padded with 0 (kernels read lengths to stay in bounds)."""
+        width = max((len(self.block_tables[r]) for r in rows), default=0)
+        out = torch.zeros(len(rows), max(width, 1), dtype=torch.int32)
+        for i, r in enumerate(rows):
+            t = self.block_tables[r]
+            if t:
+                out[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+        return out if device is None else out.to(device)
+
+    def blocks_in_use(self) -> int:
+        return self.num_blocks - len(self._free)
+
+
+class PagedLayer(CacheLayerMixin):
+    """One layer's block pools; block tables come from the shared `BlockAllocator`."""
+
+    is_sliding = False
+    is_croppable = True
+
+    def __init__(self, allocator: BlockAllocator, layer_idx: int):
+        super().__init__()
+        self.allocator = allocator
+        self.layer_idx = layer_idx
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Create empty pools from the shapes of `[..., H_kv, D]` states (heads on dim -2)."""
+        h, d = key_states.shape[-2], key_states.shape[-1]
+        dv = value_states.shape[-1]
+        self.dtype, self.device = key_states.dtype, key_states.device
+        bs = self.allocator.block_size
+        self.keys = torch.zeros(0, bs, h, d, dtype=self.dtype, device=self.device)
+        self.values = torch.zeros(0, bs, h, dv, dtype=self.dtype, device=self.device)
+        self.is_initialized = True
+
+    def ensure_capacity(self) -> None:
+        n = self.allocator.num_blocks
+        have = self.keys.shape[0]
+        if have < n:
+            extra = n - have
+            self.keys = torch.cat([self.keys, self.keys.new_zeros(extra, *self.keys.shape[1:])])
+            self.values = torch.cat([self.values, self.values.new_zeros(extra, *self.values.shape[1:])])
+
+    def flat(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[num_blocks * block_size, H_kv, D]` views of the pools."""
+        return self.keys.flatten(0, 1), self.values.flatten(0, 1)
+
+    def write(self, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Store `[N, H_kv, D]` key/value rows at flat ``slots`` `[N]`."""
+        if not self.is_initialized:
+            self.lazy_initialization(key, value)
+        self.ensure_capacity()
+        k, v = self.flat()
+        k.index_copy_(0, slots, key.to(k.dtype))
+        v.index_copy_(0, slots, value.to(v.dtype))
+
+    def gather(self, row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[length, H_kv, D]` K and V of positions ``[0, length)`` of ``row`` (a view when the pages are contiguous)."""
+        k, v = self.flat()
+        start = self.allocator.contiguous_span(row, length)
+        if start is not None:
+            return k[start : start + length], v[start : start + length]
+        slots = self.allocator.slot_range(row, 0, length, device=k.device)
+        return k.index_select(0, slots), v.index_select(0, slots)
+
+    # transformers.Cache drop-in path -----------------------------------------
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append `[B, H_kv, S, D]` states at the slots layer 0 reserved; return dense `[B, H_kv, L + S, D]` K/V."""
+        slots = self.allocator.dense_slots
+        if slots is None or slots.numel() != key_states.shape[0] * key_states.shape[2]:
+            raise RuntimeError("PagedCache: layer 0 must be updated first in every forward")
+        self.write(
+            slots.to(key_states.device),
+            key_states.transpose(1, 2).flatten(0, 1),
+            value_states.transpose(1, 2).flatten(0, 1),
+        )
+        ks, vs = [], []
+        for b in range(key_states.shape[0]):
+            k, v = self.gather(b, self.allocator.lengths[b])
+            ks.append(k.transpose(0, 1))
+            vs.append(v.transpose(0, 1))
+        return torch.stack(ks), torch.stack(vs)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.allocator.lengths[0] if self.allocator.lengths else 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+        self.is_initialized = False
+
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError("crop PagedCache rows with PagedCache.rollback(row, length)")
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise NotImplementedError("PagedCache does not support beam search")
+
+
+class PagedCache(Cache):
+    """A paged K/V cache (see module docstring).
+
+    Args:
+        config: optional model config; when given, one layer per ``num_hidden_layers`` is created up front.
+        block_size: tokens per block (any value >= 1; powers of two suit the Triton kernels).
+        num_layers: number of layers when no config is given (otherwise layers are added lazily).
+    """
+
+    def __init__(self, config=None, *, block_size: int = 16, num_layers: int | None = None):
+        self.allocator = BlockAllocator(block_size)
+        if config is not None:
+            cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+            num_layers = cfg.num_hidden_layers
+        layers = [PagedLayer(self.allocator, i) for i in range(num_layers or 0)]
+        super().__init__(layers=layers)
+
+    # layers are created on demand so PagedCache() works without a config
+    def layer(self, idx: int) -> PagedLayer:
+        while len(self.layers) <= idx:
+            self.layers.append(PagedLayer(self.allocator, len(self.layers)))
+        return self.layers[idx]
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        """Drop-in `Cache.update`: rows ``0..B-1`` each append ``S`` tokens (layer 0 reserves their slots)."""
+        layer = self.layer(layer_idx)
+        if layer_idx == 0:
+            alloc = self.allocator
+            bsz, seq = key_states.shape[0], key_states.shape[2]
+            if alloc.num_rows < bsz:
+                alloc.add_rows(bsz - alloc.num_rows)
+            slots = []
+            for b in range(bsz):
+                start = alloc.lengths[b]
+                alloc.reserve(b, start + seq)
+                alloc.lengths[b] = start + seq
+                slots.append(alloc.slot_range(b, start, start + seq))
+            alloc.dense_slots = torch.cat(slots)
+        return layer.update(key_states, value_states)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.allocator.lengths[0] if self.allocator.lengths else 0
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.get_seq_length(layer_idx) + query_length, 0
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False] * max(len(self.layers), 1)
+
+    # ------------------------------------------------------------ paged API
+    @property
+    def block_size(self) -> int:
+        return self.allocator.block_size
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.allocator.lengths
+
+    def add_rows(self, n: int) -> list[int]:
+        return self.allocator.add_rows(n)
+
+    def free_row(self, row: int) -> None:
+        self.allocator.free_row(row)
+
+    def rollback(self, row: int, length: int) -> None:
+        """Forget everything of ``row`` past ``length`` tokens (freeing whole blocks past it)."""
+        if length > self.allocator.lengths[row]:
+            raise ValueError(f"row {row} holds {self.allocator.lengths[row]} tokens; cannot roll back to {length}")
+        self.allocator.truncate(row, length)
+
+    def commit(self, row: int, accepted: torch.Tensor | Sequence[int]) -> None:
+        """Keep the accepted tree positions of ``row`` (see `commit_rows`)."""
+        self.commit_rows([row], [accepted])
+
+    def commit_rows(self, rows: Sequence[int], accepted: Sequence[torch.Tensor | Sequence[int]]) -> None:
+        """After a verification forward, keep only the accepted tree positions of each row.
+
+        The forward wrote the row's ``[root, node_0, ...]`` at positions ``L, L + 1, ...`` (``L`` = the row's
+        committed length). ``accepted[i]`` lists tree positions (0 = root, ``j + 1`` = node j), root first,
+        increasing. Their K/V moves to positions ``L, L + 1, ...`` (inside and across blocks), the row's length
+        grows by ``len(accepted[i])`` and blocks that only held rejected nodes are freed.
+        """
+        alloc = self.allocator
+        src_all, dst_all = [], []
+        for row, acc in zip(rows, accepted):
+            acc = torch.as_tensor(acc, dtype=torch.long).reshape(-1).cpu()
+            if acc.numel() == 0 or int(acc[0]) != 0:
+                raise ValueError(f"row {row}: accepted positions must start with the root (0), got {acc.tolist()}")
+            base = alloc.lengths[row]
+            n = acc.numel()
+            moved = acc != torch.arange(n)
+            if bool(moved.any()):
+                src_all.append(alloc.slots(row, base + acc[moved]))
+                dst_all.append(alloc.slots(row, base + torch.arange(n)[moved]))
+            alloc.truncate(row, base + n)
+        if src_all:
+            from ..kernels.attention import move_kv
+
+            src, dst = torch.cat(src_all), torch.cat(dst_all)
+            for layer in self.layers:
+                if layer.is_initialized:
+                    move_kv(layer, src, dst)
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the pools of every layer."""
+        total = 0
+        for layer in self.layers:
+            if layer.is_initialized:
+                total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+        return total

@@ -1,0 +1,114 @@
+"""The proposer interface: what every assistant (n-gram, draft model, Medusa, EAGLE, MLP speculator) implements.
+
+The loop owns the target and its cache; a proposer only sees token ids and, if it asks, the target's hidden states.
+One generate() call goes:
+
+    proposer.validate(target)                      # before anything runs: refuse a wrong head / vocabulary
+    proposer.start(setup)                          # once per call
+    proposer.observe(rows, new_tokens, hidden)     # after prefill: new_tokens = each row's prompt
+    loop:
+        trees = proposer.propose(rows)             # one DraftTree per active row
+        ...target verifies...
+        proposer.observe(rows, new_tokens, hidden) # new_tokens = root + accepted nodes (now in the target's KV)
+    proposer.finish()                              # always called, also after an error
+
+``rows[i].tokens`` always ends with the row's *root*: the last token the target chose, not yet in its KV cache.
+The trees a proposer returns hang under that root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..tree import DraftSampling, DraftTree
+
+
+@dataclass
+class RowState:
+    """One active row as a proposer sees it.
+
+    Attributes:
+        row: the row's index in the caller's batch (stable for the whole call).
+        tokens: `[n]` int64 committed tokens, prompt included, no padding; ``tokens[-1]`` is the root.
+        prompt_len: number of prompt tokens at the start of ``tokens``.
+        max_depth: the deepest tree the loop will verify for this row now (remaining token budget - 1).
+    """
+
+    row: int
+    tokens: torch.Tensor
+    prompt_len: int
+    max_depth: int
+
+    @property
+    def root(self) -> int:
+        return int(self.tokens[-1])
+
+
+@dataclass
+class ProposerSetup:
+    """What a proposer may need to know about this generate() call.
+
+    Attributes:
+        target: the target model.
+        generation_config: the call's merged `GenerationConfig`.
+        do_sample: whether the call samples (proposers that draft by sampling must then fill ``draft_probs``).
+        logits_processor: the call's `LogitsProcessorList` (apply it to draft logits that enter a ratio p/q).
+        generator: the call's torch.Generator for draft sampling, if any.
+        batch_size: number of rows in the call.
+    """
+
+    target: torch.nn.Module
+    generation_config: object
+    do_sample: bool = False
+    logits_processor: object | None = None
+    generator: torch.Generator | None = None
+    batch_size: int = 1
+    extras: dict = field(default_factory=dict)
+
+
+class Proposer:
+    """Base class of every assistant. Subclasses override `propose` and whatever hooks they need.
+
+    Class attributes:
+        sampling: how this proposer chooses children (the verifier picks its rule from each tree's own field;
+            this is the default a proposer builds its trees with).
+        hidden_state_layers: None if the proposer needs no target hidden states; otherwise indices into
+            transformers' ``hidden_states`` tuple (``-1`` = the final, normed hidden state fed to the lm_head). The
+            loop passes them concatenated on the last dimension.
+    """
+
+    sampling: DraftSampling = DraftSampling.DETERMINISTIC
+    hidden_state_layers: tuple[int, ...] | None = None
+
+    def validate(self, target: torch.nn.Module) -> None:
+        """Raise a clear error if this proposer cannot serve ``target`` (vocabulary, hidden size, ...)."""
+
+    def start(self, setup: ProposerSetup) -> None:
+        """Called once per generate() call, before the prefill's `observe`."""
+        self.setup = setup
+
+    def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
+        """One `DraftTree` per row (an empty tree drafts nothing and costs nothing)."""
+        raise NotImplementedError
+
+    def observe(
+        self,
+        rows: Sequence[RowState],
+        new_tokens: Sequence[torch.Tensor],
+        hidden_states: Sequence[torch.Tensor] | None,
+    ) -> None:
+        """Tokens that just entered the target's KV cache, per row, and their hidden states if requested.
+
+        Args:
+            rows: the rows, already updated (``tokens`` ends with the new root).
+            new_tokens: per row `[m]` the tokens whose K/V the target just committed: the prompt after prefill,
+                then the root and the accepted draft nodes after each step (so ``m - 1`` drafts were accepted).
+            hidden_states: per row `[m, H * len(hidden_state_layers)]` the target's hidden states at those tokens,
+                or None when ``hidden_state_layers`` is None.
+        """
+
+    def finish(self) -> None:
+        """Release per-call state (caches); called at the end of every call, also after an error."""

@@ -1,0 +1,281 @@
+"""DraftTree: one row's speculative draft as flat tensors, plus builders and batch packing.
+
+A tree has a *root* (the token the target already chose, not yet in its KV cache) and ``T`` draft nodes below it.
+Nodes are stored in topological order (a parent always precedes its child) as flat tensors:
+
+- ``tokens[T]``  the drafted token ids,
+- ``parent[T]``  the parent's node index, ``-1`` for the root,
+- ``depth[T]``   1 for the root's children, 2 for theirs, ...
+
+"Tree positions" count the root too: position 0 is the root, position ``i + 1`` is node ``i``. The verification
+forward feeds ``[root, node_0, ..., node_{T-1}]`` at positions ``L + [0, depth...]``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+class DraftSampling(str, enum.Enum):
+    """How a proposer chose the children of each node; the verifier picks its rule from this (ALGORITHMS.md)."""
+
+    DETERMINISTIC = "deterministic"  # top-k / lookup: children are a function of the context, no q needed
+    WITHOUT_REPLACEMENT = "without_replacement"  # children drawn from q without replacement (Sequoia)
+    IID = "iid"  # children drawn i.i.d. from q (SpecInfer multi-step sampling)
+
+
+@dataclass
+class DraftTree:
+    """A draft tree of ``T`` nodes under a root token.
+
+    Args:
+        tokens: `[T]` int64 drafted token ids.
+        parent: `[T]` int64 parent node index, -1 for the root; ``parent[i] < i``.
+        depth: `[T]` int64 depth of each node (root's children have depth 1).
+        sampling: how the children were chosen (see `DraftSampling`).
+        draft_probs: optional `[T + 1, V]` draft distribution q *over the children* of each tree position
+            (position 0 = root, ``i + 1`` = node i). Required for sampled drafts, ignored otherwise.
+    """
+
+    tokens: torch.Tensor
+    parent: torch.Tensor
+    depth: torch.Tensor
+    sampling: DraftSampling = DraftSampling.DETERMINISTIC
+    draft_probs: torch.Tensor | None = None
+    _ancestors: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
+    # ------------------------------------------------------------------ builders
+    @classmethod
+    def empty(cls, device: torch.device | str = "cpu") -> DraftTree:
+        z = torch.zeros(0, dtype=torch.long, device=device)
+        return cls(z, z.clone(), z.clone())
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int] | torch.Tensor, **kwargs) -> DraftTree:
+        """A single path ``root -> tokens[0] -> tokens[1] -> ...``."""
+        tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        n = tokens.numel()
+        parent = torch.arange(-1, n - 1, dtype=torch.long, device=tokens.device)
+        depth = torch.arange(1, n + 1, dtype=torch.long, device=tokens.device)
+        return cls(tokens, parent, depth, **kwargs)
+
+    @classmethod
+    def from_parents(
+        cls, tokens: Sequence[int] | torch.Tensor, parent: Sequence[int] | torch.Tensor, **kwargs
+    ) -> DraftTree:
+        """Build from tokens and parent indices (parents first); depths are derived."""
+        tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        parent_list = [int(p) for p in torch.as_tensor(parent).reshape(-1).tolist()]
+        if len(parent_list) != tokens.numel():
+            raise ValueError(f"tokens has {tokens.numel()} entries but parent has {len(parent_list)}")
+        depth_list: list[int] = []
+        for i, p in enumerate(parent_list):
+            if not -1 <= p < i:
+                raise ValueError(f"node {i} has parent {p}; parents must precede their children (-1 = root)")
+            depth_list.append(1 if p < 0 else depth_list[p] + 1)
+        device = tokens.device
+        return cls(
+            tokens,
+            torch.tensor(parent_list, dtype=torch.long, device=device),
+            torch.tensor(depth_list, dtype=torch.long, device=device),
+            **kwargs,
+        )
+
+    @classmethod
+    def from_choices(cls, choices: Sequence[Sequence[int]], topk_tokens: torch.Tensor) -> DraftTree:
+        """Medusa-style static tree.
+
+        Args:
+            choices: paths such as ``[[0], [0, 0], [1], [0, 1]]``; ``[a, b]`` is the (a+1)-th best token of depth 1
+                followed by the (b+1)-th best of depth 2. Every prefix of a path must be a path too.
+            topk_tokens: `[D, K]` ranked candidate tokens per depth (row d feeds depth d + 1), K > max rank used.
+        """
+        paths = sorted({tuple(c) for c in choices}, key=lambda c: (len(c), c))
+        index = {}
+        tokens, parent = [], []
+        for path in paths:
+            if len(path) == 0:
+                continue
+            if len(path) > 1 and path[:-1] not in index:
+                raise ValueError(f"tree choice {list(path)} has no parent path {list(path[:-1])} in the choices")
+            index[path] = len(tokens)
+            parent.append(index[path[:-1]] if len(path) > 1 else -1)
+            tokens.append(topk_tokens[len(path) - 1, path[-1]])
+        tok = torch.stack(tokens) if tokens else torch.zeros(0, dtype=torch.long, device=topk_tokens.device)
+        return cls.from_parents(tok, torch.tensor(parent, dtype=torch.long)).to(topk_tokens.device).dedup_siblings()
+
+    @classmethod
+    def from_paths(cls, paths: Sequence[Sequence[int]], **kwargs) -> DraftTree:
+        """A trie of token paths (each path starts below the root); shared prefixes are merged."""
+        index: dict[tuple[int, ...], int] = {}
+        tokens: list[int] = []
+        parent: list[int] = []
+        for path in paths:
+            prefix: tuple[int, ...] = ()
+            for tok in path:
+                key = prefix + (int(tok),)
+                if key not in index:
+                    index[key] = len(tokens)
+                    tokens.append(int(tok))
+                    parent.append(index[prefix] if prefix else -1)
+                prefix = key
+        return cls.from_parents(torch.tensor(tokens, dtype=torch.long), parent, **kwargs)
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def num_nodes(self) -> int:
+        return int(self.tokens.numel())
+
+    def __len__(self) -> int:
+        return self.num_nodes
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max()) if self.num_nodes else 0
+
+    def to(self, device: torch.device | str) -> DraftTree:
+        return DraftTree(
+            self.tokens.to(device),
+            self.parent.to(device),
+            self.depth.to(device),
+            self.sampling,
+            None if self.draft_probs is None else self.draft_probs.to(device),
+        )
+
+    def position_parents(self) -> torch.Tensor:
+        """`[T]` parent of each node in tree positions (0 = root)."""
+        return self.parent + 1
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """`[T + 1, T + 1]` bool: ``A[i, j]`` iff tree position j is i or an ancestor of i (root column all True)."""
+        if self._ancestors is None:
+            n = self.num_nodes + 1
+            mask = torch.eye(n, dtype=torch.bool, device=self.device)
+            mask[:, 0] = True
+            pp = self.position_parents().tolist()
+            for i, p in enumerate(pp, start=1):  # parents first: row p is final when row i is built
+                mask[i] |= mask[p]
+            self._ancestors = mask
+        return self._ancestors
+
+    def positions(self, offset: int = 0) -> torch.Tensor:
+        """`[T + 1]` position ids of ``[root, nodes...]`` when the committed prefix holds ``offset`` tokens."""
+        root = torch.zeros(1, dtype=torch.long, device=self.device)
+        return torch.cat([root, self.depth]) + offset
+
+    def paths(self) -> list[list[int]]:
+        """Root-to-leaf paths as lists of node indices (leaves in node order)."""
+        has_child = torch.zeros(self.num_nodes, dtype=torch.bool)
+        par = self.parent.tolist()
+        for p in par:
+            if p >= 0:
+                has_child[p] = True
+        out = []
+        for leaf in range(self.num_nodes):
+            if has_child[leaf]:
+                continue
+            path, node = [], leaf
+            while node >= 0:
+                path.append(node)
+                node = par[node]
+            out.append(path[::-1])
+        return out
+
+    def children(self, node: int) -> list[int]:
+        """Node indices of the children of ``node`` (-1 = root), in order."""
+        return (self.parent == node).nonzero().flatten().tolist()
+
+    # -------------------------------------------------------------- transforms
+    def dedup_siblings(self) -> DraftTree:
+        """Merge siblings that carry the same token (the later one's subtree joins the first's).
+
+        A duplicate wastes a verification slot and would bias exact sampling. Trees with ``draft_probs`` keep the
+        q rows of the surviving positions.
+        """
+        if self.num_nodes == 0:
+            return self
+        toks, par = self.tokens.tolist(), self.parent.tolist()
+        seen: dict[tuple[int, int], int] = {}
+        remap: list[int] = []
+        keep: list[int] = []
+        for i, (t, p) in enumerate(zip(toks, par)):
+            new_p = remap[p] if p >= 0 else -1
+            key = (new_p, t)
+            if key in seen:
+                remap.append(seen[key])
+            else:
+                seen[key] = len(keep)
+                remap.append(len(keep))
+                keep.append(i)
+        if len(keep) == self.num_nodes:
+            return self
+        keep_t = torch.tensor(keep, dtype=torch.long, device=self.device)
+        new_parent = [remap[par[i]] if par[i] >= 0 else -1 for i in keep]
+        q = None
+        if self.draft_probs is not None:
+            q = self.draft_probs[torch.cat([torch.zeros(1, dtype=torch.long, device=self.device), keep_t + 1])]
+        return DraftTree.from_parents(self.tokens[keep_t], new_parent, sampling=self.sampling, draft_probs=q)
+
+    def subtree_keep(self, keep: torch.Tensor) -> DraftTree:
+        """The tree restricted to nodes where ``keep`` `[T]` is True; every kept node's parent must be kept."""
+        idx = keep.nonzero().flatten()
+        remap = torch.full((self.num_nodes,), -1, dtype=torch.long, device=self.device)
+        remap[idx] = torch.arange(idx.numel(), device=self.device)
+        par = self.parent[idx]
+        if bool(((par >= 0) & (remap[par.clamp(min=0)] < 0)).any()):
+            raise ValueError("subtree_keep: a kept node's parent was dropped")
+        new_par = torch.where(par >= 0, remap[par.clamp(min=0)], par)
+        q = None
+        if self.draft_probs is not None:
+            q = self.draft_probs[torch.cat([torch.zeros(1, dtype=torch.long, device=self.device), idx + 1])]
+        return DraftTree(self.tokens[idx], new_par, self.depth[idx], self.sampling, q)
+
+
+@dataclass
+class PackedTrees:
+    """A batch of trees of different sizes, packed back to back (no padding).
+
+    Row b occupies packed positions ``cu_seqlens[b] : cu_seqlens[b + 1]``: its root, then its nodes.
+
+    Attributes:
+        tokens: `[N]` int64 root and node tokens of every row.
+        depth: `[N]` int64 depth (0 for roots).
+        cu_seqlens: `[B + 1]` int64 offsets.
+        trees: the per-row `DraftTree`s.
+    """
+
+    tokens: torch.Tensor
+    depth: torch.Tensor
+    cu_seqlens: torch.Tensor
+    trees: list[DraftTree]
+
+    @property
+    def total(self) -> int:
+        return int(self.tokens.numel())
+
+    def row_slice(self, b: int) -> slice:
+        return slice(int(self.cu_seqlens[b]), int(self.cu_seqlens[b + 1]))
+
+
+def pack_trees(roots: Sequence[int] | torch.Tensor, trees: Sequence[DraftTree]) -> PackedTrees:
+    """Pack ``[root_b, nodes_b...]`` for every row b into flat tensors."""
+    roots = torch.as_tensor(roots, dtype=torch.long).reshape(-1)
+    if roots.numel() != len(trees):
+        raise ValueError(f"{roots.numel()} roots for {len(trees)} trees")
+    device = trees[0].device if trees else roots.device
+    roots = roots.to(device)
+    toks, depths, sizes = [], [], [0]
+    for b, tree in enumerate(trees):
+        toks += [roots[b : b + 1], tree.tokens]
+        depths += [torch.zeros(1, dtype=torch.long, device=device), tree.depth]
+        sizes.append(tree.num_nodes + 1)
+    cu = torch.tensor(sizes, dtype=torch.long).cumsum(0)
+    return PackedTrees(torch.cat(toks), torch.cat(depths), cu, list(trees))

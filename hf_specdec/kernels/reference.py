@@ -1,0 +1,97 @@
+"""Plain-torch paged tree attention: the CPU path of the ``hf_specdec`` backend and the oracle for the kernels.
+
+For each row of the packed batch it reads the row's K/V through its block table (a zero-copy view when the row's
+pages are contiguous), builds ``[prefix | own-new-tokens mask]`` once per forward (cached on the plan) and calls
+SDPA with GQA. Soft-capping and sliding windows fall back to an explicit softmax.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..cache.paged import PagedLayer
+from .attention import AttentionPlan
+
+
+def paged_attention_reference(
+    query: torch.Tensor,
+    layer: PagedLayer,
+    plan: AttentionPlan,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Attention of the packed new tokens over their rows' pages.
+
+    Args:
+        query: `[N, H_q, D]` queries of the packed new tokens.
+        layer: the layer's pools (the new tokens' K/V are already written).
+        plan: the forward's `AttentionPlan`.
+        scale: softmax scale.
+        sliding_window: if set, a query at position p only sees keys at positions > p - sliding_window.
+        softcap: if set, scores are ``softcap * tanh(scores / softcap)`` before the softmax.
+    Returns:
+        `[N, H_q, D]`.
+    """
+    out = torch.empty_like(query)
+    cu = plan.cu_seqlens.tolist()
+    for b, row in enumerate(plan.rows):
+        s, e = cu[b], cu[b + 1]
+        n, prefix = e - s, plan.prefix_lens[b]
+        k, v = layer.gather(row, prefix + n)  # [L + n, H_kv, D]
+        q = query[s:e].transpose(0, 1).unsqueeze(0)  # [1, H_q, n, D]
+        k = k.transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, H_kv, L + n, D]
+        v = v.transpose(0, 1).unsqueeze(0).to(q.dtype)
+        mask = plan.row_mask(b, q.device)
+        if sliding_window is None and softcap is None:
+            causal = mask is None and n > 1
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
+        else:
+            if mask is None:
+                mask = torch.ones(n, prefix + n, dtype=torch.bool, device=q.device)
+                if n > 1:
+                    mask[:, prefix:] = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            if sliding_window is not None:
+                key_pos = _key_positions(plan, b, q.device)  # [L + n]
+                q_pos = plan.positions[s:e].to(q.device)  # [n]
+                mask = mask & (q_pos[:, None] - key_pos[None, :] < sliding_window)
+            o = _explicit_attention(q, k, v, mask, scale, softcap)
+        out[s:e] = o[0].transpose(0, 1)
+    return out
+
+
+def _key_positions(plan: AttentionPlan, b: int, device: torch.device) -> torch.Tensor:
+    """Position ids of row b's keys: the committed prefix counts up, new tokens carry their own positions."""
+    s, e = int(plan.cu_seqlens[b]), int(plan.cu_seqlens[b + 1])
+    prefix = torch.arange(plan.prefix_lens[b], device=device)
+    return torch.cat([prefix, plan.positions[s:e].to(device)])
+
+
+def _explicit_attention(q, k, v, mask, scale, softcap):
+    """`[1, H_q, n, D]` attention with a boolean mask, optional soft-capping, GQA by head repetition."""
+    rep = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(rep, dim=1)
+    v = v.repeat_interleave(rep, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)
+
+
+def dense_tree_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Naive oracle: `[n, H_q, D]` queries over dense `[L, H_kv, D]` keys/values with a `[n, L]` bool mask (fp64)."""
+    q = query.double().transpose(0, 1)  # [H_q, n, D]
+    rep = q.shape[0] // keys.shape[1]
+    k = keys.double().transpose(0, 1).repeat_interleave(rep, 0)  # [H_q, L, D]
+    v = values.double().transpose(0, 1).repeat_interleave(rep, 0)
+    scores = (q @ k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask.to(q.device), float("-inf"))
+    return (torch.softmax(scores, -1) @ v).transpose(0, 1).to(query.dtype)
