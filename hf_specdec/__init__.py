@@ -1,0 +1,58 @@
+"""hf-specdec: speculative decoding with token trees inside transformers' ``model.generate()``.
+
+``import hf_specdec`` registers the ``hf_specdec`` attention implementation and makes
+``model.generate(ids, assistant=X)`` route to the speculative loop; calls without ``assistant`` are untouched.
+"""
+
+from .cache.paged import PagedCache
+from .generation.hook import install as _install_generate_hook
+from .generation.logits import register_per_node_processor
+from .generation.loop import generate
+from .generation.proposers import Proposer, ProposerSetup, RowState, register_assistant_resolver
+from .generation.stats import SpecStats
+from .generation.tree import DraftSampling, DraftTree
+from .kernels.attention import register as _register_attention
+
+_register_attention()
+_install_generate_hook()
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # heavier pieces load on first use
+    if name == "NgramAssistant":
+        from .generation.proposers.ngram import NgramAssistant
+
+        return NgramAssistant
+    if name == "DraftModelAssistant":
+        from .generation.proposers.draft_model import DraftModelAssistant
+
+        return DraftModelAssistant
+    if name == "MedusaHeads":
+        from .heads.medusa import MedusaHeads
+
+        return MedusaHeads
+    if name in ("load_default_model", "default_model_dir"):
+        from . import models
+
+        return getattr(models, name)
+    raise AttributeError(f"module 'hf_specdec' has no attribute {name!r}")
+
+
+__all__ = [
+    "DraftSampling",
+    "DraftTree",
+    "PagedCache",
+    "Proposer",
+    "ProposerSetup",
+    "RowState",
+    "SpecStats",
+    "generate",
+    "register_assistant_resolver",
+    "register_per_node_processor",
+    "NgramAssistant",
+    "DraftModelAssistant",
+    "MedusaHeads",
+    "load_default_model",
+]

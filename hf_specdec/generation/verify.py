@@ -49,3 +49,15 @@ def verify_greedy(tree: DraftTree, scores: torch.Tensor) -> Verdict:
     deepest = int(torch.where(ok, depth, torch.full_like(depth, -1)).argmax())
     accepted = anc[deepest].nonzero().flatten()  # ancestors of the deepest accepted node, in position order
     return Verdict(accepted, int(best[deepest]))
+
+
+def verify_tree(tree: DraftTree, scores: torch.Tensor, *, do_sample: bool, generator=None, **kwargs) -> Verdict:
+    """Entry point of the loop (greedy only until exact sampling lands)."""
+    if do_sample:
+        raise NotImplementedError("do_sample=True with an assistant: exact tree sampling is not implemented yet")
+    return verify_greedy(tree, scores)
+
+
+def sample_from_scores(scores: torch.Tensor, generator=None) -> torch.Tensor:
+    """`[B]` tokens drawn from softmax(scores) `[B, V]`."""
+    return torch.multinomial(torch.softmax(scores.float(), dim=-1), 1, generator=generator).squeeze(1)

@@ -1,0 +1,64 @@
+"""Makes ``model.generate(..., assistant=X)`` work on every transformers model once ``hf_specdec`` is imported.
+
+transformers' `generate` already accepts a ``custom_generate`` callable and prepares the generation config, logits
+processors and stopping criteria for it exactly as for vanilla decoding. The hook only routes calls that carry
+``assistant=`` (or ``custom_generate=hf_specdec.generate``) there, and passes along the two things transformers
+drops for callable ``custom_generate``: the streamer and the tokenizer that ``stop_strings`` need. Calls without an
+assistant reach the original `generate` untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from transformers.generation import GenerationMixin, StopStringCriteria, StoppingCriteriaList
+
+from .loop import generate as speculative_generate
+
+_ORIGINAL = GenerationMixin.generate
+
+
+def _routed_generate(self, *args, assistant=None, **kwargs):
+    custom = kwargs.get("custom_generate")
+    if assistant is None and custom is not speculative_generate:
+        return _ORIGINAL(self, *args, **kwargs)
+    if assistant is None:
+        raise ValueError("custom_generate=hf_specdec.generate needs an assistant: pass assistant=...")
+    if custom is not None and custom is not speculative_generate:
+        raise ValueError("assistant= cannot be combined with another custom_generate")
+    if kwargs.get("assistant_model") is not None:
+        raise ValueError(
+            "pass either assistant= (hf_specdec) or assistant_model= (transformers' assisted generation), not both"
+        )
+    if len(args) > 2:
+        raise ValueError("with assistant=, pass generate's options after inputs and generation_config by keyword")
+    kwargs["custom_generate"] = speculative_generate
+    streamer = kwargs.pop("streamer", None)
+    tokenizer = kwargs.pop("tokenizer", None)
+    generation_config = args[1] if len(args) > 1 else kwargs.get("generation_config")
+    stop_strings = kwargs.get("stop_strings")
+    if stop_strings is None:
+        cfg = generation_config if generation_config is not None else self.generation_config
+        stop_strings = getattr(cfg, "stop_strings", None)
+    if stop_strings:
+        if tokenizer is None:
+            raise ValueError("stop_strings need the tokenizer: pass tokenizer=... to generate (as in vanilla generate)")
+        criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+        criteria.append(StopStringCriteria(stop_strings=stop_strings, tokenizer=tokenizer))
+        kwargs["stopping_criteria"] = criteria
+        kwargs["stop_strings"] = None
+    return _ORIGINAL(self, *args, assistant=assistant, hf_specdec_streamer=streamer, **kwargs)
+
+
+def install() -> None:
+    """Patch `GenerationMixin.generate` (idempotent)."""
+    if getattr(GenerationMixin.generate, "_hf_specdec", False):
+        return
+    patched = functools.wraps(_ORIGINAL)(_routed_generate)
+    patched._hf_specdec = True
+    GenerationMixin.generate = patched
+
+
+def uninstall() -> None:
+    """Restore transformers' own `generate`."""
+    GenerationMixin.generate = _ORIGINAL

@@ -1,0 +1,64 @@
+"""Acceptance metrics of a speculative generate() call (the vLLM / Spec-Bench definitions, ALGORITHMS.md)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SpecStats:
+    """Counters of one call, summed over rows.
+
+    Attributes:
+        steps: verification steps (one per row per target forward that verified a tree for it).
+        drafted_tokens: draft nodes verified.
+        accepted_tokens: draft nodes accepted.
+        emitted_tokens: tokens appended to the outputs (accepted + one correction/bonus per step + the prefill token).
+        accepted_per_depth: entry d-1 counts the steps that accepted at least d drafted tokens.
+        time_propose / time_verify / time_other: seconds in the proposer, in target forwards + acceptance, and in
+            everything else (prefill included in verify).
+    """
+
+    steps: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    emitted_tokens: int = 0
+    accepted_per_depth: list[int] = field(default_factory=list)
+    time_propose: float = 0.0
+    time_verify: float = 0.0
+    time_other: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean accepted length: 1 + accepted draft tokens / verification steps."""
+        return 1.0 + self.accepted_tokens / self.steps if self.steps else 1.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / drafted tokens."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def per_depth_acceptance(self) -> list[float]:
+        """Fraction of steps that accepted at least d tokens, d = 1, 2, ..."""
+        return [n / self.steps for n in self.accepted_per_depth] if self.steps else []
+
+    def record_step(self, drafted: int, accepted: int) -> None:
+        self.steps += 1
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        while len(self.accepted_per_depth) < accepted:
+            self.accepted_per_depth.append(0)
+        for d in range(accepted):
+            self.accepted_per_depth[d] += 1
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(tau=self.tau, acceptance_rate=self.acceptance_rate, per_depth_acceptance=self.per_depth_acceptance)
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"SpecStats(steps={self.steps}, drafted={self.drafted_tokens}, accepted={self.accepted_tokens}, "
+            f"tau={self.tau:.2f}, acceptance_rate={self.acceptance_rate:.2f})"
+        )
