@@ -37,7 +37,9 @@ class AttentionPlan:
 
     Rows are packed back to back: packed tokens ``cu_seqlens[b] : cu_seqlens[b + 1]`` belong to cache row
     ``rows[b]``, which already holds ``prefix_lens[b]`` committed tokens. The new tokens are written at positions
-    ``prefix_lens[b], prefix_lens[b] + 1, ...`` of the row (slots in ``slot_mapping``).
+    ``prefix_lens[b] + pending_lens[b], ...`` of the row (slots in ``slot_mapping``). Between the committed prefix
+    and the new tokens a row may hold ``pending_lens[b]`` tokens written by earlier forwards but not committed (a
+    draft model expanding its tree one level per forward); the new tokens see them only where their mask says so.
 
     Attributes:
         cache: the target's `PagedCache`.
@@ -46,8 +48,10 @@ class AttentionPlan:
         prefix_lens: committed length of each row before this forward.
         slot_mapping: `[N]` int64 pool slot of each new token.
         positions: `[N]` int64 position ids of the new tokens (rotary positions: prefix + depth for trees).
-        new_token_masks: per row, `[n, n]` bool visibility among the row's own new tokens, or None for a causal
-            chunk (prefill / plain decode). Every row sees its whole committed prefix.
+        new_token_masks: per row, `[n, pending + n]` bool visibility of the row's pending and new tokens for each new
+            token, or None for a causal chunk (prefill / plain decode; pending must then be 0). Every row sees its
+            whole committed prefix.
+        pending_lens: per row, uncommitted tokens between the prefix and the new tokens (0 for the target).
         extras: backend-specific metadata, built lazily once per forward (e.g. the Triton kernel's packed masks).
     """
 
@@ -58,7 +62,16 @@ class AttentionPlan:
     slot_mapping: torch.Tensor
     positions: torch.Tensor
     new_token_masks: list[torch.Tensor | None]
+    pending_lens: list[int] = field(default_factory=list)
     extras: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.pending_lens:
+            self.pending_lens = [0] * len(self.rows)
+
+    @property
+    def has_pending(self) -> bool:
+        return any(self.pending_lens)
 
     @property
     def num_rows(self) -> int:
@@ -69,18 +82,23 @@ class AttentionPlan:
         return [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
 
     def row_mask(self, b: int, device: torch.device) -> torch.Tensor | None:
-        """`[n, prefix + n]` bool mask of row b (None when a plain causal mask with no prefix suffices)."""
+        """`[n, prefix + pending + n]` bool mask of row b (None when a plain causal mask with no prefix suffices)."""
         key = ("dense_mask", b, device)
         if key not in self.extras:
             n = int(self.cu_seqlens[b + 1] - self.cu_seqlens[b])
             prefix = self.prefix_lens[b]
             own = self.new_token_masks[b]
+            pending = self.pending_lens[b]
             if own is None:
+                if pending:
+                    raise ValueError("a row with pending tokens needs an explicit mask")
                 if prefix == 0 or n == 1:
                     self.extras[key] = None  # causal from scratch, or a single query that sees everything
                     return None
                 own = torch.ones(n, n, dtype=torch.bool).tril_()
-            mask = torch.ones(n, prefix + n, dtype=torch.bool, device=device)
+            if own.shape != (n, pending + n):
+                raise ValueError(f"row {b}: mask of shape {tuple(own.shape)}, expected {(n, pending + n)}")
+            mask = torch.ones(n, prefix + pending + n, dtype=torch.bool, device=device)
             mask[:, prefix:] = own.to(device)
             self.extras[key] = mask
         return self.extras[key]
@@ -93,6 +111,7 @@ def build_plan(
     positions: torch.Tensor,
     new_token_masks: Sequence[torch.Tensor | None],
     device: torch.device | str,
+    pending_lens: Sequence[int] | None = None,
 ) -> AttentionPlan:
     """Reserve pool slots for ``q_lens[b]`` new tokens of each row and return the forward's `AttentionPlan`.
 
@@ -100,12 +119,13 @@ def build_plan(
     (trees) or `advance` (chunks) decides what is kept.
     """
     alloc = cache.allocator
+    pending_lens = list(pending_lens) if pending_lens is not None else [0] * len(rows)
     slots, prefix = [], []
-    for row, n in zip(rows, q_lens):
-        start = alloc.lengths[row]
+    for row, n, pend in zip(rows, q_lens, pending_lens):
+        start = alloc.lengths[row] + pend
         alloc.reserve(row, start + n)
         slots.append(alloc.slot_range(row, start, start + n))
-        prefix.append(start)
+        prefix.append(alloc.lengths[row])
     cu = torch.tensor([0, *q_lens], dtype=torch.long).cumsum(0)
     return AttentionPlan(
         cache=cache,
@@ -115,6 +135,7 @@ def build_plan(
         slot_mapping=torch.cat(slots).to(device),
         positions=positions.to(device),
         new_token_masks=list(new_token_masks),
+        pending_lens=pending_lens,
     )
 
 
@@ -169,7 +190,7 @@ def hf_specdec_attention(
     q = query[0].transpose(0, 1)  # [N, H_q, D]
     sliding_window = kwargs.get("sliding_window")
     softcap = kwargs.get("softcap")
-    if use_triton(q.device) and softcap is None and sliding_window is None:
+    if use_triton(q.device) and softcap is None and sliding_window is None and not plan.has_pending:
         from .tree_attention import paged_tree_attention
 
         out = paged_tree_attention(q, layer.keys, layer.values, plan, scale)

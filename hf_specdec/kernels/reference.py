@@ -38,8 +38,8 @@ def paged_attention_reference(
     cu = plan.cu_seqlens.tolist()
     for b, row in enumerate(plan.rows):
         s, e = cu[b], cu[b + 1]
-        n, prefix = e - s, plan.prefix_lens[b]
-        k, v = layer.gather(row, prefix + n)  # [L + n, H_kv, D]
+        n, prefix, pending = e - s, plan.prefix_lens[b], plan.pending_lens[b]
+        k, v = layer.gather(row, prefix + pending + n)  # [L + P + n, H_kv, D]
         q = query[s:e].transpose(0, 1).unsqueeze(0)  # [1, H_q, n, D]
         k = k.transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, H_kv, L + n, D]
         v = v.transpose(0, 1).unsqueeze(0).to(q.dtype)
@@ -53,6 +53,8 @@ def paged_attention_reference(
                 if n > 1:
                     mask[:, prefix:] = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
             if sliding_window is not None:
+                if pending:
+                    raise NotImplementedError("sliding-window attention with pending draft tokens")
                 key_pos = _key_positions(plan, b, q.device)  # [L + n]
                 q_pos = plan.positions[s:e].to(q.device)  # [n]
                 mask = mask & (q_pos[:, None] - key_pos[None, :] < sliding_window)
