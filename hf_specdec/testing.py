@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from .generation.proposers.base import Proposer
+from .generation.tree import DraftTree
+
 # Small but structurally faithful: GQA where the architecture has it, several layers, a real head_dim.
 _ARCH_KWARGS = {
     "llama": dict(num_attention_heads=4, num_key_value_heads=2),
@@ -48,9 +51,69 @@ def tiny_causal_lm(
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.08)
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = 2
     return model.eval()
+
+
+class RandomTreeProposer(Proposer):
+    """Drafts random trees (mostly wrong) with a few target-agnostic shapes; exercises every code path."""
+
+    def __init__(self, vocab: int, nodes: int = 6, seed: int = 0):
+        self.vocab, self.nodes = vocab, nodes
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def propose(self, rows):
+        trees = []
+        for _ in rows:
+            n = int(torch.randint(0, self.nodes + 1, (1,), generator=self.gen))
+            parent = [int(torch.randint(-1, i, (1,), generator=self.gen)) if i else -1 for i in range(n)]
+            toks = torch.randint(0, self.vocab, (n,), generator=self.gen)
+            trees.append(DraftTree.from_parents(toks, parent).dedup_siblings())
+        return trees
+
+
+class OracleProposer(Proposer):
+    """Drafts the target's own greedy continuation (from vanilla generate) plus a wrong sibling at every level."""
+
+    def __init__(self, model, depth: int = 3):
+        self.model, self.depth = model, depth
+
+    def propose(self, rows):
+        trees = []
+        for r in rows:
+            d = min(self.depth, r.max_depth)
+            if d == 0:
+                trees.append(DraftTree.empty())
+                continue
+            ids = self.model.generate(r.tokens[None], max_new_tokens=d, do_sample=False, pad_token_id=0)
+            good = ids[0, r.tokens.numel() :].tolist()
+            paths = [good[: i + 1] for i in range(len(good))]
+            paths += [good[:i] + [(good[i] + 1) % self.model.config.vocab_size] for i in range(len(good))]
+            trees.append(DraftTree.from_paths(sorted(paths, key=len)))
+        return trees
+
+
+def left_pad(rows, pad=0):
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.tensor(r)
+        mask[i, width - len(r) :] = 1
+    return ids, mask
+
+
+def assert_same_tokens(actual: torch.Tensor, expected: torch.Tensor, label: str = ""):
+    if actual.shape == expected.shape and torch.equal(actual, expected):
+        return
+    msg = [f"{label}: shapes {tuple(actual.shape)} vs {tuple(expected.shape)}"]
+    for b in range(min(actual.shape[0], expected.shape[0])):
+        a, e = actual[b].tolist(), expected[b].tolist()
+        if a != e:
+            i = next((i for i, (x, y) in enumerate(zip(a, e)) if x != y), min(len(a), len(e)))
+            msg.append(f"row {b}: first difference at index {i}: got {a[i : i + 5]} expected {e[i : i + 5]}")
+    raise AssertionError("\n".join(msg))

@@ -319,5 +319,7 @@ class PagedCache(Cache):
         total = 0
         for layer in self.layers:
             if layer.is_initialized:
-                total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+                total += (
+                    layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+                )
         return total

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-from transformers.generation import GenerationMixin, StopStringCriteria, StoppingCriteriaList
+from transformers.generation import GenerationMixin, StoppingCriteriaList, StopStringCriteria
 
 from .loop import generate as speculative_generate
 

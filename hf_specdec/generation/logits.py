@@ -13,6 +13,8 @@ Users with a custom processor that is a pure function of (input_ids, scores) can
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import generation as hf_generation
 from transformers.generation import LogitsProcessorList
@@ -79,26 +81,46 @@ class NodeScorer:
     def __init__(self, processors: LogitsProcessorList | None):
         check_per_node(processors)
         self.processors = processors if processors else None
+        self._per_row: dict[int, LogitsProcessorList] = {}
+
+    def for_row(self, row: int) -> LogitsProcessorList | None:
+        """The processors as row ``row`` of the batch sees them (batch-indexed state sliced to that row)."""
+        if self.processors is None:
+            return None
+        if row not in self._per_row:
+            procs = LogitsProcessorList()
+            for proc in self.processors:
+                ignore = getattr(proc, "prompt_ignore_length", None)
+                if isinstance(proc, hf_generation.RepetitionPenaltyLogitsProcessor) and isinstance(
+                    ignore, torch.Tensor
+                ):
+                    proc = copy.copy(proc)
+                    proc.prompt_ignore_length = int(ignore.reshape(-1)[row])  # this row's left padding
+                procs.append(proc)
+            self._per_row[row] = procs
+        return self._per_row[row]
 
     @property
     def is_identity(self) -> bool:
         return self.processors is None
 
-    def __call__(self, context: torch.Tensor, tree: DraftTree, logits: torch.Tensor) -> torch.Tensor:
+    def __call__(self, context: torch.Tensor, tree: DraftTree, logits: torch.Tensor, row: int = 0) -> torch.Tensor:
         """Processed scores at every tree position.
 
         Args:
             context: `[C]` the row's context as vanilla generate sees it (left padding included), ending with the root.
             tree: the row's draft tree.
             logits: `[T + 1, V]` the target's raw logits at the root and every node.
+            row: the row's index in the caller's batch.
         Returns:
             `[T + 1, V]` float32 scores.
         """
         scores = logits.float()
         if self.processors is None:
             return scores
+        processors = self.for_row(row)
         out = torch.empty_like(scores)
-        out[:1] = self.processors(context[None], scores[:1].clone())
+        out[:1] = processors(context[None], scores[:1].clone())
         if tree.num_nodes == 0:
             return out
         anc = tree.ancestor_mask()[1:, 1:]  # [T, T] node-to-node ancestry
@@ -110,5 +132,5 @@ class NodeScorer:
             path = node_tokens.expand(idx.numel(), -1)[anc[idx].to(context.device)].view(idx.numel(), d)
             ids = torch.cat([context.expand(idx.numel(), -1), path], dim=1)
             pos = (idx + 1).to(scores.device)
-            out[pos] = self.processors(ids, scores[pos].clone())
+            out[pos] = processors(ids, scores[pos].clone())
         return out

@@ -151,15 +151,21 @@ def _validate_call(model, input_ids: torch.Tensor, generation_config, model_kwar
     if getattr(generation_config, "guidance_scale", None) not in (None, 1, 1.0):
         raise ValueError("classifier-free guidance (guidance_scale) is not supported with an assistant")
     if getattr(generation_config, "prompt_lookup_num_tokens", None):
-        raise ValueError("prompt_lookup_num_tokens is transformers' own n-gram assistant; with assistant= use "
-                         "hf_specdec.NgramAssistant() instead")
+        raise ValueError(
+            "prompt_lookup_num_tokens is transformers' own n-gram assistant; with assistant= use "
+            "hf_specdec.NgramAssistant() instead"
+        )
     cache = model_kwargs.get("past_key_values")
     if cache is not None and getattr(cache, "_is_user_defined", False) and cache.get_seq_length() > 0:
-        raise ValueError("past_key_values with cached tokens cannot be continued with an assistant; pass the full prompt")
+        raise ValueError(
+            "past_key_values with cached tokens cannot be continued with an assistant; pass the full prompt"
+        )
     allowed = {"attention_mask", "position_ids", "logits_to_keep", "use_cache", "past_key_values", "cache_position"}
     extra = sorted(k for k, v in model_kwargs.items() if k not in allowed and v is not None)
     if extra:
-        raise ValueError(f"model inputs {extra} are not supported with an assistant (only input_ids and attention_mask)")
+        raise ValueError(
+            f"model inputs {extra} are not supported with an assistant (only input_ids and attention_mask)"
+        )
 
 
 def _rows_from_input(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_new: int) -> list[_Row]:
@@ -304,7 +310,7 @@ def generate(
                 cache.allocator.truncate(r.cache_row, n)  # the prompt is committed
             new_tokens, hidden_rows = [], []
             for b, r in enumerate(rows):
-                scores = scorer(r.context, DraftTree.empty(device), raw[b : b + 1])
+                scores = scorer(r.context, DraftTree.empty(device), raw[b : b + 1], r.index)
                 tok = int(sample_from_scores(scores, generator)[0]) if do_sample else int(scores[0].argmax())
                 emit(r, [tok], scores if want_scores else None, raw[b : b + 1] if want_logits else None)
                 new_tokens.append(prompts[b])
@@ -327,7 +333,9 @@ def generate(
                 trees = [_sanitize(t, s, model) for t, s in zip(trees, states)] if len(trees) == len(active) else None
                 if trees is None:
                     raise RuntimeError(f"{type(proposer).__name__}.propose returned the wrong number of trees")
-                verdicts, raw, hidden, plan = _verify_step(model, cache, active, trees, scorer, do_sample, generator, layers)
+                verdicts, raw, hidden, plan = _verify_step(
+                    model, cache, active, trees, scorer, do_sample, generator, layers
+                )
                 cache.commit_rows([r.cache_row for r in active], [v.accepted for v in verdicts])
                 t1 = time.perf_counter()
                 stats.time_verify += t1 - t0
@@ -349,7 +357,9 @@ def generate(
                     if hidden is not None:
                         hidden_rows.append(hidden[(v.accepted + s).to(hidden.device)])
                 _release_finished(active, cache)
-                proposer.observe(_row_states(active, max_length, all_rows=True), new_tokens, hidden_rows if layers else None)
+                proposer.observe(
+                    _row_states(active, max_length, all_rows=True), new_tokens, hidden_rows if layers else None
+                )
                 stats.time_other += time.perf_counter() - t1
     finally:
         proposer.finish()
@@ -399,7 +409,9 @@ def _sanitize(tree: DraftTree, state: RowState, model) -> DraftTree:
         tree = tree.subtree_keep(tree.depth <= state.max_depth)
     vocab = model.config.get_text_config().vocab_size if hasattr(model.config, "get_text_config") else None
     if vocab is not None and tree.num_nodes and (int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0):
-        raise ValueError(f"the assistant drafted token id {int(tree.tokens.max())} outside the target's vocabulary ({vocab})")
+        raise ValueError(
+            f"the assistant drafted token id {int(tree.tokens.max())} outside the target's vocabulary ({vocab})"
+        )
     return tree
 
 
@@ -432,7 +444,7 @@ def _verify_step(model, cache, active, trees, scorer, do_sample, generator, laye
     all_scores = []
     cu = plan.cu_seqlens.tolist()
     for b, (r, tree) in enumerate(zip(active, trees)):
-        scores = scorer(r.context, tree, logits[cu[b] : cu[b + 1]])
+        scores = scorer(r.context, tree, logits[cu[b] : cu[b + 1]], r.index)
         all_scores.append(scores)
         verdicts.append(verify_tree(tree, scores, do_sample=do_sample, generator=generator))
     return verdicts, (logits, torch.cat(all_scores)), hidden, plan

@@ -175,7 +175,9 @@ def hf_specdec_attention(
     """
     plan: AttentionPlan | None = kwargs.pop(PLAN_KWARG, None)
     if plan is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     if query.shape[0] != 1:
         raise ValueError(f"hf_specdec attention expects a packed batch of size 1, got {query.shape[0]}")
     if kwargs.get("s_aux") is not None:

@@ -94,7 +94,7 @@ class DraftModelAssistant(Proposer):
     def _children(self, logits: torch.Tensor, contexts: list[torch.Tensor]):
         """Top-k (greedy) or Gumbel-top-k (sampling) children of each expanded node: (tokens, log q, q)."""
         if self.processors:
-            logits = torch.stack([self.processors(c[None], l[None].clone())[0] for c, l in zip(contexts, logits)])
+            logits = torch.stack([self.processors(c[None], row[None].clone())[0] for c, row in zip(contexts, logits)])
         logq = torch.log_softmax(logits, dim=-1)  # [n, V]
         k = min(self.top_k, logq.shape[-1])
         if self.sample:
@@ -133,7 +133,7 @@ class DraftModelAssistant(Proposer):
             toks, lq, q = self._children(logits, [c for cs in contexts for c in cs])
             i = 0
             new_frontier: list[list[int]] = []
-            for b, r in enumerate(rows):
+            for b in range(len(rows)):
                 nb = nodes[b]
                 cand = []
                 for parent, pscore in zip(frontier[b], scores_parent[b]):
@@ -170,7 +170,9 @@ class DraftModelAssistant(Proposer):
                             mask[j, nb["fed"][a]] = True
                         a = nb["par"][a]
                     mask[j, n_fed + j] = True
-                    contexts[b].append(torch.cat([r.tokens, torch.tensor([nb["tok"][x] for x in reversed(path)], device=device)]))
+                    contexts[b].append(
+                        torch.cat([r.tokens, torch.tensor([nb["tok"][x] for x in reversed(path)], device=device)])
+                    )
                     scores_parent[b].append(nb["score"][node])
                 for j, node in enumerate(fr):
                     nb["fed"][node] = n_fed + j
@@ -188,7 +190,6 @@ class DraftModelAssistant(Proposer):
                 pend,
                 0,
             )
-            frontier = [frontier[b] if frontier[b] else [] for b in range(len(rows))]
         return [self._build_tree(nodes[b], q_rows[b], device) for b in range(len(rows))]
 
     def _build_tree(self, nb: dict, q_rows: dict[int, torch.Tensor], device) -> DraftTree:

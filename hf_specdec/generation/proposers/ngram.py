@@ -1,0 +1,299 @@
+"""Prompt lookup as a tree: draft what followed earlier occurrences of the context's suffix in prompt + output.
+
+`NgramAssistant` needs no model. Each step, for every row, it looks up the last ``n`` tokens (the suffix that ends
+with the root) in an index of everything the row has seen, takes up to ``max_matches`` earlier occurrences (longest
+match first, then most recent), and merges what followed them into one trie. Every node gets a score, an estimate of
+the probability that the target accepts it:
+
+    score(child) = score(parent) * A[bucket(child)] * weight(child) / weight(children of parent)
+
+``weight`` sums ``match_len ** 2`` over the occurrences whose continuation passes through the node (more and longer
+matches = more likely), and ``A[b]`` is the row's running estimate of the probability that a tree level whose best
+node has effective match length ``b`` (the matched n-gram plus the drafted tokens above the node) is accepted. The
+tree keeps the ``max_nodes`` best nodes with a score of at least ``min_score`` (the expected accepted length of a tree
+is the sum of its scores, Sequoia); parents always outscore their children, so that set is a tree, and siblings come
+best first. ``A`` starts from a prior and follows what the target accepts, per row: after rejections the trees get
+shallow and narrow, after acceptances deep, up to ``max_depth``.
+
+Compared with the references (ALGORITHMS.md, "n-gram trees"): transformers' prompt lookup drafts one chain from the
+leftmost match of the last <= 2 tokens, vLLM one chain from the longest match; SuffixDecoding merges several matches
+into a frequency-scored tree. This does the latter over prompt + output, ranks matches by their full matched length
+(extended past ``max_ngram``, up to 16 tokens back), continues a match that runs into the present periodically (the
+text after the match *is* the text being generated), and sizes the tree by acceptance it observed.
+
+The lookup is incremental: a dict per row from each 1..``max_ngram``-gram to the positions where it ends, extended by
+the new tokens in `observe`, so a step costs a few dict lookups, not a scan of the sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..tree import DraftSampling, DraftTree
+from .base import Proposer, ProposerSetup, RowState
+
+# Acceptance statistics are kept per effective match length 1 .. _BUCKETS (the last bucket: that many or more).
+_BUCKETS = 8
+# Prior acceptance probability of a tree level per bucket before a row has shown anything. Short matches of chatty
+# text rarely predict the next token; long ones (copying from the prompt, a repetition loop) usually do.
+_PRIOR = (0.25, 0.4, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8)
+# How far back a candidate match is compared to rank it (beyond max_ngram, which only bounds the index).
+_MAX_EXTEND = 16
+
+
+class _RowLookup:
+    """One row's token history, its n-gram index and its acceptance statistics."""
+
+    __slots__ = ("seq", "index", "hits", "trials", "last_children")
+
+    def __init__(self) -> None:
+        self.seq: list[int] = []
+        # n-gram (tuple of 1..max_ngram tokens) -> increasing positions where it ends
+        self.index: dict[tuple[int, ...], list[int]] = {}
+        self.hits = [0.0] * _BUCKETS
+        self.trials = [0.0] * _BUCKETS
+        # the last proposed tree as {parent node (-1 = root): [(token, node, bucket), ...] best first}, for `observe`
+        self.last_children: dict[int, list[tuple[int, int, int]]] | None = None
+
+    def extend(self, tokens: list[int], max_ngram: int) -> None:
+        seq, index = self.seq, self.index
+        for tok in tokens:
+            seq.append(tok)
+            end = len(seq)
+            for start in range(max(0, end - max_ngram), end):
+                key = tuple(seq[start:end])
+                positions = index.get(key)
+                if positions is None:
+                    index[key] = [end - 1]
+                else:
+                    positions.append(end - 1)
+
+
+class NgramAssistant(Proposer):
+    """Prompt-lookup speculation with token trees built from several matches, sized by observed acceptance.
+
+    Pass it as ``model.generate(ids, assistant=NgramAssistant())``. It drafts only where the context repeats
+    (copying from the prompt, code, summaries, repetition loops) and drafts nothing, at no cost, elsewhere.
+
+    Args:
+        max_ngram: longest suffix looked up (n-grams up to this length are indexed). Matches are ranked by their full
+            length, compared up to 16 tokens back, so this bounds the index, not the ranking.
+        min_ngram: shortest suffix looked up. 1 also drafts after a single repeated token (the tree is then small,
+            because short matches start with a low acceptance estimate).
+        max_depth: most tokens drafted after one match (the tree's depth); the loop's remaining budget caps it too.
+        max_matches: most earlier occurrences merged into one tree.
+        max_nodes: most nodes in a tree.
+        min_score: smallest estimated acceptance probability of a node worth verifying. Lower drafts more; on a GPU
+            with a large batch, where every node costs, raise it.
+        adaptive: follow the acceptance observed per row (True) or keep the prior estimates (False).
+        decay: per-step forgetting factor of the acceptance statistics (the memory is about ``1 / (1 - decay)``
+            steps), so a row that stopped drafting after rejections tries again later.
+    """
+
+    sampling = DraftSampling.DETERMINISTIC
+    hidden_state_layers = None
+
+    def __init__(
+        self,
+        max_ngram: int = 4,
+        min_ngram: int = 1,
+        max_depth: int = 10,
+        max_matches: int = 8,
+        max_nodes: int = 16,
+        min_score: float = 0.05,
+        adaptive: bool = True,
+        decay: float = 0.9,
+    ) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"NgramAssistant needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+        for name, value in (("max_depth", max_depth), ("max_matches", max_matches), ("max_nodes", max_nodes)):
+            if value < 1:
+                raise ValueError(f"NgramAssistant {name} must be at least 1, got {value}")
+        if not 0.0 <= min_score <= 1.0:
+            raise ValueError(f"NgramAssistant min_score is a probability in [0, 1], got {min_score}")
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"NgramAssistant decay must be in [0, 1], got {decay}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.max_depth = max_depth
+        self.max_matches = max_matches
+        self.max_nodes = max_nodes
+        self.min_score = min_score
+        self.adaptive = adaptive
+        self.decay = decay
+        self._rows: dict[int, _RowLookup] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"NgramAssistant(max_ngram={self.max_ngram}, min_ngram={self.min_ngram}, max_depth={self.max_depth}, "
+            f"max_matches={self.max_matches}, max_nodes={self.max_nodes}, min_score={self.min_score}, "
+            f"adaptive={self.adaptive}, decay={self.decay})"
+        )
+
+    # ------------------------------------------------------------------ Proposer hooks
+    def start(self, setup: ProposerSetup) -> None:
+        super().start(setup)
+        self._rows = {}
+
+    def finish(self) -> None:
+        self._rows = {}
+
+    def observe(
+        self,
+        rows: Sequence[RowState],
+        new_tokens: Sequence[torch.Tensor],
+        hidden_states: Sequence[torch.Tensor] | None,
+    ) -> None:
+        for b, row in enumerate(rows):
+            lookup = self._synced(row)
+            children = lookup.last_children
+            lookup.last_children = None
+            if not self.adaptive:
+                continue
+            hits, trials = lookup.hits, lookup.trials
+            for k in range(_BUCKETS):
+                hits[k] *= self.decay
+                trials[k] *= self.decay
+            if children is None or new_tokens is None:
+                continue
+            # Walk the accepted path down the last tree: every level that offered children is a trial for the
+            # bucket of its best child, and a hit if one of the children was accepted.
+            accepted = new_tokens[b][1:].tolist()
+            node = -1
+            for tok in accepted + [None]:
+                kids = children.get(node)
+                if not kids:
+                    break
+                trials[kids[0][2]] += 1.0
+                node = next((i for t, i, _ in kids if t == tok), None)
+                if node is None:
+                    break
+                hits[kids[0][2]] += 1.0
+
+    def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
+        return [self._propose_row(row) for row in rows]
+
+    # ------------------------------------------------------------------ internals
+    def _synced(self, row: RowState) -> _RowLookup:
+        """The row's lookup, extended with the tokens of ``row.tokens`` it has not indexed yet."""
+        lookup = self._rows.get(row.row)
+        n = row.tokens.numel()
+        if lookup is not None:
+            known = len(lookup.seq)
+            if n < known or (known and int(row.tokens[known - 1]) != lookup.seq[-1]):
+                lookup = None  # not the sequence this row index had: start over
+        if lookup is None:
+            lookup = self._rows[row.row] = _RowLookup()
+        if n > len(lookup.seq):
+            lookup.extend(row.tokens[len(lookup.seq) :].tolist(), self.max_ngram)
+        return lookup
+
+    def acceptance_estimates(self, row: int) -> list[float]:
+        """Current per-bucket acceptance estimates of ``row`` (bucket b = effective match length b + 1)."""
+        lookup = self._rows.get(row)
+        if lookup is None or not self.adaptive:
+            return list(_PRIOR)
+        # two pseudo-trials of prior
+        return [(h + 2.0 * p) / (t + 2.0) for h, t, p in zip(lookup.hits, lookup.trials, _PRIOR)]
+
+    def find_matches(self, seq: list[int], index: dict[tuple[int, ...], list[int]]) -> list[tuple[int, int]]:
+        """Earlier occurrences of the suffix of ``seq``: ``(match_len, end position)``, best first.
+
+        Longest suffix first; among equally long matches the most recent first. The last position of ``seq`` (the
+        suffix itself) is never a match.
+        """
+        last = len(seq) - 1
+        seen: set[int] = set()
+        found: list[tuple[int, int]] = []
+        scan = 2 * self.max_matches
+        for n in range(min(self.max_ngram, last), self.min_ngram - 1, -1):
+            positions = index.get(tuple(seq[last - n + 1 :]))
+            if not positions:
+                continue
+            taken = 0
+            for i in range(len(positions) - 1, -1, -1):
+                pos = positions[i]
+                if pos >= last or pos in seen:
+                    continue
+                seen.add(pos)
+                # extend the match backwards past n to rank it
+                length = n
+                while length < _MAX_EXTEND and pos - length >= 0 and seq[pos - length] == seq[last - length]:
+                    length += 1
+                found.append((length, pos))
+                taken += 1
+                if taken >= scan:
+                    break
+            if len(found) >= self.max_matches:
+                break
+        found.sort(reverse=True)
+        return found[: self.max_matches]
+
+    def _propose_row(self, row: RowState) -> DraftTree:
+        depth_cap = min(self.max_depth, row.max_depth)
+        if depth_cap <= 0:
+            return DraftTree.empty()
+        lookup = self._synced(row)
+        seq = lookup.seq
+        matches = self.find_matches(seq, lookup.index)
+        if not matches:
+            return DraftTree.empty()
+        accept = self.acceptance_estimates(row.row)
+        end = len(seq)
+
+        # ---- trie of the continuations; node lists in creation order (parents before children)
+        node_of: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        tokens: list[int] = []
+        parent: list[int] = []
+        weight: list[float] = []
+        bucket: list[int] = []
+        child_weight: dict[int, float] = {}  # parent (-1 = root) -> summed weight of its children
+        for length, pos in matches:
+            w = float(length * length)
+            period = end - 1 - pos
+            cont = seq[pos + 1 : pos + 1 + depth_cap]
+            while len(cont) < depth_cap:  # the match runs into the present: the text repeats with this period
+                cont.append(cont[len(cont) - period])
+            node = -1
+            for d, tok in enumerate(cont):
+                child_weight[node] = child_weight.get(node, 0.0) + w
+                key = (node, tok)
+                child = node_of.get(key)
+                if child is None:
+                    child = node_of[key] = len(tokens)
+                    tokens.append(tok)
+                    parent.append(node)
+                    weight.append(0.0)
+                    # matches come longest first, so the creator's length is the node's longest
+                    bucket.append(min(length + d, _BUCKETS) - 1)
+                weight[child] += w
+                node = child
+
+        # ---- scores, then the best max_nodes nodes above min_score (parents outscore children: a tree)
+        score = [0.0] * len(tokens)
+        for i, p in enumerate(parent):
+            base = 1.0 if p < 0 else score[p]
+            score[i] = base * accept[bucket[i]] * weight[i] / child_weight[p]
+        keep = sorted((i for i in range(len(tokens)) if score[i] >= self.min_score), key=lambda i: (-score[i], i))
+        keep = keep[: self.max_nodes]
+        if not keep:
+            return DraftTree.empty()
+
+        new_index = {old: new for new, old in enumerate(keep)}
+        out_tokens = [tokens[i] for i in keep]
+        out_parent = [new_index[parent[i]] if parent[i] >= 0 else -1 for i in keep]
+        out_depth: list[int] = []
+        children: dict[int, list[tuple[int, int, int]]] = {}
+        for new, old in enumerate(keep):
+            p = out_parent[new]
+            out_depth.append(1 if p < 0 else out_depth[p] + 1)
+            children.setdefault(p, []).append((tokens[old], new, bucket[old]))
+        lookup.last_children = children
+        return DraftTree(
+            torch.tensor(out_tokens, dtype=torch.long),
+            torch.tensor(out_parent, dtype=torch.long),
+            torch.tensor(out_depth, dtype=torch.long),
+            sampling=DraftSampling.DETERMINISTIC,
+        )

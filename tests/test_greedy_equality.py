@@ -1,0 +1,138 @@
+"""Greedy speculative decoding must reproduce vanilla greedy generate token for token (fp32)."""
+
+import pytest
+import torch
+from conftest import ARCHS
+
+import hf_specdec
+from hf_specdec import DraftModelAssistant
+from hf_specdec.testing import OracleProposer, RandomTreeProposer, assert_same_tokens, left_pad, tiny_causal_lm
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 5], [9, 9, 8, 7, 6, 5, 4], [12, 13, 12, 13, 12, 13, 12, 13, 12]]
+
+
+def _assistants(model, arch):
+    draft = tiny_causal_lm(arch, seed=7)
+    return {
+        "random-tree": RandomTreeProposer(model.config.vocab_size, nodes=8),
+        "oracle-tree": OracleProposer(model, depth=3),
+        "draft-chain": DraftModelAssistant(draft, depth=3),
+        "self-draft-tree": DraftModelAssistant(model, depth=3, top_k=3, num_nodes=8),
+        "draft-model-object": draft,
+        "ngram": hf_specdec.NgramAssistant(),
+    }
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_matches_vanilla_for_every_assistant(tiny_models, arch, batch):
+    model = tiny_models[arch]
+    ids, mask = left_pad(PROMPTS[:batch])
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
+    for name, assistant in _assistants(model, arch).items():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, assistant=assistant)
+        assert_same_tokens(out, expected, f"{arch} batch={batch} assistant={name}")
+
+
+def test_self_draft_chain_accepts_everything(tiny_models):
+    model = tiny_models["llama"]
+    ids = torch.tensor([PROMPTS[0]])
+    k = 4
+    out = model.generate(
+        ids,
+        max_new_tokens=1 + 5 * (k + 1),
+        do_sample=False,
+        assistant=DraftModelAssistant(model, depth=k),
+        return_dict_in_generate=True,
+    )
+    stats = out.spec_stats
+    assert stats.acceptance_rate == 1.0
+    assert stats.tau == k + 1
+    assert stats.per_depth_acceptance == [1.0] * k
+
+
+def test_custom_generate_route_gives_the_same_tokens(tiny_models):
+    model = tiny_models["qwen3"]
+    ids, mask = left_pad(PROMPTS[:2])
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=12,
+        do_sample=False,
+        custom_generate=hf_specdec.generate,
+        assistant=OracleProposer(model),
+    )
+    assert_same_tokens(out, expected, "custom_generate")
+
+
+def test_calls_without_assistant_are_untouched(tiny_models):
+    from transformers.generation import GenerationMixin
+
+    assert GenerationMixin.generate.__wrapped__ is not None
+    model = tiny_models["llama"]
+    ids = torch.tensor([PROMPTS[0]])
+    hf_specdec.generation.hook.uninstall()
+    try:
+        plain = model.generate(ids, max_new_tokens=8, do_sample=False)
+    finally:
+        hf_specdec.generation.hook.install()
+    assert_same_tokens(model.generate(ids, max_new_tokens=8, do_sample=False), plain, "no assistant")
+    assert model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.slow
+def test_default_model_greedy_equality_on_spec_bench_sample(default_model):
+    from hf_specdec.bench.spec_bench import load_questions, sample_questions
+
+    model, tok = default_model
+    questions = sample_questions(load_questions(), per_category=1)
+    ngram = hf_specdec.NgramAssistant()
+    draft = DraftModelAssistant(model, depth=3)
+    for q in questions:
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": q["turns"][0]}],
+            add_generation_prompt=True,
+            return_tensors="pt",
+            return_dict=True,
+        )["input_ids"]
+        expected = model.generate(ids, max_new_tokens=48, do_sample=False)
+        for name, assistant in [("ngram", ngram), ("self-draft", draft)]:
+            out = model.generate(ids, max_new_tokens=48, do_sample=False, assistant=assistant)
+            assert_same_tokens(out, expected, f"question {q['question_id']} {name}")
+
+
+@pytest.mark.slow
+def test_default_model_batch_of_four_mixed_lengths(default_model):
+    model, tok = default_model
+    tok.padding_side = "left"
+    texts = ["Hi!", "Write a haiku about the sea.", "List three prime numbers and explain why they are prime.", "2+2?"]
+    chats = [
+        tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
+        for t in texts
+    ]
+    enc = tok(chats, return_tensors="pt", padding=True, add_special_tokens=False)
+    expected = model.generate(**enc, max_new_tokens=32, do_sample=False)
+    out = model.generate(**enc, max_new_tokens=32, do_sample=False, assistant=hf_specdec.NgramAssistant())
+    assert_same_tokens(out, expected, "default model batch 4")
+
+
+@pytest.mark.slow
+def test_default_model_self_draft_accepts_everything(default_model):
+    model, tok = default_model
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "Tell me about the moon."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )["input_ids"]
+    k = 3
+    out = model.generate(
+        ids,
+        max_new_tokens=1 + 8 * (k + 1),
+        min_new_tokens=1 + 8 * (k + 1),
+        do_sample=False,
+        assistant=DraftModelAssistant(model, depth=k),
+        return_dict_in_generate=True,
+    )
+    assert out.spec_stats.tau == k + 1

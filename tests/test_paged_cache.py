@@ -1,0 +1,93 @@
+import pytest
+import torch
+from conftest import ARCHS
+
+from hf_specdec import DraftTree, PagedCache
+from hf_specdec.kernels.attention import build_plan
+from hf_specdec.testing import assert_same_tokens, left_pad
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_drop_in_generate_matches_default_cache(tiny_models, arch, block_size):
+    model = tiny_models[arch]
+    ids, mask = left_pad([[5, 6, 7, 8, 9, 10, 11], [3, 4, 5], [9, 9, 8, 7, 6]])
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+    cache = PagedCache(model.config, block_size=block_size)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, past_key_values=cache)
+    assert_same_tokens(out, ref, f"{arch} block_size={block_size}")
+    assert cache.get_seq_length() == ids.shape[1] + 12 - 1
+
+
+def _write_tree(cache, row, n_tokens, layer_vals):
+    """Write n_tokens past the row's committed length, each token's K/V = a distinct value per layer."""
+    positions = torch.arange(n_tokens)
+    plan = build_plan(cache, [row], [n_tokens], positions, [torch.ones(n_tokens, n_tokens, dtype=torch.bool)], "cpu")
+    for layer_idx, vals in enumerate(layer_vals):
+        k = vals[:, None, None].expand(n_tokens, 2, 3).clone()
+        cache.layer(layer_idx).write(plan.slot_mapping, k, -k)
+    return plan
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_commit_and_rollback_match_dense_reference(block_size):
+    gen = torch.Generator().manual_seed(block_size)
+    cache = PagedCache(block_size=block_size, num_layers=2)
+    rows = cache.add_rows(3)
+    dense = {r: [[], []] for r in rows}  # per row, per layer: committed K values
+    counter = 0.0
+    for step in range(40):
+        row = rows[int(torch.randint(0, 3, (1,), generator=gen))]
+        n = int(torch.randint(1, 12, (1,), generator=gen))
+        vals = [torch.arange(n, dtype=torch.float32) + counter + 1000 * layer for layer in range(2)]
+        counter += n
+        _write_tree(cache, row, n, vals)
+        action = int(torch.randint(0, 3, (1,), generator=gen))
+        if action < 2:  # commit a random root-to-node path of a random tree over the written tokens
+            parent = [int(torch.randint(-1, i, (1,), generator=gen)) if i else -1 for i in range(n - 1)]
+            tree = DraftTree.from_parents(torch.zeros(n - 1, dtype=torch.long), parent)
+            node = int(torch.randint(-1, n - 1, (1,), generator=gen))
+            path = tree.ancestor_mask()[node + 1].nonzero().flatten()
+            cache.commit(row, path)
+            for layer in range(2):
+                dense[row][layer] += vals[layer][path].tolist()
+        else:  # commit only the root, then roll back some committed tokens
+            cache.commit(row, [0])
+            for layer in range(2):
+                dense[row][layer].append(float(vals[layer][0]))
+            keep = int(torch.randint(0, len(dense[row][0]) + 1, (1,), generator=gen))
+            cache.rollback(row, keep)
+            for layer in range(2):
+                dense[row][layer] = dense[row][layer][:keep]
+        for r in rows:
+            assert cache.lengths[r] == len(dense[r][0])
+            for layer in range(2):
+                k, v = cache.layers[layer].gather(r, cache.lengths[r])
+                assert k[:, 0, 0].tolist() == dense[r][layer], f"row {r} layer {layer} step {step}"
+                assert torch.equal(v, -k)
+    # blocks in use are exactly what the committed lengths need
+    need = sum(-(-cache.lengths[r] // block_size) for r in rows)
+    assert cache.allocator.blocks_in_use() == need
+    for r in rows:
+        cache.free_row(r)
+    assert cache.allocator.blocks_in_use() == 0
+
+
+def test_memory_grows_with_kept_tokens_only():
+    cache = PagedCache(block_size=4, num_layers=1)
+    (row,) = cache.add_rows(1)
+    for _ in range(20):
+        _write_tree(cache, row, 8, [torch.zeros(8)])
+        cache.commit(row, [0, 1])  # keep 2 of 8 every step
+    assert cache.lengths[row] == 40
+    assert cache.allocator.blocks_in_use() == 10
+
+
+def test_commit_requires_root_first():
+    cache = PagedCache(block_size=4, num_layers=1)
+    (row,) = cache.add_rows(1)
+    _write_tree(cache, row, 3, [torch.zeros(3)])
+    with pytest.raises(ValueError, match="start with the root"):
+        cache.commit(row, [1, 2])
+    with pytest.raises(ValueError, match="cannot roll back"):
+        cache.rollback(row, 5)
