@@ -1,0 +1,261 @@
+"""Medusa proposer: the heads' top-k guesses arranged in a static token tree (Cai et al. 2024, arXiv:2401.10774).
+
+The loop asks for the target's final normed hidden states (``hidden_state_layers = (-1,)``) of every token that
+enters its KV cache; the proposer keeps the last one per row. That hidden state is the one the target's lm_head
+turned into the current root, so Medusa head 0 applied to it guesses the token *after* the root (tree depth 1), head
+k guesses depth k + 1. No second target pass is needed.
+
+Each step runs all heads over all active rows in one batched matmul, takes the top-k of each head and lays the
+tokens out on a static tree (a Medusa choices list, `DraftTree.from_choices` semantics): node ``[a, b]`` is head 0's
+(a+1)-th guess followed by head 1's (b+1)-th. The tree is cut to each row's remaining budget (``max_depth``).
+
+`optimal_tree_choices` is Sequoia's dynamic programme (Chen et al. 2024, "Sequoia: Scalable, Robust, and
+Hardware-aware Speculative Decoding", arXiv:2402.12374) with depth-dependent acceptance: given the measured
+probability ``acceptance[d][k]`` that the k-th ranked guess at depth d + 1 is accepted (its parent accepted), it
+returns the tree of at most n nodes with the largest expected number of accepted tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ...heads.medusa import MedusaHeads
+from ..tree import DraftSampling, DraftTree
+from .base import Proposer, ProposerSetup, RowState
+
+DEFAULT_NUM_NODES = 20  # CPU-sized default tree; GPUs verify ~64 nodes for about the cost of one
+DEFAULT_MAX_DEPTH = 5
+
+
+# --------------------------------------------------------------------------------------------- static trees
+def expected_accepted_tokens(choices: Sequence[Sequence[int]], acceptance: Sequence[Sequence[float]]) -> float:
+    """E[accepted draft tokens] of a static tree: the sum over its nodes of the product of ``acceptance`` along the
+    node's path (``acceptance[d][k]`` = P(the rank-k guess at depth d + 1 is accepted | its parent was))."""
+    total = 0.0
+    for path in {tuple(c) for c in choices}:
+        p = 1.0
+        for d, k in enumerate(path):
+            p *= acceptance[d][k] if d < len(acceptance) and k < len(acceptance[d]) else 0.0
+        total += p
+    return total
+
+
+def optimal_tree_choices(acceptance: Sequence[Sequence[float]], num_nodes: int) -> list[list[int]]:
+    """The static tree of at most ``num_nodes`` nodes that maximises the expected number of accepted tokens.
+
+    Sequoia's dynamic programme (arXiv:2402.12374, section 3.1), generalised to depth-dependent acceptance. With
+    ``f(d, n)`` the best value of a subtree whose children sit at depth d + 1 and use at most n nodes, children are
+    filled slot by slot (ranks in order of decreasing acceptance); giving slot k a subtree of m nodes is worth
+    ``a[d][k] * (1 + f(d + 1, m - 1))``.
+
+    Args:
+        acceptance: ``acceptance[d][k]`` in [0, 1]: probability that the rank-k guess at depth d + 1 is accepted
+            given its parent was. Rows may differ in length; the tree is at most ``len(acceptance)`` deep.
+        num_nodes: node budget (the root is not counted).
+    Returns:
+        a Medusa choices list (paths of ranks), sorted by (length, path), every prefix included.
+    """
+    if num_nodes < 0:
+        raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
+    a = [[float(x) for x in row] for row in acceptance]
+    for d, row in enumerate(a):
+        for k, x in enumerate(row):
+            if not 0.0 <= x <= 1.0:
+                raise ValueError(f"acceptance[{d}][{k}] = {x} is not a probability")
+    depth, n_max = len(a), num_nodes
+    # slot order per depth: ranks by decreasing acceptance (ties: lower rank first); zero-acceptance ranks are useless
+    slots = [[k for k in sorted(range(len(row)), key=lambda k, row=row: (-row[k], k)) if row[k] > 0] for row in a]
+    f = [[0.0] * (n_max + 1) for _ in range(depth + 1)]  # f[depth] = 0: no head left
+    # take[d][i][n] = nodes given to slot i (0 = slot unused) in the best use of n nodes by slots i.. at depth d
+    take: list[list[list[int]]] = [[] for _ in range(depth)]
+    for d in range(depth - 1, -1, -1):
+        row, order = a[d], slots[d]
+        h_next = [0.0] * (n_max + 1)  # value of slots i+1.. (starts as "no slot left")
+        tables = []
+        for i in range(len(order) - 1, -1, -1):
+            p = row[order[i]]
+            h = list(h_next)
+            choice = [0] * (n_max + 1)
+            for n in range(1, n_max + 1):
+                for m in range(1, n + 1):
+                    v = p * (1.0 + f[d + 1][m - 1]) + h_next[n - m]
+                    if v > h[n] + 1e-15:
+                        h[n], choice[n] = v, m
+            tables.append(choice)
+            h_next = h
+        take[d] = tables[::-1]
+        f[d] = h_next
+
+    choices: list[list[int]] = []
+
+    def build(d: int, n: int, prefix: list[int]) -> None:
+        for i, rank in enumerate(slots[d] if d < depth else []):
+            m = take[d][i][n]
+            if m == 0:
+                continue
+            path = [*prefix, rank]
+            choices.append(path)
+            build(d + 1, m - 1, path)
+            n -= m
+
+    build(0, n_max, [])
+    return sorted(choices, key=lambda c: (len(c), c))
+
+
+def prior_acceptance(depth: int, ranks: int = 8) -> list[list[float]]:
+    """A generic acceptance profile for untuned trees: top-1 acceptance 0.55 at depth 1 shrinking by 0.8 per level,
+    each next rank 0.4 times as likely (the shape of the Medusa paper's head accuracies; measure yours and use
+    `optimal_tree_choices` for a tree tuned to your heads and hardware)."""
+    return [[0.55 * 0.8**d * 0.4**k for k in range(ranks)] for d in range(depth)]
+
+
+def default_tree_choices(num_heads: int, num_nodes: int = DEFAULT_NUM_NODES) -> list[list[int]]:
+    """A tree of at most ``num_nodes`` nodes, ``min(num_heads, 5)`` deep: the top-1 chain through every head plus
+    the rest of the budget spent as `optimal_tree_choices` would for `prior_acceptance`."""
+    depth = min(num_heads, DEFAULT_MAX_DEPTH, max(num_nodes, 0))
+    chain = {(0,) * d for d in range(1, depth + 1)}
+    prior = prior_acceptance(depth)
+    for budget in range(num_nodes, -1, -1):
+        tree = {tuple(c) for c in optimal_tree_choices(prior, budget)} | chain
+        if len(tree) <= num_nodes:
+            return sorted((list(c) for c in tree), key=lambda c: (len(c), c))
+    return []
+
+
+class StaticTreeTemplate:
+    """The node structure of a choices list, built once; a row's tree is then a gather of its top-k tokens.
+
+    ``codes[i] = (depth_i - 1) * K + rank_i`` indexes the flattened `[depth, K]` top-k table of a row, so the row's
+    tokens are ``topk.view(D * K)[codes]`` for every row at once. The structure is exactly
+    ``DraftTree.from_choices(choices, topk)``'s (it is built by that function on the codes); since one head's top-k
+    tokens are distinct, siblings never carry the same token and no deduplication is needed per row.
+    """
+
+    def __init__(self, choices: Sequence[Sequence[int]], num_heads: int):
+        paths = sorted({tuple(int(x) for x in c) for c in choices if len(c)}, key=lambda c: (len(c), c))
+        for path in paths:
+            if min(path) < 0:
+                raise ValueError(f"tree choice {list(path)} has a negative rank")
+        self.choices = [list(p) for p in paths]
+        self.depth = max((len(p) for p in paths), default=0)
+        self.k = max((max(p) for p in paths), default=-1) + 1
+        if self.depth > num_heads:
+            deepest = next(p for p in paths if len(p) == self.depth)
+            raise ValueError(
+                f"tree choice {list(deepest)} is {self.depth} deep but the Medusa heads have {num_heads} heads; "
+                f"use choices at most {num_heads} deep"
+            )
+        codes = torch.arange(max(self.depth, 1) * max(self.k, 1), dtype=torch.long).view(max(self.depth, 1), -1)
+        tree = DraftTree.from_choices(self.choices, codes) if paths else DraftTree.empty()
+        self.codes, self.parent, self.node_depth = tree.tokens, tree.parent, tree.depth
+        self._cut: dict[tuple[int, str], tuple[torch.Tensor, ...]] = {}
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.codes.numel())
+
+    def cut(
+        self, max_depth: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(codes, parent, depth, ancestor_mask)`` of the nodes at most ``max_depth`` deep, on ``device``."""
+        key = (min(max_depth, self.depth), str(device))
+        if key not in self._cut:
+            keep = self.node_depth <= key[0]
+            tree = DraftTree(self.codes, self.parent, self.node_depth).subtree_keep(keep)
+            tree = tree.to(device)
+            self._cut[key] = (tree.tokens, tree.parent, tree.depth, tree.ancestor_mask())
+        return self._cut[key]
+
+
+# --------------------------------------------------------------------------------------------- proposer
+class MedusaAssistant(Proposer):
+    """Drafts a static token tree from `MedusaHeads` (deterministic top-k children).
+
+    Args:
+        heads: the Medusa heads.
+        tree_choices: a Medusa choices list such as ``[[0], [0, 0], [1]]``; default: ``heads.tree_choices``, else
+            `default_tree_choices` with ``num_nodes`` nodes.
+        num_nodes: size of the default tree (ignored when choices are given).
+    """
+
+    sampling = DraftSampling.DETERMINISTIC
+    hidden_state_layers = (-1,)
+
+    def __init__(
+        self,
+        heads: MedusaHeads,
+        tree_choices: Sequence[Sequence[int]] | None = None,
+        num_nodes: int = DEFAULT_NUM_NODES,
+    ):
+        if not isinstance(heads, MedusaHeads):
+            raise TypeError(f"MedusaAssistant needs MedusaHeads, got {type(heads).__name__}")
+        self.heads = heads
+        if tree_choices is None:
+            tree_choices = heads.tree_choices or default_tree_choices(heads.num_heads, num_nodes)
+        self.template = StaticTreeTemplate(tree_choices, heads.num_heads)
+        vocab = heads.draft_vocab_size or heads.vocab_size
+        if vocab is not None and self.template.k > vocab:
+            raise ValueError(f"the tree uses rank {self.template.k - 1} but the heads predict only {vocab} tokens")
+        self._last_hidden: dict[int, torch.Tensor] = {}
+        self._lm_head = None
+
+    @property
+    def tree_choices(self) -> list[list[int]]:
+        return self.template.choices
+
+    def validate(self, target: torch.nn.Module) -> None:
+        self.heads.check_compatible(target)
+
+    def start(self, setup: ProposerSetup) -> None:
+        super().start(setup)
+        self._last_hidden = {}
+        self._lm_head = setup.target.get_output_embeddings() if self.heads.share_lm_head else None
+
+    def observe(
+        self,
+        rows: Sequence[RowState],
+        new_tokens: Sequence[torch.Tensor],
+        hidden_states: Sequence[torch.Tensor] | None,
+    ) -> None:
+        if hidden_states is None:
+            raise RuntimeError("MedusaAssistant needs the target's hidden states (hidden_state_layers=(-1,))")
+        for row, hidden in zip(rows, hidden_states):
+            if hidden is not None and hidden.shape[0]:
+                # [H] the state the target's lm_head turned into the new root; clone frees the step's [N, H] buffer
+                self._last_hidden[row.row] = hidden[-1, : self.heads.hidden_size].detach().clone()
+
+    @torch.no_grad()
+    def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
+        trees: list[DraftTree | None] = [None] * len(rows)
+        ready = [i for i, r in enumerate(rows) if r.max_depth > 0 and r.row in self._last_hidden]
+        tmpl = self.template
+        if ready and tmpl.num_nodes:
+            x = torch.stack([self._last_hidden[rows[i].row] for i in ready])  # [B, H]
+            top = self.heads.topk_tokens(x, tmpl.k, num_heads=tmpl.depth, lm_head=self._lm_head)  # [B, D, K]
+            device = rows[ready[0]].tokens.device
+            flat = top.reshape(len(ready), -1).to(device)  # [B, D * K]
+            for j, i in enumerate(ready):
+                codes, parent, depth, ancestors = tmpl.cut(rows[i].max_depth, device)
+                trees[i] = DraftTree(flat[j, codes], parent, depth, DraftSampling.DETERMINISTIC, _ancestors=ancestors)
+        return [t if t is not None else DraftTree.empty(rows[i].tokens.device) for i, t in enumerate(trees)]
+
+    def finish(self) -> None:
+        self._last_hidden = {}
+        self._lm_head = None
+
+
+def as_proposer(heads: MedusaHeads, target: torch.nn.Module | None = None, **tree_kwargs) -> MedusaAssistant:
+    """A `MedusaAssistant` for ``heads`` (checked against ``target`` when given); ``tree_kwargs`` go to it."""
+    proposer = MedusaAssistant(heads, **tree_kwargs)
+    if target is not None:
+        proposer.validate(target)
+    return proposer
+
+
+def medusa_proposer_for(obj, target) -> Proposer | None:
+    """``assistant=`` resolver: a `MedusaAssistant` when ``obj`` is `MedusaHeads`, else None."""
+    if isinstance(obj, MedusaHeads):
+        return MedusaAssistant(obj)
+    return None

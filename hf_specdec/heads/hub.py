@@ -1,0 +1,383 @@
+"""Hub I/O shared by every speculative head type (Medusa, EAGLE, MLP speculator).
+
+Our own format is a folder (local or a Hub model repo) holding
+
+- ``config.json``: ``head_type`` (``"medusa"``, ...), ``hf_specdec_version``, the base model's id, hidden size and
+  vocabulary size, the head's own hyper-parameters and tree defaults, and the model-card facts (``model_card``);
+- ``model.safetensors``: the head's tensors;
+- ``README.md``: a model card generated from the config (base model, training data, measured tau and speedup).
+
+Upstream formats (FORMATS.md) are read through the same `HeadSource`, which resolves a local folder or a Hub repo id
+(files are fetched one by one, on demand, so a head stored inside a multi-GB checkpoint costs only the shards that
+hold it). Everything here is framework plumbing: format-specific key mapping lives in `convert`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+import torch
+from huggingface_hub import ModelCard, hf_hub_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HFValidationError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+CARD_NAME = "README.md"
+LIBRARY_NAME = "hf-specdec"
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+def _library_version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+# --------------------------------------------------------------------------------------------------- sources
+class HeadSource:
+    """A folder of head files: a local directory, or a Hub model repo whose files are downloaded on first use.
+
+    Args:
+        path_or_repo: a local folder, or a Hub repo id such as ``"FasterDecoding/medusa-vicuna-7b-v1.3"``.
+        revision / token / cache_dir / local_files_only / force_download: passed to `huggingface_hub.hf_hub_download`.
+    """
+
+    def __init__(
+        self,
+        path_or_repo: str | os.PathLike,
+        *,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        local_files_only: bool = False,
+        force_download: bool = False,
+    ):
+        self.name = str(path_or_repo)
+        self.is_local = os.path.isdir(self.name)
+        self._hub_kwargs = dict(
+            revision=revision,
+            token=token,
+            cache_dir=cache_dir,
+            local_files_only=local_files_only,
+            force_download=force_download,
+        )
+        self._unreachable: list[str] = []  # files the Hub could not be asked about (offline, not cached)
+        if not self.is_local:
+            looks_like_path = (
+                self.name.startswith((".", "/", "~"))
+                or os.sep in self.name.replace("/", "", 1)
+                or os.path.exists(self.name)
+                or not _REPO_ID.match(self.name)
+            )
+            if looks_like_path:
+                raise FileNotFoundError(
+                    f"{self.name!r} is neither an existing folder nor a Hub repo id (owner/name); pass the folder "
+                    "that holds config.json and the weights, or a repo id such as 'FasterDecoding/medusa-vicuna-7b-v1.3'"
+                )
+
+    def __str__(self) -> str:
+        return self.name
+
+    def file(self, filename: str) -> Path | None:
+        """Local path of ``filename`` (downloading it from the Hub if needed), or None when the source lacks it."""
+        if self.is_local:
+            path = Path(self.name) / filename
+            return path if path.is_file() else None
+        try:
+            return Path(hf_hub_download(repo_id=self.name, filename=filename, **self._hub_kwargs))
+        except LocalEntryNotFoundError:
+            # offline (or local_files_only) and not in the cache: cannot tell "absent" from "not downloaded".
+            # The Hub did not answer for this file, so it will not for the next ones: look only in the cache from
+            # now on instead of paying huggingface_hub's connection retries once per candidate file.
+            self._unreachable.append(filename)
+            self._hub_kwargs["local_files_only"] = True
+            return None
+        except EntryNotFoundError:
+            return None
+        except RepositoryNotFoundError as err:
+            raise FileNotFoundError(
+                f"{self.name!r} is not a local folder and the Hub has no (accessible) model repo of that name; check "
+                "the spelling, or log in (`hf auth login`) for a private or gated repo"
+            ) from err
+        except RevisionNotFoundError as err:
+            raise FileNotFoundError(
+                f"the Hub repo {self.name!r} has no revision {self._hub_kwargs['revision']!r}"
+            ) from err
+        except HFValidationError as err:
+            raise FileNotFoundError(
+                f"{self.name!r} is neither an existing folder nor a valid Hub repo id: {err}"
+            ) from err
+
+    def require(self, filename: str, what: str = "") -> Path:
+        """Like `file`, but a missing file is an error that says where it was looked for."""
+        path = self.file(filename)
+        if path is None:
+            raise FileNotFoundError(f"{self.describe_missing([filename])}{' (' + what + ')' if what else ''}")
+        return path
+
+    def json(self, filename: str) -> dict | None:
+        """The parsed JSON file, or None when absent."""
+        path = self.file(filename)
+        if path is None:
+            return None
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+
+    def describe_missing(self, filenames: Iterable[str]) -> str:
+        """An error message for files that could not be found, honest about offline lookups."""
+        names = ", ".join(filenames)
+        if self.is_local:
+            present = sorted(p.name for p in Path(self.name).iterdir())
+            return f"{self.name} has none of: {names} (the folder holds: {', '.join(present) or 'nothing'})"
+        if self._unreachable:
+            return (
+                f"could not fetch {names} from the Hub repo {self.name!r}: the Hub is unreachable (offline, or "
+                "HF_HUB_OFFLINE / local_files_only set) and the files are not in the local cache. Download the repo "
+                f"once with network access (`hf download {self.name}`), or pass a local folder"
+            )
+        return f"the Hub repo {self.name!r} has none of: {names}"
+
+
+def check_reachable(source: HeadSource, found_any: bool) -> None:
+    """Raise the offline error when nothing was found because the Hub could not be reached."""
+    if not found_any and source._unreachable:
+        raise OSError(source.describe_missing(source._unreachable))
+
+
+# --------------------------------------------------------------------------------------------------- tensors
+def read_tensors(path: str | os.PathLike, select: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+    """Tensors of one weights file (``.safetensors``, or a ``torch.save`` file loaded with ``weights_only=True``).
+
+    Args:
+        path: the file.
+        select: keep only keys for which it returns True. With safetensors the other tensors are never read.
+    """
+    path = str(path)
+    if path.endswith(".safetensors"):
+        out = {}
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for key in f.keys():
+                if select is None or select(key):
+                    out[key] = f.get_tensor(key)
+        return out
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # legacy (non-zip) torch.save files cannot be memory-mapped
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, Mapping):
+        raise ValueError(f"{path} does not hold a state dict (got {type(state).__name__})")
+    if "state_dict" in state and isinstance(state["state_dict"], Mapping):
+        state = state["state_dict"]
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor) and (select is None or select(k))}
+
+
+def tensor_names(path: str | os.PathLike) -> list[str]:
+    """Keys of a weights file (for safetensors without reading any tensor)."""
+    path = str(path)
+    if path.endswith(".safetensors"):
+        with safe_open(path, framework="pt", device="cpu") as f:
+            return list(f.keys())
+    return list(read_tensors(path))
+
+
+def read_sharded_tensors(
+    source: HeadSource, index_name: str, select: Callable[[str], bool]
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """The selected tensors of a sharded checkpoint (``*.index.json`` + shards); only shards holding them are read.
+
+    Returns:
+        the tensors and the shard file names that were opened.
+    """
+    index = source.json(index_name)
+    if index is None or "weight_map" not in index:
+        raise ValueError(f"{source}/{index_name} is not a sharded-checkpoint index (no weight_map)")
+    wanted: dict[str, list[str]] = {}
+    for key, shard in index["weight_map"].items():
+        if select(key):
+            wanted.setdefault(shard, []).append(key)
+    out: dict[str, torch.Tensor] = {}
+    for shard, keys in sorted(wanted.items()):
+        path = source.require(shard, f"shard named in {index_name}")
+        keyset = set(keys)
+        got = read_tensors(path, lambda k, keyset=keyset: k in keyset)
+        missing = keyset - set(got)
+        if missing:
+            raise ValueError(f"{index_name} places {sorted(missing)[0]!r} in {shard}, but that shard does not hold it")
+        out.update(got)
+    return out, sorted(wanted)
+
+
+def check_shapes(
+    owner: str, tensors: Mapping[str, torch.Tensor], expected: Mapping[str, tuple[int, ...]], where: str
+) -> None:
+    """Every expected key present with its shape, nothing else; errors name the key and both shapes.
+
+    Args:
+        owner: what is being loaded, e.g. ``"MedusaHeads"``.
+        tensors: the tensors found, by key.
+        expected: the shape each key must have.
+        where: the file or folder, for the message.
+    """
+    for key, shape in expected.items():
+        if key not in tensors:
+            raise ValueError(f"{owner}: {where} lacks the tensor {key!r} (expected shape {list(shape)})")
+        got = tuple(tensors[key].shape)
+        if got != tuple(shape):
+            raise ValueError(
+                f"{owner}: tensor {key!r} in {where} has shape {list(got)}, expected {list(shape)}; the checkpoint "
+                "does not match its config (or was written for a different model)"
+            )
+    extra = sorted(set(tensors) - set(expected))
+    if extra:
+        raise ValueError(f"{owner}: {where} holds unexpected tensors {extra[:5]}{' ...' if len(extra) > 5 else ''}")
+
+
+def save_tensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike) -> None:
+    """Write ``model.safetensors`` (contiguous, unshared CPU copies; ``format: pt`` metadata like transformers)."""
+    clean = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    save_file(clean, str(path), metadata={"format": "pt"})
+
+
+def write_config(config: Mapping, path: str | os.PathLike) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(dict(config), f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+# --------------------------------------------------------------------------------------------------- base model
+def base_model_dims(model: torch.nn.Module) -> tuple[int, int]:
+    """``(hidden size, vocab size)`` of a transformers causal LM, as its lm_head sees them."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dim() == 2:
+        return int(weight.shape[1]), int(weight.shape[0])
+    config = getattr(model, "config", None)
+    if config is None:
+        raise TypeError(f"cannot read the hidden and vocabulary sizes of a {type(model).__name__}")
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(text.hidden_size), int(text.vocab_size)
+
+
+def check_base_model(
+    owner: str,
+    model: torch.nn.Module,
+    hidden_size: int | None,
+    vocab_size: int | None,
+    base_model_name_or_path: str | None = None,
+) -> None:
+    """Refuse a base model whose hidden size or vocabulary differ from what the head was built for.
+
+    A ``None`` size is not checked (e.g. heads that reuse the base lm_head work with any vocabulary).
+    """
+    hidden, vocab = base_model_dims(model)
+    trained = f" (it was built for {base_model_name_or_path})" if base_model_name_or_path else ""
+    if hidden_size is not None and hidden_size != hidden:
+        raise ValueError(
+            f"{owner} for hidden size {hidden_size} cannot serve a model with hidden size {hidden}{trained}; "
+            "train or load heads for this model"
+        )
+    if vocab_size is not None and vocab_size != vocab:
+        raise ValueError(
+            f"{owner} for vocabulary size {vocab_size} cannot serve a model with vocabulary size {vocab}{trained}; "
+            "train or load heads for this model"
+        )
+
+
+# --------------------------------------------------------------------------------------------------- model card
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def render_model_card(
+    *,
+    head_type: str,
+    title: str,
+    config: Mapping,
+    usage: str,
+    description: str,
+    tags: Iterable[str] = (),
+) -> ModelCard:
+    """A README.md model card for a head folder.
+
+    Facts come from ``config`` (``base_model_name_or_path``, ``hidden_size``, ``vocab_size``) and its
+    ``model_card`` dict (``training_data``, ``tau``, ``speedup``, ``measured_on``, ``notes``); a fact that was not
+    recorded is shown as "not recorded", never invented.
+    """
+    base = config.get("base_model_name_or_path")
+    facts = dict(config.get("model_card") or {})
+    meta = ["---", f"library_name: {LIBRARY_NAME}"]
+    if base and _REPO_ID.match(str(base)) and not os.path.exists(str(base)):
+        meta.append(f"base_model: {base}")
+    meta.append("tags:")
+    for tag in ["speculative-decoding", head_type, LIBRARY_NAME, *tags]:
+        meta.append(f"- {tag}")
+    meta.append("---")
+
+    def fact(key: str, fmt=_fmt) -> str:
+        return fmt(facts[key]) if facts.get(key) is not None else "not recorded"
+
+    rows = [
+        ("Base model", f"`{base}`" if base else "not recorded"),
+        ("Base hidden size", _fmt(config.get("hidden_size"))),
+        (
+            "Base vocabulary size",
+            _fmt(config.get("vocab_size")) if config.get("vocab_size") else "any (uses the base lm_head)",
+        ),
+        ("Training data", fact("training_data")),
+        ("Mean accepted length τ", fact("tau")),
+        ("Speedup over vanilla `generate`", fact("speedup", lambda v: f"{_fmt(v)}×")),
+        ("Measured on", fact("measured_on")),
+    ]
+    lines = [
+        *meta,
+        "",
+        f"# {title}",
+        "",
+        description,
+        "",
+        "| | |",
+        "|---|---|",
+        *[f"| {k} | {v} |" for k, v in rows],
+        "",
+        "τ = 1 + accepted draft tokens / verification steps (the Spec-Bench / EAGLE convention); speedup = vanilla "
+        "`generate` wall time / speculative wall time, same prompts, same machine.",
+        "",
+    ]
+    if facts.get("notes"):
+        lines += [str(facts["notes"]), ""]
+    lines += [
+        "## Usage",
+        "",
+        "```python",
+        usage.strip(),
+        "```",
+        "",
+        f"Written by {LIBRARY_NAME} {config.get('hf_specdec_version', _library_version())}; "
+        "`config.json` holds every hyper-parameter, `model.safetensors` the weights.",
+        "",
+    ]
+    return ModelCard("\n".join(lines))
+
+
+def warn_config_mismatch(where: str, what: str, config_value, actual) -> None:
+    warnings.warn(
+        f"{where}: config.json says {what}={config_value} but the weights hold {actual}; using {actual} "
+        "(the weights are authoritative)",
+        stacklevel=3,
+    )
