@@ -107,6 +107,13 @@ class BlockAllocator:
             return first * self.block_size
         return None
 
+    def read_index(self, row: int, length: int, device=None) -> int | torch.Tensor:
+        """How to read positions ``[0, length)`` of ``row``: the first slot (int) if they are consecutive, else slots."""
+        start = self.contiguous_span(row, length)
+        if start is not None:
+            return start
+        return self.slot_range(row, 0, length, device=device)
+
     def block_table_tensor(self, rows: Sequence[int], device=None) -> torch.Tensor:
         """`[len(rows), max_blocks]` int32 block tables, padded with 0 (kernels read lengths to stay in bounds)."""
         width = max((len(self.block_tables[r]) for r in rows), default=0)
@@ -163,14 +170,19 @@ class PagedLayer(CacheLayerMixin):
         k.index_copy_(0, slots, key.to(k.dtype))
         v.index_copy_(0, slots, value.to(v.dtype))
 
-    def gather(self, row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`[length, H_kv, D]` K and V of positions ``[0, length)`` of ``row`` (a view when the pages are contiguous)."""
+    def gather(
+        self, row: int, length: int, where: int | torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[length, H_kv, D]` K and V of positions ``[0, length)`` of ``row`` (a view when the pages are contiguous).
+
+        ``where`` is `read_index` 's result when the caller already has it (computed once per forward).
+        """
         k, v = self.flat()
-        start = self.allocator.contiguous_span(row, length)
-        if start is not None:
-            return k[start : start + length], v[start : start + length]
-        slots = self.allocator.slot_range(row, 0, length, device=k.device)
-        return k.index_select(0, slots), v.index_select(0, slots)
+        if where is None:
+            where = self.allocator.read_index(row, length, k.device)
+        if isinstance(where, int):
+            return k[where : where + length], v[where : where + length]
+        return k.index_select(0, where), v.index_select(0, where)
 
     # transformers.Cache drop-in path -----------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):

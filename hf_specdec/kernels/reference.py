@@ -39,7 +39,10 @@ def paged_attention_reference(
     for b, row in enumerate(plan.rows):
         s, e = cu[b], cu[b + 1]
         n, prefix, pending = e - s, plan.prefix_lens[b], plan.pending_lens[b]
-        k, v = layer.gather(row, prefix + pending + n)  # [L + P + n, H_kv, D]
+        key = ("read_index", b)
+        if key not in plan.extras:  # once per forward, shared by every layer
+            plan.extras[key] = plan.cache.allocator.read_index(row, prefix + pending + n, query.device)
+        k, v = layer.gather(row, prefix + pending + n, plan.extras[key])  # [L + P + n, H_kv, D]
         q = query[s:e].transpose(0, 1).unsqueeze(0)  # [1, H_q, n, D]
         k = k.transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, H_kv, L + n, D]
         v = v.transpose(0, 1).unsqueeze(0).to(q.dtype)
