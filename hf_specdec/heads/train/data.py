@@ -1,0 +1,478 @@
+"""Self-distillation data for speculative heads: a prompt set built here, the target's own answers, and the target's
+final hidden states cached to disk so that head training never runs the target again.
+
+    prompts = make_prompts(2000, seed=0)                         # templates x topics, fixed seed; no benchmark text
+    ids = [chat_prompt_ids(tok, p)[0].tolist() for p in prompts]
+    manifest = build_distillation_data(model, ids, "out/data", recipe=prompt_recipe(2000, 0), max_new_tokens=256)
+    data = load_distillation_data("out/data")                    # flat ids / hidden states / sequence bounds
+
+On disk (``out_dir``): ``manifest.json`` (the recipe: prompt templates, seed, counts, generation settings, the base
+model's sizes, one entry per finished shard) and ``shard-00000.safetensors``... Each shard holds, for its sequences
+(prompt + answer, no padding) concatenated: ``input_ids`` `[N]` int32, ``hidden`` `[N, H]` (fp16 or fp32: the base
+model's final normed hidden states, what its lm_head sees; ``hidden[t]`` maps to token ``t + 1``), and per sequence
+``seq_lens`` / ``prompt_lens`` `[S]` int64. A rerun skips the shards the manifest already lists (resumable).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+MANIFEST_NAME = "manifest.json"
+DATA_FORMAT_VERSION = 1
+
+# ---------------------------------------------------------------------------------------------------- prompt set
+# Instructions built from templates x topics with a fixed seed. Written for this project: no benchmark questions.
+TOPICS = (
+    "photosynthesis", "black holes", "the water cycle", "plate tectonics", "the immune system", "volcanoes",
+    "renewable energy", "the French Revolution", "the printing press", "ancient Rome", "the Silk Road",
+    "machine learning", "binary search", "hash tables", "recursion", "compilers", "public-key cryptography",
+    "the internet", "electric cars", "honey bees", "coral reefs", "rainforests", "the Moon", "Mars", "gravity",
+    "magnetism", "sound waves", "rainbows", "vaccines", "sleep", "healthy breakfasts", "bread baking", "coffee",
+    "chess", "jazz music", "the piano", "origami", "gardening", "recycling", "public libraries", "bicycles",
+    "trains", "lighthouses", "weather forecasts", "clouds", "earthquakes", "glaciers", "deserts", "dolphins",
+    "owls", "the human heart", "DNA", "the periodic table", "prime numbers", "fractions", "probability",
+    "budgeting", "time management", "job interviews", "learning a new language", "teamwork", "museums",
+    "the Olympic Games", "football", "marathons", "mountain hiking", "camping", "photography", "painting",
+    "poetry", "fairy tales", "robots", "satellites", "the stock market", "inflation", "supply and demand",
+    "democracy", "climate change", "ocean tides", "spreadsheets", "databases", "operating systems",
+    "unit testing", "version control", "open-source software", "smartphones", "3D printing", "solar panels",
+)  # fmt: skip
+
+TEMPLATES = {
+    "write": (
+        "Write a short story about {topic}.",
+        "Write a poem about {topic}.",
+        "Write a friendly email inviting a colleague to a talk about {topic}.",
+        "Write a product description for a children's book about {topic}.",
+        "Write a short blog post introduction about {topic}.",
+    ),
+    "explain": (
+        "Explain {topic} to a ten-year-old.",
+        "Explain how {topic} works in simple terms.",
+        "What is the most important thing to know about {topic}?",
+        "Why does {topic} matter? Give two reasons.",
+        "Describe {topic} in one paragraph.",
+    ),
+    "summarise": (
+        "Summarise what you know about {topic} in three sentences.",
+        "Give a one-sentence summary of {topic}.",
+        "Summarise the history of {topic} briefly.",
+    ),
+    "list": (
+        "List five facts about {topic}.",
+        "List three common misconceptions about {topic}.",
+        "Give me a numbered list of questions a student might ask about {topic}.",
+        "List the pros and cons of {topic}.",
+    ),
+    "compare": (
+        "Compare {topic} and {other}.",
+        "What do {topic} and {other} have in common?",
+    ),
+    "translate": (
+        'Translate into {language}: "{sentence}"',
+        'How would you say "{sentence}" in {language}?',
+    ),
+    "compute": (
+        "What is {a} plus {b}? Show your work.",
+        "What is {a} times {b}? Explain step by step.",
+        "A shop sells pens at {a} cents each. How much do {b} pens cost?",
+        "If a train travels {a} kilometres in {b} hours, what is its average speed?",
+    ),
+    "code": (
+        "Write a Python function that returns the sum of a list of numbers, then explain it.",
+        "Write a Python function that checks whether a number is a multiple of {b}.",
+        "Write a Python function that counts the vowels in a string.",
+        "Explain what a for loop does in Python, using an example about {topic}.",
+    ),
+}
+
+LANGUAGES = ("French", "Spanish", "German", "Italian", "Portuguese")
+SENTENCES = (
+    "The weather is nice today.",
+    "Where is the train station?",
+    "I would like a cup of tea, please.",
+    "My brother is reading a book about {topic}.",
+    "We are going to the museum tomorrow.",
+    "Thank you for your help.",
+    "The children are playing in the garden.",
+    "Can you recommend a good restaurant?",
+)
+
+
+def prompt_recipe(num_prompts: int, seed: int = 0) -> dict:
+    """The JSON-able description of `make_prompts(num_prompts, seed)` recorded in the manifest."""
+    return {
+        "kind": "templates x topics",
+        "num_prompts": int(num_prompts),
+        "seed": int(seed),
+        "templates": {task: list(t) for task, t in TEMPLATES.items()},
+        "topics": list(TOPICS),
+        "languages": list(LANGUAGES),
+        "sentences": list(SENTENCES),
+        "numbers": "a, b uniform in [2, 99]",
+    }
+
+
+def make_prompts(num_prompts: int, seed: int = 0) -> list[str]:
+    """``num_prompts`` distinct instructions: tasks (write, explain, summarise, list, compare, translate, compute,
+    code) round-robin, each a random template filled with random topics / numbers / sentences from ``seed``.
+
+    Deterministic for a given ``(num_prompts, seed)``; a prefix of a longer list with the same seed.
+    """
+    rng = random.Random(seed)
+    tasks = list(TEMPLATES)
+    prompts: list[str] = []
+    seen: set[str] = set()
+    attempts = 0
+    while len(prompts) < num_prompts:
+        attempts += 1
+        if attempts > 50 * num_prompts + 1000:
+            raise ValueError(f"cannot make {num_prompts} distinct prompts from the templates (got {len(prompts)})")
+        task = tasks[attempts % len(tasks)]
+        topic, other = rng.sample(TOPICS, 2)
+        fields = {
+            "topic": topic,
+            "other": other,
+            "language": rng.choice(LANGUAGES),
+            "sentence": rng.choice(SENTENCES).format(topic=topic),
+            "a": rng.randint(2, 99),
+            "b": rng.randint(2, 99),
+        }
+        text = rng.choice(TEMPLATES[task]).format(**fields)
+        if text not in seen:
+            seen.add(text)
+            prompts.append(text)
+    return prompts
+
+
+def spec_bench_overlap(prompts: Sequence[str], questions_path: str | os.PathLike) -> list[str]:
+    """The prompts that equal (whitespace/case-insensitively) or contain a turn of the Spec-Bench file."""
+    from ...bench.questions import load_questions
+
+    def norm(s: str) -> str:
+        return " ".join(s.lower().split())
+
+    turns = {norm(t) for q in load_questions(questions_path) for t in q["turns"]}
+    turns.discard("")
+    return [p for p in prompts if norm(p) in turns or any(t in norm(p) for t in turns if len(t) > 40)]
+
+
+# ---------------------------------------------------------------------------------------------------- target data
+def _generate_answers(
+    model, prompts: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int, eos_ids: set[int], gen_kwargs: dict
+) -> list[list[int]]:
+    """Answers of ``model`` to a batch of prompt id lists (left padding), each cut after its first EOS."""
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    out = model.generate(
+        ids.to(device),
+        attention_mask=mask.to(device),
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_id,
+        **gen_kwargs,
+    )
+    answers = []
+    for row in out[:, width:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
+        answers.append(row[:cut])
+    return answers
+
+
+@torch.no_grad()
+def final_hidden_states(model, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """`[len_i, H]` per sequence: the model's last entry of ``hidden_states`` (the normed states its lm_head sees).
+
+    The batch is right-padded, so (causal attention) no real token sees a pad and positions need no offset.
+    Checks, on the longest sequence, that the lm_head applied to the state reproduces the model's logits.
+    """
+    device = next(model.parameters()).device
+    width = max(len(s) for s in sequences)
+    ids = torch.zeros((len(sequences), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(sequences):
+        ids[i, : len(s)] = torch.tensor(list(s), dtype=torch.long)
+        mask[i, : len(s)] = 1
+    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True, logits_to_keep=1)
+    hidden = out.hidden_states[-1]  # [B, W, H]
+    longest = max(range(len(sequences)), key=lambda i: len(sequences[i]))
+    if len(sequences[longest]) == width:
+        lm_head = model.get_output_embeddings()
+        again = lm_head(hidden[longest, -1:]).float()
+        ref = out.logits[longest, -1:].float()
+        if not torch.allclose(again, ref, atol=1e-3 * max(1.0, ref.abs().max().item()), rtol=1e-3):
+            raise RuntimeError(
+                f"{type(model).__name__}: lm_head(hidden_states[-1]) does not reproduce the logits, so the last "
+                "hidden state is not the one fed to the lm_head (a final norm or logit scaling is missing); Medusa "
+                "heads need the states the lm_head sees"
+            )
+    return [hidden[i, : len(s)].cpu() for i, s in enumerate(sequences)]
+
+
+def _fingerprint(prompt_ids: Sequence[Sequence[int]], settings: dict) -> str:
+    h = hashlib.sha256(json.dumps([list(map(int, p)) for p in prompt_ids]).encode())
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def build_distillation_data(
+    model,
+    prompt_ids: Sequence[Sequence[int]],
+    out_dir: str | os.PathLike,
+    *,
+    recipe: dict | None = None,
+    max_new_tokens: int = 256,
+    batch_size: int = 8,
+    shard_size: int = 64,
+    do_sample: bool = False,
+    temperature: float = 0.7,
+    top_p: float = 0.9,
+    seed: int = 0,
+    hidden_dtype: torch.dtype = torch.float16,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+    base_model_name: str | None = None,
+    progress: bool = True,
+) -> dict:
+    """Let ``model`` answer every prompt and cache ids + final hidden states in safetensors shards under ``out_dir``.
+
+    Resumable: shards the manifest already lists are skipped; a manifest written for other prompts or settings is
+    refused (use a fresh folder).
+
+    Args:
+        model: the target (a transformers causal LM), in eval mode.
+        prompt_ids: token ids of each prompt, chat template applied.
+        out_dir: the data folder (created).
+        recipe: how the prompts were made (`prompt_recipe`), recorded in the manifest.
+        max_new_tokens: answer length cap.
+        batch_size: prompts per `generate` / forward call.
+        shard_size: sequences per shard file.
+        do_sample / temperature / top_p: generation (greedy by default; sampling is seeded per shard).
+        seed: sampling seed.
+        hidden_dtype: dtype of the stored hidden states.
+        eos_token_id / pad_token_id: default to the model's generation config.
+        base_model_name: recorded in the manifest (default: ``model.config._name_or_path``).
+        progress: tqdm bar.
+    Returns:
+        the manifest dict (also in ``out_dir/manifest.json``).
+    """
+    from tqdm.auto import tqdm
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    gc = model.generation_config
+    eos = eos_token_id if eos_token_id is not None else gc.eos_token_id
+    eos_ids = set(torch.as_tensor(eos if eos is not None else []).reshape(-1).tolist())
+    pad = pad_token_id if pad_token_id is not None else gc.pad_token_id
+    if pad is None:
+        pad = min(eos_ids) if eos_ids else 0
+    gen_kwargs = {"do_sample": bool(do_sample)}
+    if do_sample:
+        gen_kwargs.update(temperature=float(temperature), top_p=float(top_p), top_k=0)
+    generation = {
+        "max_new_tokens": int(max_new_tokens),
+        "do_sample": bool(do_sample),
+        "temperature": float(temperature) if do_sample else None,
+        "top_p": float(top_p) if do_sample else None,
+        "seed": int(seed),
+        "eos_token_id": sorted(eos_ids),
+        "pad_token_id": int(pad),
+        "batch_size": int(batch_size),
+        "padding": "left (generate), right (hidden-state forward)",
+    }
+    settings = {"generation": generation, "shard_size": int(shard_size), "hidden_dtype": str(hidden_dtype)}
+    fingerprint = _fingerprint(prompt_ids, settings)
+    from ..hub import base_model_dims
+
+    hidden_size, vocab_size = base_model_dims(model)
+    manifest_path = out / MANIFEST_NAME
+    if manifest_path.is_file():
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        if manifest.get("fingerprint") != fingerprint:
+            raise ValueError(
+                f"{out} already holds distillation data for other prompts or generation settings "
+                f"(fingerprint {manifest.get('fingerprint')} vs {fingerprint}); use another folder or delete it"
+            )
+    else:
+        manifest = {
+            "format_version": DATA_FORMAT_VERSION,
+            "fingerprint": fingerprint,
+            "base_model": base_model_name or getattr(model.config, "_name_or_path", None) or type(model).__name__,
+            "hidden_size": hidden_size,
+            "vocab_size": vocab_size,
+            "prompt_recipe": recipe,
+            "num_prompts": len(prompt_ids),
+            **settings,
+            "shards": [],
+            "complete": False,
+        }
+    done = {s["file"] for s in manifest["shards"] if (out / s["file"]).is_file()}
+    manifest["shards"] = [s for s in manifest["shards"] if s["file"] in done]
+    starts = list(range(0, len(prompt_ids), shard_size))
+    bar = tqdm(total=len(prompt_ids), desc="target answers", unit="prompt", disable=not progress)
+    for index, start in enumerate(starts):
+        name = f"shard-{index:05d}.safetensors"
+        chunk = prompt_ids[start : start + shard_size]
+        if name in done:
+            bar.update(len(chunk))
+            continue
+        t0 = time.perf_counter()
+        if do_sample:
+            torch.manual_seed(seed * 1_000_003 + index)
+        seqs: list[list[int]] = []
+        hiddens: list[torch.Tensor] = []
+        for b in range(0, len(chunk), batch_size):
+            batch = [list(map(int, p)) for p in chunk[b : b + batch_size]]
+            with torch.no_grad():
+                answers = _generate_answers(model, batch, max_new_tokens, pad, eos_ids, gen_kwargs)
+            full = [p + a for p, a in zip(batch, answers)]
+            hiddens += final_hidden_states(model, full)
+            seqs += full
+            bar.update(len(batch))
+        tensors = {
+            "input_ids": torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
+            "hidden": torch.cat(hiddens).to(hidden_dtype).contiguous(),
+            "seq_lens": torch.tensor([len(s) for s in seqs], dtype=torch.int64),
+            "prompt_lens": torch.tensor([len(p) for p in chunk], dtype=torch.int64),
+        }
+        tmp = out / (name + ".tmp")
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, out / name)
+        manifest["shards"].append(
+            {
+                "file": name,
+                "first_prompt": start,
+                "num_sequences": len(seqs),
+                "num_tokens": int(tensors["input_ids"].numel()),
+                "num_answer_tokens": int(sum(len(s) - len(p) for s, p in zip(seqs, chunk))),
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
+        )
+        manifest["shards"].sort(key=lambda s: s["first_prompt"])
+        _write_json(manifest_path, manifest)
+    bar.close()
+    manifest["complete"] = True
+    manifest["num_sequences"] = sum(s["num_sequences"] for s in manifest["shards"])
+    manifest["num_tokens"] = sum(s["num_tokens"] for s in manifest["shards"])
+    manifest["num_answer_tokens"] = sum(s["num_answer_tokens"] for s in manifest["shards"])
+    _write_json(manifest_path, manifest)
+    return manifest
+
+
+def build_default_data(
+    model, tokenizer, out_dir: str | os.PathLike, num_prompts: int = 2000, seed: int = 0, **kwargs
+) -> dict:
+    """`build_distillation_data` on `make_prompts(num_prompts, seed)` in ``tokenizer``'s chat template.
+
+    Prompts that coincide with a Spec-Bench question (when the file can be found) are dropped and counted.
+    """
+    from ...models import chat_prompt_ids
+
+    prompts = make_prompts(num_prompts, seed)
+    recipe = prompt_recipe(num_prompts, seed)
+    try:
+        from ...bench.questions import find_questions_file
+
+        dropped = set(spec_bench_overlap(prompts, find_questions_file()))
+    except FileNotFoundError:
+        dropped = set()
+    prompts = [p for p in prompts if p not in dropped]
+    recipe["dropped_spec_bench_overlap"] = len(dropped)
+    recipe["chat_template"] = True
+    ids = [chat_prompt_ids(tokenizer, p)[0].tolist() for p in prompts]
+    return build_distillation_data(model, ids, out_dir, recipe=recipe, seed=seed, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+@dataclass
+class DistillationData:
+    """Every cached sequence, concatenated.
+
+    Attributes:
+        input_ids: `[N]` int64 token ids.
+        hidden: `[N, H]` the target's final hidden states (stored dtype).
+        seq_start: `[N]` int64, index of the first token of each token's sequence.
+        seq_end: `[N]` int64, one past the last token of each token's sequence.
+        answer_start: `[N]` int64, index of the first answer token of each token's sequence.
+        seq_bounds: `[S, 3]` int64 (start, answer start, end) per sequence.
+        manifest: the manifest dict.
+        folder: the data folder it was read from.
+    """
+
+    input_ids: torch.Tensor
+    hidden: torch.Tensor
+    seq_start: torch.Tensor
+    seq_end: torch.Tensor
+    answer_start: torch.Tensor
+    seq_bounds: torch.Tensor
+    manifest: dict
+    folder: Path | None = None
+
+
+def load_distillation_data(data_dir: str | os.PathLike) -> DistillationData:
+    """Read the shards of ``data_dir`` (built by `build_distillation_data`) into memory."""
+    folder = Path(data_dir)
+    manifest_path = folder / MANIFEST_NAME
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"{folder} has no {MANIFEST_NAME}; build the data with build_distillation_data first")
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    if not manifest["shards"]:
+        raise ValueError(f"{folder}: the manifest lists no finished shard")
+    ids, hidden, lens, plens = [], [], [], []
+    for shard in manifest["shards"]:
+        with safe_open(str(folder / shard["file"]), framework="pt", device="cpu") as f:
+            ids.append(f.get_tensor("input_ids").long())
+            hidden.append(f.get_tensor("hidden"))
+            lens.append(f.get_tensor("seq_lens"))
+            plens.append(f.get_tensor("prompt_lens"))
+    seq_lens, prompt_lens = torch.cat(lens), torch.cat(plens)
+    ends = seq_lens.cumsum(0)
+    starts = ends - seq_lens
+    bounds = torch.stack([starts, starts + prompt_lens, ends], dim=1)  # [S, 3]
+    return DistillationData(
+        input_ids=torch.cat(ids),
+        hidden=torch.cat(hidden),
+        seq_start=starts.repeat_interleave(seq_lens),
+        seq_end=ends.repeat_interleave(seq_lens),
+        answer_start=(starts + prompt_lens).repeat_interleave(seq_lens),
+        seq_bounds=bounds,
+        manifest=manifest,
+        folder=folder,
+    )
+
+
+__all__ = [
+    "DistillationData",
+    "TEMPLATES",
+    "TOPICS",
+    "build_default_data",
+    "build_distillation_data",
+    "final_hidden_states",
+    "load_distillation_data",
+    "make_prompts",
+    "prompt_recipe",
+    "spec_bench_overlap",
+]

@@ -1,0 +1,528 @@
+"""Medusa-1 training by self-distillation: the base model stays frozen, only the heads learn.
+
+Data comes from `hf_specdec.heads.train.data` (the target's own answers and its cached final hidden states), so a
+training step costs the heads' ResBlocks plus the lm_head projection, never a target forward. Head k, applied to the
+hidden state at position t, is trained to predict token t + k + 2 (cross-entropy, weight ``decay ** k``; optionally
+against the target's own distribution for that token, ``softmax(lm_head(hidden[t + k + 1]))``).
+
+The lm_head is the cost (V = 49152 for SmolLM2: 57 MFLOP per position and head), so a step samples
+``positions_per_step`` positions rather than whole sequences, and ``loss_vocab`` can restrict the training softmax to
+the most frequent answer tokens. Held-out accuracy is always measured over the full vocabulary, as decoding sees it.
+
+    heads, report = train_medusa("out/data", "out", lm_head=model.get_output_embeddings(), config=MedusaTrainingConfig())
+
+Runs through `accelerate.Accelerator`, so the same code trains on CPU or GPU; checkpoints (heads, optimizer,
+scheduler, step) go to ``out/checkpoints`` and ``resume=True`` continues from the latest one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..medusa import MedusaHeads
+from .data import DistillationData, load_distillation_data
+
+IGNORE = -100
+CHECKPOINT_DIR = "checkpoints"
+
+
+@dataclass
+class MedusaTrainingConfig:
+    """Hyper-parameters of `train_medusa`.
+
+    Args:
+        num_heads / num_layers / share_lm_head: the `MedusaHeads` shape (share_lm_head reuses the frozen base lm_head).
+        epochs: passes over the training positions (fractional allowed); ``max_steps`` caps the steps.
+        positions_per_step: hidden-state positions per optimizer step (sampled without replacement per epoch).
+        lr / weight_decay / warmup_steps: AdamW, linear warmup then cosine decay to 10 %.
+        decay: head k's loss weight is ``decay ** k`` (Medusa: 0.8).
+        distill: ``"hard"``: cross-entropy against the target's tokens; ``"soft"``: against the target's distribution.
+        loss_vocab: train the softmax over the ``loss_vocab`` most frequent answer tokens only (None: full vocab).
+        eval_fraction / eval_positions: held-out sequences and how many of their positions are scored.
+        eval_every / checkpoint_every: in steps (0: only at the end).
+        seed: split, sampling order and init.
+        mixed_precision: ``"no"``, ``"bf16"`` or ``"fp16"`` (passed to `accelerate.Accelerator`).
+        max_grad_norm: gradient clipping.
+    """
+
+    num_heads: int = 4
+    num_layers: int = 1
+    share_lm_head: bool = True
+    epochs: float = 1.0
+    max_steps: int | None = None
+    positions_per_step: int = 256
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    decay: float = 0.8
+    distill: str = "hard"
+    loss_vocab: int | None = None
+    eval_fraction: float = 0.05
+    eval_positions: int = 2048
+    eval_every: int = 0
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 2
+    seed: int = 0
+    mixed_precision: str = "no"
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self):
+        if self.distill not in ("hard", "soft"):
+            raise ValueError(f"distill must be 'hard' or 'soft', got {self.distill!r}")
+        if self.positions_per_step < 1 or self.num_heads < 1:
+            raise ValueError("positions_per_step and num_heads must be at least 1")
+
+
+# ---------------------------------------------------------------------------------------------------- positions
+def split_sequences(data: DistillationData, eval_fraction: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(train, eval)`` sequence indices: a seeded random ``eval_fraction`` of the sequences (at least one, when
+    there are two or more) is held out."""
+    n = data.seq_bounds.shape[0]
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_eval = min(n - 1, max(1, round(n * eval_fraction))) if n > 1 and eval_fraction > 0 else 0
+    return order[n_eval:].sort().values, order[:n_eval].sort().values
+
+
+def head_positions(data: DistillationData, seq_ids: torch.Tensor) -> torch.Tensor:
+    """`[P]` int64: every position t of the given sequences whose head-0 target (token t + 2) is an answer token."""
+    bounds = data.seq_bounds[seq_ids]  # [S, 3] start, answer start, end
+    lo = torch.maximum(bounds[:, 0], bounds[:, 1] - 2)
+    counts = (bounds[:, 2] - 2 - lo).clamp(min=0)
+    offsets = counts.cumsum(0) - counts
+    total = int(counts.sum())
+    return lo.repeat_interleave(counts) + torch.arange(total) - offsets.repeat_interleave(counts)
+
+
+def medusa_labels(data: DistillationData, positions: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """`[n, P]` int64: token t + k + 2 for head k at position t, ``IGNORE`` where it is past the sequence's end or in
+    its prompt."""
+    k = torch.arange(num_heads).unsqueeze(1)  # [n, 1]
+    target = positions.unsqueeze(0) + k + 2  # [n, P]
+    valid = (target < data.seq_end[positions]) & (target >= data.answer_start[positions])
+    ids = data.input_ids[target.clamp(max=data.input_ids.numel() - 1)]
+    return torch.where(valid, ids, torch.full_like(ids, IGNORE))
+
+
+def loss_vocabulary(data: DistillationData, positions: torch.Tensor, size: int) -> tuple[torch.Tensor, float]:
+    """The ``size`` most frequent answer tokens among the head-0 targets of ``positions``, sorted, and the fraction of
+    those targets they cover."""
+    targets = data.input_ids[positions + 2]
+    counts = torch.bincount(targets, minlength=int(data.manifest["vocab_size"]))
+    size = min(size, counts.numel())
+    top = counts.topk(size).indices.sort().values
+    return top, float(counts[top].sum() / counts.sum().clamp(min=1))
+
+
+# ---------------------------------------------------------------------------------------------------- loss
+def _logits(heads: MedusaHeads, states: torch.Tensor, lm_weight, lm_bias, vocab: torch.Tensor | None) -> torch.Tensor:
+    """`[n, P, V']` logits of the heads' states `[n, P, H]` over ``vocab`` (None: every token)."""
+    if heads.share_lm_head:
+        w = lm_weight if vocab is None else lm_weight[vocab]  # [V', H]
+        b = None if lm_bias is None else (lm_bias if vocab is None else lm_bias[vocab])
+        return F.linear(states.to(w.dtype), w, b)
+    w = heads.lm_head_weight if vocab is None else heads.lm_head_weight[:, vocab]  # [n, V', H]
+    return torch.bmm(states.to(w.dtype), w[: states.shape[0]].transpose(1, 2))
+
+
+def medusa_loss(
+    heads: MedusaHeads,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    lm_weight: torch.Tensor,
+    lm_bias: torch.Tensor | None = None,
+    decay: float = 0.8,
+    vocab: torch.Tensor | None = None,
+    teacher_hidden: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The Medusa-1 loss over a batch of positions.
+
+    Args:
+        heads: the heads being trained.
+        hidden: `[P, H]` base hidden states at the positions.
+        labels: `[n, P]` target token of head k (`medusa_labels`), ``IGNORE`` where there is none.
+        lm_weight / lm_bias: the base lm_head's `[V, H]` weight and `[V]` bias (or None).
+        decay: head k's weight is ``decay ** k``.
+        vocab: `[V']` token ids the softmax runs over (None: all); labels outside are ignored.
+        teacher_hidden: `[n, P, H]` base hidden states at t + k + 1: the loss then uses the target's distribution
+            ``softmax(lm_head(teacher_hidden))`` instead of the hard labels.
+    Returns:
+        ``(loss, per-head loss [n], per-head correct top-1 count [n], per-head scored positions [n])``; top-1 is over
+        ``vocab``.
+    """
+    n = labels.shape[0]
+    states = heads.head_states(hidden, n)  # [n, P, H]
+    logits = _logits(heads, states, lm_weight, lm_bias, vocab).float()  # [n, P, V']
+    if vocab is not None:
+        remap = torch.full((lm_weight.shape[0],), IGNORE, dtype=torch.long, device=labels.device)
+        remap[vocab] = torch.arange(vocab.numel(), device=labels.device)
+        labels = torch.where(labels >= 0, remap[labels.clamp(min=0)], labels)
+    valid = labels >= 0  # [n, P]
+    counts = valid.sum(1)  # [n]
+    if teacher_hidden is not None:
+        with torch.no_grad():
+            teacher = F.softmax(_teacher_logits(teacher_hidden, lm_weight, lm_bias, vocab).float(), dim=-1)
+        per_pos = -(teacher * F.log_softmax(logits, dim=-1)).sum(-1)  # [n, P]
+        per_pos = torch.where(valid, per_pos, torch.zeros_like(per_pos))
+    else:
+        per_pos = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE, reduction="none")  # [n, P]
+    per_head = per_pos.sum(1) / counts.clamp(min=1)
+    weights = decay ** torch.arange(n, device=per_head.device, dtype=per_head.dtype)
+    loss = (weights * per_head).sum()
+    correct = ((logits.argmax(-1) == labels) & valid).sum(1)
+    return loss, per_head.detach(), correct, counts
+
+
+def _teacher_logits(teacher_hidden, lm_weight, lm_bias, vocab):
+    w = lm_weight if vocab is None else lm_weight[vocab]
+    b = None if lm_bias is None else (lm_bias if vocab is None else lm_bias[vocab])
+    return F.linear(teacher_hidden.to(w.dtype), w, b)
+
+
+def _batch(data: DistillationData, positions: torch.Tensor, num_heads: int, soft: bool, device, dtype):
+    hidden = data.hidden[positions].to(device=device, dtype=dtype)  # [P, H]
+    labels = medusa_labels(data, positions, num_heads).to(device)  # [n, P]
+    teacher = None
+    if soft:
+        k = torch.arange(num_heads).unsqueeze(1)
+        idx = (positions.unsqueeze(0) + k + 1).clamp(max=data.hidden.shape[0] - 1)  # [n, P]
+        teacher = data.hidden[idx].to(device=device, dtype=dtype)  # [n, P, H]
+    return hidden, labels, teacher
+
+
+@torch.no_grad()
+def evaluate_medusa(
+    heads: MedusaHeads,
+    data: DistillationData,
+    positions: torch.Tensor,
+    lm_weight: torch.Tensor,
+    lm_bias: torch.Tensor | None = None,
+    decay: float = 0.8,
+    chunk: int = 256,
+) -> dict:
+    """Held-out metrics over the full vocabulary: per-head top-1 accuracy and hard cross-entropy, the weighted loss.
+
+    Args:
+        heads: the heads (any device; the batch follows ``lm_weight``'s device).
+        data: the cached data.
+        positions: `[P]` positions to score (`head_positions` of the held-out sequences, possibly subsampled).
+        lm_weight / lm_bias: the base lm_head.
+        decay: loss weights, as in training.
+        chunk: positions per forward (bounds the `[n, chunk, V]` logits).
+    Returns:
+        ``{"loss", "loss_per_head", "top1_per_head", "positions_per_head"}`` (plain Python numbers).
+    """
+    was_training = heads.training
+    heads.eval()
+    n = heads.num_heads
+    loss_sum = torch.zeros(n, dtype=torch.float64)
+    correct = torch.zeros(n, dtype=torch.long)
+    counts = torch.zeros(n, dtype=torch.long)
+    for start in range(0, positions.numel(), chunk):
+        pos = positions[start : start + chunk]
+        hidden, labels, _ = _batch(data, pos, n, False, lm_weight.device, lm_weight.dtype)
+        _, per_head, c, m = medusa_loss(heads, hidden, labels, lm_weight, lm_bias, decay)
+        loss_sum += (per_head * m).double().cpu()
+        correct += c.cpu()
+        counts += m.cpu()
+    heads.train(was_training)
+    per_head = (loss_sum / counts.clamp(min=1)).tolist()
+    weights = [decay**k for k in range(n)]
+    return {
+        "loss": float(sum(w * x for w, x in zip(weights, per_head))),
+        "loss_per_head": [round(x, 4) for x in per_head],
+        "top1_per_head": [round(c / max(1, m), 4) for c, m in zip(correct.tolist(), counts.tolist())],
+        "positions_per_head": counts.tolist(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- checkpoints
+def _checkpoints(out_dir: Path) -> list[Path]:
+    folder = out_dir / CHECKPOINT_DIR
+    found = [(int(p.stem.split("-")[1]), p) for p in folder.glob("step-*.pt") if p.stem.split("-")[1].isdigit()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
+    """The newest ``checkpoints/step-N.pt`` under ``out_dir``, or None."""
+    found = _checkpoints(Path(out_dir))
+    return found[-1] if found else None
+
+
+def _save_checkpoint(out_dir: Path, state: dict, keep: int) -> Path:
+    folder = out_dir / CHECKPOINT_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"step-{state['step']:07d}.pt"
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    for old in _checkpoints(out_dir)[:-keep] if keep > 0 else []:
+        old.unlink(missing_ok=True)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------- training
+def _lr_lambda(warmup: int, total: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+def _data_description(manifest: dict) -> str:
+    recipe = manifest.get("prompt_recipe") or {}
+    gen = manifest.get("generation") or {}
+    how = "sampled" if gen.get("do_sample") else "greedy"
+    return (
+        f"self-distillation: {manifest.get('num_sequences', len(manifest['shards']))} {how} answers "
+        f"(max {gen.get('max_new_tokens')} new tokens, {manifest.get('num_answer_tokens', '?')} answer tokens) of "
+        f"{manifest.get('base_model')} to {recipe.get('num_prompts', manifest.get('num_prompts'))} prompts generated "
+        f"from templates x topics (seed {recipe.get('seed')}); no benchmark questions"
+    )
+
+
+def train_medusa(
+    data: str | os.PathLike | DistillationData,
+    out_dir: str | os.PathLike,
+    lm_head: nn.Module,
+    config: MedusaTrainingConfig | None = None,
+    *,
+    resume: bool = False,
+    base_model_name_or_path: str | None = None,
+    progress: bool = True,
+    cpu: bool | None = None,
+) -> tuple[MedusaHeads, dict]:
+    """Train Medusa-1 heads on cached self-distillation data and save them to ``out_dir`` (`save_pretrained`).
+
+    Args:
+        data: the data folder (`build_distillation_data`) or loaded `DistillationData`.
+        out_dir: where the heads (``config.json``, ``model.safetensors``, ``README.md``), ``training_report.json``
+            and ``checkpoints/`` go.
+        lm_head: the frozen base lm_head (``model.get_output_embeddings()``); only its weight and bias are used.
+        config: hyper-parameters (default `MedusaTrainingConfig()`).
+        resume: continue from the latest checkpoint in ``out_dir`` (refused otherwise when checkpoints exist).
+        base_model_name_or_path: recorded in the heads' config (default: the data manifest's base model).
+        progress: tqdm bar.
+        cpu: force the CPU (default: accelerate's choice, i.e. the GPU when there is one).
+    Returns:
+        ``(heads, report)``: the trained heads (CPU, eval mode, not bound) and the training report dict.
+    """
+    from accelerate import Accelerator
+    from tqdm.auto import tqdm
+
+    cfg = config or MedusaTrainingConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if not isinstance(data, DistillationData):
+        data = load_distillation_data(data)
+    manifest = data.manifest
+    accelerator = Accelerator(cpu=bool(cpu), mixed_precision=cfg.mixed_precision)
+    device = accelerator.device
+
+    lm_weight = lm_head.weight.detach().to(device=device, dtype=torch.float32)  # [V, H] frozen
+    bias = getattr(lm_head, "bias", None)
+    lm_bias = None if bias is None else bias.detach().to(device=device, dtype=torch.float32)
+    vocab_size, hidden_size = lm_weight.shape
+    if hidden_size != data.hidden.shape[1] or vocab_size != manifest["vocab_size"]:
+        raise ValueError(
+            f"the lm_head [{vocab_size}, {hidden_size}] does not fit the data (hidden size {data.hidden.shape[1]}, "
+            f"vocabulary {manifest['vocab_size']}, from {manifest.get('base_model')}); pass the lm_head of the model "
+            "that produced the data"
+        )
+
+    train_seqs, eval_seqs = split_sequences(data, cfg.eval_fraction, cfg.seed)
+    train_pos = head_positions(data, train_seqs)
+    if train_pos.numel() == 0:
+        raise ValueError("the data holds no answer tokens to train on (every answer is shorter than 2 tokens)")
+    eval_pos = head_positions(data, eval_seqs)
+    if eval_pos.numel() > cfg.eval_positions:
+        pick = torch.randperm(eval_pos.numel(), generator=torch.Generator().manual_seed(cfg.seed + 1))
+        eval_pos = eval_pos[pick[: cfg.eval_positions]].sort().values
+    vocab, coverage = None, 1.0
+    if cfg.loss_vocab is not None and cfg.loss_vocab < vocab_size:
+        vocab, coverage = loss_vocabulary(data, train_pos, cfg.loss_vocab)
+        vocab = vocab.to(device)
+
+    torch.manual_seed(cfg.seed)
+    heads = MedusaHeads(
+        hidden_size=hidden_size,
+        num_heads=cfg.num_heads,
+        num_layers=cfg.num_layers,
+        vocab_size=vocab_size,
+        share_lm_head=cfg.share_lm_head,
+        base_model_name_or_path=base_model_name_or_path or manifest.get("base_model"),
+    )
+    if not cfg.share_lm_head:
+        with torch.no_grad():
+            heads.lm_head_weight.copy_(lm_weight.cpu().unsqueeze(0).expand_as(heads.lm_head_weight))
+    steps_per_epoch = math.ceil(train_pos.numel() / cfg.positions_per_step)
+    total_steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    if cfg.max_steps is not None:
+        total_steps = min(total_steps, cfg.max_steps)
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg.warmup_steps, total_steps))
+
+    step, elapsed, history = 0, 0.0, []
+    ckpt = latest_checkpoint(out)
+    if ckpt is not None and not resume:
+        raise FileExistsError(
+            f"{out} already holds training checkpoints ({ckpt.name}); pass resume=True (CLI: --resume) to continue, "
+            "or use another output folder"
+        )
+    if ckpt is not None:
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)
+        saved = state["config"]
+        for key in ("num_heads", "num_layers", "share_lm_head", "positions_per_step", "seed"):
+            if saved.get(key) != getattr(cfg, key):
+                raise ValueError(
+                    f"cannot resume from {ckpt}: it was trained with {key}={saved.get(key)!r}, now {key}="
+                    f"{getattr(cfg, key)!r}; use the same settings or another output folder"
+                )
+        heads.load_state_dict(state["heads"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step, elapsed, history = int(state["step"]), float(state["elapsed"]), json.loads(state["history"])
+
+    heads, optimizer = accelerator.prepare(heads, optimizer)
+    model = accelerator.unwrap_model(heads)
+    heads.train()
+
+    def evaluate() -> dict:
+        return evaluate_medusa(model, data, eval_pos, lm_weight, lm_bias, cfg.decay)
+
+    before = None
+    if step == 0 and eval_pos.numel():
+        before = evaluate()
+        history.append({"step": 0, **before})
+
+    def checkpoint() -> None:
+        state = {
+            "heads": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "step": step,
+            "elapsed": elapsed,
+            "config": dataclasses.asdict(cfg),
+            "history": json.dumps(history),
+        }
+        if accelerator.is_main_process:
+            _save_checkpoint(out, state, cfg.keep_checkpoints)
+
+    soft = cfg.distill == "soft"
+    bar = tqdm(total=total_steps, initial=step, desc="medusa heads", unit="step", disable=not progress)
+    t_start = time.perf_counter() - elapsed
+    epoch_order, epoch_of_order = None, -1
+    train_losses: list[float] = []  # this run's per-step training losses
+    while step < total_steps:
+        epoch, index = divmod(step, steps_per_epoch)
+        if epoch != epoch_of_order:  # the same order after a resume: seeded by (seed, epoch)
+            gen = torch.Generator().manual_seed(cfg.seed * 7919 + epoch)
+            epoch_order, epoch_of_order = train_pos[torch.randperm(train_pos.numel(), generator=gen)], epoch
+        pos = epoch_order[index * cfg.positions_per_step : (index + 1) * cfg.positions_per_step]
+        hidden, labels, teacher = _batch(data, pos, cfg.num_heads, soft, device, torch.float32)
+        with accelerator.autocast():
+            loss, per_head, _, _ = medusa_loss(model, hidden, labels, lm_weight, lm_bias, cfg.decay, vocab, teacher)
+        accelerator.backward(loss)
+        if cfg.max_grad_norm:
+            accelerator.clip_grad_norm_(heads.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        train_losses.append(loss.item())
+        elapsed = time.perf_counter() - t_start
+        bar.update(1)
+        bar.set_postfix(loss=f"{train_losses[-1]:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps and eval_pos.numel():
+            history.append({"step": step, **evaluate()})
+            bar.write(f"step {step}: held-out top-1 per head {history[-1]['top1_per_head']}")
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+            checkpoint()
+    bar.close()
+    elapsed = time.perf_counter() - t_start
+    after = evaluate() if eval_pos.numel() else None
+    if after is not None:
+        history.append({"step": step, **after})
+    checkpoint()
+
+    heads = model.to("cpu").eval()
+    report = {
+        "base_model": heads.base_model_name_or_path,
+        "training_data": _data_description(manifest),
+        "data_dir": str(data.folder) if data.folder is not None else None,
+        "prompt_recipe_seed": (manifest.get("prompt_recipe") or {}).get("seed"),
+        "num_prompts": manifest.get("num_prompts"),
+        "num_sequences": int(data.seq_bounds.shape[0]),
+        "num_tokens": int(data.input_ids.numel()),
+        "train_sequences": int(train_seqs.numel()),
+        "eval_sequences": int(eval_seqs.numel()),
+        "train_positions": int(train_pos.numel()),
+        "eval_positions": int(eval_pos.numel()),
+        "generation": manifest.get("generation"),
+        "steps": step,
+        "training_time_s": round(elapsed, 1),
+        "device": str(device),
+        "config": dataclasses.asdict(cfg),
+        "loss_vocab_coverage": round(coverage, 4) if vocab is not None else None,
+        "train_loss_first_steps": round(sum(train_losses[:10]) / max(1, len(train_losses[:10])), 4),
+        "train_loss_last_steps": round(sum(train_losses[-10:]) / max(1, len(train_losses[-10:])), 4),
+        "held_out_before": before,
+        "held_out": after,
+        "history": history,
+    }
+    top1 = after["top1_per_head"] if after else None
+    heads.model_card = {
+        "training_data": report["training_data"],
+        "base_model": report["base_model"],
+        "data_size": {
+            "sequences": report["num_sequences"],
+            "tokens": report["num_tokens"],
+            "answer_tokens": manifest.get("num_answer_tokens"),
+        },
+        "training": {
+            "steps": step,
+            "time_s": report["training_time_s"],
+            "device": report["device"],
+            "positions_per_step": cfg.positions_per_step,
+            "lr": cfg.lr,
+            "distill": cfg.distill,
+            "loss_vocab": cfg.loss_vocab,
+        },
+        "held_out_top1_per_head": top1,
+        "tau": None,
+        "speedup": None,
+        "notes": (
+            f"Held-out top-1 accuracy per head (head k guesses token t + k + 2): {top1}." if top1 is not None else None
+        ),
+    }
+    if accelerator.is_main_process:
+        heads.save_pretrained(out)
+        with open(out / "training_report.json", "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+    return heads, report
+
+
+__all__ = [
+    "MedusaTrainingConfig",
+    "evaluate_medusa",
+    "head_positions",
+    "latest_checkpoint",
+    "loss_vocabulary",
+    "medusa_labels",
+    "medusa_loss",
+    "split_sequences",
+    "train_medusa",
+]
