@@ -120,7 +120,7 @@ class NodeScorer:
             return scores
         processors = self.for_row(row)
         out = torch.empty_like(scores)
-        out[:1] = processors(context[None], scores[:1].clone())
+        out[:1] = _apply(processors, context[None], scores[:1].clone())
         if tree.num_nodes == 0:
             return out
         anc = tree.ancestor_mask()[1:, 1:]  # [T, T] node-to-node ancestry
@@ -132,5 +132,12 @@ class NodeScorer:
             path = node_tokens.expand(idx.numel(), -1)[anc[idx].to(context.device)].view(idx.numel(), d)
             ids = torch.cat([context.expand(idx.numel(), -1), path], dim=1)
             pos = (idx + 1).to(scores.device)
-            out[pos] = processors(ids, scores[pos].clone())
+            out[pos] = _apply(processors, ids, scores[pos].clone())
         return out
+
+
+def _apply(processors: LogitsProcessorList, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """`LogitsProcessorList.__call__` without its per-call signature inspection (our processors take no kwargs)."""
+    for proc in processors:
+        scores = proc(input_ids, scores)
+    return scores

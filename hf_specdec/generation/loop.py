@@ -200,6 +200,9 @@ def generate(
     generation_config=None,
     assistant=None,
     generator: torch.Generator | None = None,
+    acceptance: str = "exact",
+    typical_epsilon: float = 0.09,
+    typical_delta: float = 0.3,
     hf_specdec_streamer=None,
     streamer=None,
     **model_kwargs,
@@ -215,6 +218,9 @@ def generate(
         logits_processor / stopping_criteria / generation_config: prepared by transformers' `generate`.
         assistant: a `Proposer`, a `PreTrainedModel` draft model, or a head (see `resolve_assistant`).
         generator: optional torch.Generator for reproducible sampling.
+        acceptance: ``"exact"`` (lossless; default) or ``"typical"`` (Medusa's typical acceptance with
+            ``typical_epsilon`` / ``typical_delta``: faster at high temperature but it does NOT preserve the target's
+            distribution). Only used when sampling.
     Returns:
         `[B, W + G]` token ids like vanilla `generate`, or a `GenerateDecoderOnlyOutput` with an extra
         ``spec_stats`` attribute when ``return_dict_in_generate=True``.
@@ -230,6 +236,7 @@ def generate(
     proposer: Proposer = resolve_assistant(assistant, model)
     proposer.validate(model)
     scorer = NodeScorer(logits_processor)
+    verify_kwargs = dict(acceptance=acceptance, typical_epsilon=typical_epsilon, typical_delta=typical_delta)
     stopper = _StopChecker(stopping_criteria)
     do_sample = bool(generation_config.do_sample)
     max_length = stopper.max_length if stopper.max_length is not None else generation_config.max_length
@@ -334,7 +341,15 @@ def generate(
                 if trees is None:
                     raise RuntimeError(f"{type(proposer).__name__}.propose returned the wrong number of trees")
                 verdicts, raw, hidden, plan = _verify_step(
-                    model, cache, active, trees, scorer, do_sample, generator, layers
+                    model,
+                    cache,
+                    active,
+                    trees,
+                    scorer,
+                    layers,
+                    do_sample=do_sample,
+                    generator=generator,
+                    **verify_kwargs,
                 )
                 cache.commit_rows([r.cache_row for r in active], [v.accepted for v in verdicts])
                 t1 = time.perf_counter()
@@ -415,7 +430,7 @@ def _sanitize(tree: DraftTree, state: RowState, model) -> DraftTree:
     return tree
 
 
-def _verify_step(model, cache, active, trees, scorer, do_sample, generator, layers):
+def _verify_step(model, cache, active, trees, scorer, layers, **verify_kwargs):
     """One target forward over ``[root, nodes...]`` of every active row, then acceptance per row."""
     device = active[0].buf.device
     toks, pos, masks, q_lens = [], [], [], []
@@ -446,7 +461,7 @@ def _verify_step(model, cache, active, trees, scorer, do_sample, generator, laye
     for b, (r, tree) in enumerate(zip(active, trees)):
         scores = scorer(r.context, tree, logits[cu[b] : cu[b + 1]], r.index)
         all_scores.append(scores)
-        verdicts.append(verify_tree(tree, scores, do_sample=do_sample, generator=generator))
+        verdicts.append(verify_tree(tree, scores, **verify_kwargs))
     return verdicts, (logits, torch.cat(all_scores)), hidden, plan
 
 

@@ -197,10 +197,11 @@ class DraftTree:
     def dedup_siblings(self) -> DraftTree:
         """Merge siblings that carry the same token (the later one's subtree joins the first's).
 
-        A duplicate wastes a verification slot and would bias exact sampling. Trees with ``draft_probs`` keep the
-        q rows of the surviving positions.
+        A duplicate wastes a verification slot. Trees with ``draft_probs`` keep the q rows of the surviving positions.
+        `DraftSampling.IID` trees are returned unchanged: SpecInfer's rule is exact only on the draws as they were made.
         """
-        if self.num_nodes == 0:
+        if self.num_nodes == 0 or self.sampling == DraftSampling.IID:
+            # i.i.d. draws keep their duplicates: the multi-draft rule is exact only on the children as drawn
             return self
         toks, par = self.tokens.tolist(), self.parent.tolist()
         seen: dict[tuple[int, int], int] = {}

@@ -15,8 +15,8 @@ The loop calls `verify_tree` for every row; it dispatches on ``do_sample``, ``ac
     - `DraftSampling.IID` children: SpecInfer's multi-step speculative sampling (Miao et al. 2024).
 - typical acceptance (``acceptance="typical"``, Medusa, Cai et al. 2024): lossy, opt-in, see `verify_typical`.
 
-Random draws take an optional ``torch.Generator``; categorical draws use the exponential race
-(``argmax p / E``, ``E ~ Exp(1)``), which is exact and vectorises over a level.
+Random draws take an optional ``torch.Generator`` (a fixed seed reproduces the verdicts); categorical draws use the
+exponential race (``argmax p / E``, ``E ~ Exp(1)``): exact, one vectorised pass over the vocabulary.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from .tree import DraftSampling, DraftTree
 
 ACCEPTANCE_RULES = ("exact", "typical")
 
-# A rejection whose residual max(0, R - D) carries less mass than this happens with probability below it (the
-# rejection probability *is* that mass), so the residual is then numerically meaningless: keep R instead.
+# The unnormalised residual's mass M after some rejections is the probability of those rejections (the rejection
+# probability of a child is the mass of max(0, R - D)). Below this, the residual is rounding noise and the branch is
+# reached with probability < 1e-12: the correction is then drawn from p instead.
 _RESIDUAL_EPS = 1e-12
 _TINY = 1e-300
 
@@ -120,15 +121,17 @@ def verify_exact(tree: DraftTree, scores: torch.Tensor, *, generator: torch.Gene
     """Lossless speculative sampling on a tree (rule chosen by ``tree.sampling``, see the module docstring).
 
     Walks from the root one level at a time: at the current position the children are tested against the target
-    distribution p there (vectorised over the children, one host sync per level); an accepted child becomes the
-    current position; when no child is accepted, or the position is a leaf, the next token is drawn from the
+    distribution p there (deterministic children: one categorical draw and one host sync per level; sampled
+    children: one sync per child tested, stopping at the first accepted); an accepted child becomes the current
+    position; when no child is accepted, or the position is a leaf, the next token is drawn from the
     residual (from p itself at a leaf: the bonus token). Ancestor rejections never look at a subtree, so an accepted
     child's subtree is verified with that child's own p and q rows.
 
     Edge cases, all exact: duplicate siblings (the deterministic rule gives a duplicate residual mass 0 after its
     first rejection; the sampled rules treat every sibling as its own draw, which is what they were), children of
     target probability 0 (never accepted), a sampled child with draft probability q(x) = 0 (it cannot have been
-    drawn from q, so it is skipped as if absent, leaving R and D untouched), residuals of ~zero mass (kept as R).
+    drawn from q, so it is skipped as if absent, leaving R and D untouched), a residual of ~zero mass after a rejection
+    (reached with ~zero probability; the correction is then drawn from p, never from rounding noise).
 
     Args:
         tree: the row's draft tree.
@@ -136,8 +139,8 @@ def verify_exact(tree: DraftTree, scores: torch.Tensor, *, generator: torch.Gene
         generator: optional torch.Generator.
 
     Raises:
-        ValueError: a sampled tree without ``draft_probs``, or a visited position whose scores mask every token
-            (vanilla sampling fails there too).
+        ValueError: a sampled tree without ``draft_probs`` `[T + 1, V]`, or a visited position whose scores mask
+            every token (vanilla sampling fails there too).
     """
     device = scores.device
     sampled = tree.sampling != DraftSampling.DETERMINISTIC
@@ -146,11 +149,16 @@ def verify_exact(tree: DraftTree, scores: torch.Tensor, *, generator: torch.Gene
             f"a {tree.sampling.value} draft tree needs draft_probs ([T + 1, V] draft distribution per position) for "
             "exact sampling; the proposer must fill DraftTree.draft_probs when do_sample=True"
         )
+    if sampled and tree.num_nodes and tuple(tree.draft_probs.shape) != tuple(scores.shape):
+        raise ValueError(
+            f"draft_probs has shape {list(tree.draft_probs.shape)} but the target's scores are {list(scores.shape)}: "
+            "a sampled tree needs one draft distribution over the target's vocabulary per tree position"
+        )
     tokens, parents = torch.stack([tree.tokens, tree.parent]).tolist() if tree.num_nodes else ([], [])
     children: list[list[int]] = [[] for _ in range(tree.num_nodes + 1)]  # tree positions
     for i, par in enumerate(parents):
         children[par + 1].append(i + 1)
-    samplable = torch.isfinite(scores.max(dim=-1).values).tolist()  # [T + 1] one sync for the whole tree
+    samplable = torch.isfinite(scores.amax(dim=-1)).tolist()  # [T + 1] one sync for the whole tree
 
     accepted = [0]
     pos = 0
@@ -186,14 +194,12 @@ def _deterministic_level(p: torch.Tensor, kid_tokens: list[int], generator) -> t
     """(index of the accepted child or -1, the token drawn): y ~ p, the first child equal to y is accepted.
 
     Same law as residual accept-and-remove (R := p; child x accepted w.p. R(x); on rejection R(x) := 0, renormalise;
-    none accepted -> next ~ R): both pick child x with probability p(x) (first occurrence) and otherwise a token
-    outside the children with probability p(y).
+    none accepted -> next ~ R): both pick child x with probability p(x) (its first occurrence; a duplicate sibling's
+    residual is 0 after the first rejection) and otherwise a token y outside the children with probability p(y).
     """
-    y = _categorical(p, generator)  # 0-dim
-    hit = torch.tensor(kid_tokens, dtype=torch.long, device=p.device) == y  # [k]
-    first = torch.where(hit.any(), hit.to(torch.long).argmax(), -1)
-    first, token = torch.stack([first, y]).tolist()
-    return first, token
+    y = int(_categorical(p, generator))
+    first = kid_tokens.index(y) if y in kid_tokens else -1
+    return first, y
 
 
 def _sampled_level(
@@ -202,29 +208,39 @@ def _sampled_level(
     """(index of the accepted child or -1, the correction token) for children drawn from q.
 
     R := p, D := q. Child x: accepted with probability min(1, R(x) / D(x)); on rejection R := norm(max(0, R - D))
-    (with D before x is removed), then, without replacement, D(x) := 0 and D := norm(D). The residuals of all
-    children are built first (no host sync), then one uniform per child decides: the first child whose uniform is
-    below its acceptance probability wins; if none, the correction token comes from the last residual.
+    (with D before x is removed), then, without replacement, D(x) := 0 and D := norm(D). None accepted -> the
+    correction token is drawn from R.
+
+    Children are tested one at a time and the level stops at the first acceptance (usually the first child), so a
+    level costs one host sync per tested child and no residual is built that is not needed. R and D are kept
+    unnormalised: R = U / M with M = sum(U), D = Q / s with s = sum(Q). A child with D(x) = 0 cannot have been drawn
+    from D: it is skipped as if absent (acceptance probability 0, R and D unchanged), which keeps the rule exact for
+    the other children; without replacement a repeated sibling has D(x) = 0 by construction.
     """
-    R = p  # [V]
-    D = _safe_normalise(q.clamp(min=0), torch.zeros_like(q))  # [V]
-    accept_prob = []
-    for x in kid_tokens:
-        d, r = D[x], R[x]
-        drawable = d > 0  # a child with D(x) = 0 cannot have been drawn from D: skip it, leave R and D as they are
-        accept_prob.append(torch.where(drawable, (r / d.clamp(min=_TINY)).clamp(max=1.0), 0.0))
-        R = torch.where(drawable, _safe_normalise((R - D).clamp(min=0), R), R)
+    u = _uniform((len(kid_tokens),), p.device, generator)  # [k] one uniform per child
+    U, M = p, p.new_ones(())  # [V], scalar
+    Q = q.clamp(min=0)  # [V], a fresh tensor: updated in place below
+    s = Q.sum()
+    uniforms: list[float] = []
+    for i, x in enumerate(kid_tokens):
+        head = torch.stack([U[x], Q[x], M, s])  # R(x) = r / m, D(x) = d / tot
+        if i == 0:  # the uniforms come back with the first child's numbers: one sync
+            vals = torch.cat([head, u]).tolist()
+            (r, d, m, tot), uniforms = vals[:4], vals[4:]
+        else:
+            r, d, m, tot = head.tolist()
+        if d <= 0:  # not drawable from D (or, without replacement, a sibling already removed): skip
+            continue
+        if uniforms[i] * m * d < r * tot:  # u < min(1, (r / m) / (d / tot)), as u < 1
+            return i, -1
+        U = (U - (m / tot) * Q).clamp(min=0)  # M * max(0, R - D)
+        M = U.sum()
         if without_replacement:
-            D_next = D.clone()
-            D_next[x] = 0
-            D = torch.where(drawable, _safe_normalise(D_next, torch.zeros_like(D)), D)
-    a = torch.stack(accept_prob)  # [k]
-    u = _uniform(a.shape, a.device, generator)  # [k]
-    hit = u < a
-    first = torch.where(hit.any(), hit.to(torch.long).argmax(), -1)
-    y = _categorical(R, generator)
-    first, token = torch.stack([first, y]).tolist()
-    return first, token
+            Q[x] = 0
+            s = Q.sum()
+    # A residual of ~zero mass is only reached through rejections of ~zero probability (the rejection probability
+    # is that mass): draw from p there rather than from numerical noise.
+    return -1, int(_categorical(torch.where(M > _RESIDUAL_EPS, U, p), generator))
 
 
 # --------------------------------------------------------------------------------------------- typical acceptance
@@ -268,7 +284,7 @@ def verify_typical(
     depth = torch.cat([torch.zeros(1, dtype=torch.long, device=device), tree.depth.to(device)])
     deepest = torch.where(ok, depth, -1).max()
     best = torch.where(ok & (depth == deepest), path_logp, -torch.inf).argmax()  # root: depth 0, path_logp 0
-    valid = torch.isfinite(scores.max(dim=-1).values)[best]
+    valid = torch.isfinite(scores.amax(dim=-1))[best]
     y = _categorical(torch.where(valid, probs[best], 1.0), generator)
     best, y, valid = torch.stack([best, y, valid.to(torch.long)]).tolist()
     if not valid:
@@ -284,8 +300,8 @@ def sample_from_scores(scores: torch.Tensor, generator: torch.Generator | None =
     (``generator=None``) and the same seed it reproduces vanilla's draw for the same scores.
     """
     probs = torch.softmax(scores.float(), dim=-1)  # [B, V]
-    if not bool(torch.isfinite(scores.max(dim=-1).values).all()):
-        bad = (~torch.isfinite(scores.max(dim=-1).values)).nonzero().flatten().tolist()
+    if not bool(torch.isfinite(scores.amax(dim=-1)).all()):
+        bad = (~torch.isfinite(scores.amax(dim=-1))).nonzero().flatten().tolist()
         raise ValueError(
             f"cannot sample rows {bad}: their scores mask every token (all -inf) or contain NaN/+inf; check the "
             "logits processors (vanilla sampling fails on such rows too)"
@@ -300,12 +316,6 @@ def _all_masked_error(pos: int) -> ValueError:
     )
 
 
-def _safe_normalise(x: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
-    """x / x.sum(), or ``fallback`` where x carries (almost) no mass; no host sync."""
-    total = x.sum(dim=-1, keepdim=True)
-    return torch.where(total > _RESIDUAL_EPS, x / total.clamp(min=_TINY), fallback)
-
-
 def _uniform(shape, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
     """float64 uniforms in [0, 1), drawn on the generator's device."""
     gen_device = generator.device if generator is not None else device
@@ -313,7 +323,11 @@ def _uniform(shape, device: torch.device, generator: torch.Generator | None) -> 
 
 
 def _categorical(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """`[...]` int64 draws from the distributions `[..., V]` (need not be normalised) by the exponential race."""
+    """`[...]` int64 draws from the distributions `[..., V]` (non-negative, need not be normalised).
+
+    Exponential race: argmax_v probs[v] / E[v] with E ~ Exp(1) i.i.d. picks v with probability probs[v] / sum(probs)
+    (the Gumbel-max trick in another guise); one vectorised pass, no host sync.
+    """
     gen_device = generator.device if generator is not None else probs.device
     e = torch.empty(probs.shape, dtype=torch.float64, device=gen_device).exponential_(generator=generator)
-    return (probs.to(torch.float64) / e.to(probs.device).clamp(min=_TINY)).argmax(dim=-1)
+    return (probs / e.to(probs.device).clamp(min=_TINY)).argmax(dim=-1)

@@ -6,6 +6,7 @@ import importlib
 from collections.abc import Callable
 
 from .base import Proposer, ProposerSetup, RowState
+from .ngram import NgramAssistant as NgramAssistant
 
 # (module, function) pairs tried in order; each function maps an assistant object to a Proposer or returns None.
 # Listed by path so that importing hf_specdec does not import every head type.

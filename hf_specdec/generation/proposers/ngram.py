@@ -21,8 +21,9 @@ into a frequency-scored tree. This does the latter over prompt + output, ranks m
 (extended past ``max_ngram``, up to 16 tokens back), continues a match that runs into the present periodically (the
 text after the match *is* the text being generated), and sizes the tree by acceptance it observed.
 
-The lookup is incremental: a dict per row from each 1..``max_ngram``-gram to the positions where it ends, extended by
-the new tokens in `observe`, so a step costs a few dict lookups, not a scan of the sequence.
+The lookup is incremental: per row and n-gram length, a linked list of occurrences (each position points to the
+previous end of the same n-gram) extended by the new tokens in `observe`, so a step walks a few links instead of
+scanning the sequence.
 """
 
 from __future__ import annotations
@@ -36,39 +37,49 @@ from .base import Proposer, ProposerSetup, RowState
 
 # Acceptance statistics are kept per effective match length 1 .. _BUCKETS (the last bucket: that many or more).
 _BUCKETS = 8
-# Prior acceptance probability of a tree level per bucket before a row has shown anything. Short matches of chatty
-# text rarely predict the next token; long ones (copying from the prompt, a repetition loop) usually do.
-_PRIOR = (0.25, 0.4, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8)
+# Prior acceptance probability of a tree level per bucket, before a row has shown anything: the per-level acceptance
+# measured (rounded down a little) with greedy SmolLM2-135M-Instruct on Spec-Bench prompts, all categories pooled.
+# Short matches of chatty text often miss; long ones (copying from the prompt, a repetition loop) rarely do.
+_PRIOR = (0.4, 0.55, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
+# A match of length l counts l ** _MATCH_WEIGHT_POWER towards the continuation it proposes.
+_MATCH_WEIGHT_POWER = 2
 # How far back a candidate match is compared to rank it (beyond max_ngram, which only bounds the index).
 _MAX_EXTEND = 16
 
 
 class _RowLookup:
-    """One row's token history, its n-gram index and its acceptance statistics."""
+    """One row's token history, its n-gram index and its acceptance statistics.
 
-    __slots__ = ("seq", "index", "hits", "trials", "last_children")
+    The index is a linked list of occurrences per n-gram length: ``previous[n - 1][p]`` is the last position before
+    ``p`` where the n-gram ending at ``p`` also ends (-1: none), so the occurrences of the context's suffix, most
+    recent first, are ``previous[n - 1][last]``, ``previous[n - 1][that]``, ... without computing any key.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("seq", "previous", "_last_end", "hits", "trials", "last_children")
+
+    def __init__(self, max_ngram: int) -> None:
         self.seq: list[int] = []
-        # n-gram (tuple of 1..max_ngram tokens) -> increasing positions where it ends
-        self.index: dict[tuple[int, ...], list[int]] = {}
+        self.previous: list[list[int]] = [[] for _ in range(max_ngram)]
+        # per n: n-gram (packed in one int, 32 bits per token) -> last position where it ends
+        self._last_end: list[dict[int, int]] = [{} for _ in range(max_ngram)]
         self.hits = [0.0] * _BUCKETS
         self.trials = [0.0] * _BUCKETS
         # the last proposed tree as {parent node (-1 = root): [(token, node, bucket), ...] best first}, for `observe`
         self.last_children: dict[int, list[tuple[int, int, int]]] | None = None
 
-    def extend(self, tokens: list[int], max_ngram: int) -> None:
-        seq, index = self.seq, self.index
+    def extend(self, tokens: list[int]) -> None:
+        seq, previous, last_end = self.seq, self.previous, self._last_end
         for tok in tokens:
             seq.append(tok)
-            end = len(seq)
-            for start in range(max(0, end - max_ngram), end):
-                key = tuple(seq[start:end])
-                positions = index.get(key)
-                if positions is None:
-                    index[key] = [end - 1]
-                else:
-                    positions.append(end - 1)
+            end = len(seq) - 1
+            key = 0
+            for n, (prev, ends) in enumerate(zip(previous, last_end)):
+                if n > end:
+                    prev.append(-1)
+                    continue
+                key = (key << 32) | seq[end - n]
+                prev.append(ends.get(key, -1))
+                ends[key] = end
 
 
 class NgramAssistant(Proposer):
@@ -180,14 +191,17 @@ class NgramAssistant(Proposer):
         """The row's lookup, extended with the tokens of ``row.tokens`` it has not indexed yet."""
         lookup = self._rows.get(row.row)
         n = row.tokens.numel()
-        if lookup is not None:
-            known = len(lookup.seq)
-            if n < known or (known and int(row.tokens[known - 1]) != lookup.seq[-1]):
-                lookup = None  # not the sequence this row index had: start over
-        if lookup is None:
-            lookup = self._rows[row.row] = _RowLookup()
-        if n > len(lookup.seq):
-            lookup.extend(row.tokens[len(lookup.seq) :].tolist(), self.max_ngram)
+        known = 0 if lookup is None else len(lookup.seq)
+        if lookup is not None and n == known:
+            return lookup
+        if lookup is not None and 0 < known < n:
+            new = row.tokens[known - 1 :].tolist()  # one transfer: the last known token (a check) + the new ones
+            if new[0] == lookup.seq[-1]:
+                lookup.extend(new[1:])
+                return lookup
+        # first sight of this row, or not the sequence this row index had: start over
+        lookup = self._rows[row.row] = _RowLookup(self.max_ngram)
+        lookup.extend(row.tokens.tolist())
         return lookup
 
     def acceptance_estimates(self, row: int) -> list[float]:
@@ -198,34 +212,30 @@ class NgramAssistant(Proposer):
         # two pseudo-trials of prior
         return [(h + 2.0 * p) / (t + 2.0) for h, t, p in zip(lookup.hits, lookup.trials, _PRIOR)]
 
-    def find_matches(self, seq: list[int], index: dict[tuple[int, ...], list[int]]) -> list[tuple[int, int]]:
-        """Earlier occurrences of the suffix of ``seq``: ``(match_len, end position)``, best first.
+    def find_matches(self, lookup: _RowLookup) -> list[tuple[int, int]]:
+        """Earlier occurrences of the suffix of the row's tokens: ``(match_len, end position)``, best first.
 
-        Longest suffix first; among equally long matches the most recent first. The last position of ``seq`` (the
-        suffix itself) is never a match.
+        Longest suffix first; among equally long matches the most recent first. The last position (the suffix
+        itself) is never a match. ``match_len`` is compared up to 16 tokens back, past ``max_ngram``.
         """
+        seq = lookup.seq
         last = len(seq) - 1
         seen: set[int] = set()
         found: list[tuple[int, int]] = []
         scan = 2 * self.max_matches
         for n in range(min(self.max_ngram, last), self.min_ngram - 1, -1):
-            positions = index.get(tuple(seq[last - n + 1 :]))
-            if not positions:
-                continue
+            previous = lookup.previous[n - 1]
+            pos = previous[last]
             taken = 0
-            for i in range(len(positions) - 1, -1, -1):
-                pos = positions[i]
-                if pos >= last or pos in seen:
-                    continue
-                seen.add(pos)
-                # extend the match backwards past n to rank it
-                length = n
-                while length < _MAX_EXTEND and pos - length >= 0 and seq[pos - length] == seq[last - length]:
-                    length += 1
-                found.append((length, pos))
-                taken += 1
-                if taken >= scan:
-                    break
+            while pos >= 0 and taken < scan:
+                if pos not in seen:
+                    seen.add(pos)
+                    length = n  # extend the match backwards past n to rank it
+                    while length < _MAX_EXTEND and pos - length >= 0 and seq[pos - length] == seq[last - length]:
+                        length += 1
+                    found.append((length, pos))
+                    taken += 1
+                pos = previous[pos]
             if len(found) >= self.max_matches:
                 break
         found.sort(reverse=True)
@@ -236,8 +246,9 @@ class NgramAssistant(Proposer):
         if depth_cap <= 0:
             return DraftTree.empty()
         lookup = self._synced(row)
+        lookup.last_children = None
         seq = lookup.seq
-        matches = self.find_matches(seq, lookup.index)
+        matches = self.find_matches(lookup)
         if not matches:
             return DraftTree.empty()
         accept = self.acceptance_estimates(row.row)
@@ -251,7 +262,7 @@ class NgramAssistant(Proposer):
         bucket: list[int] = []
         child_weight: dict[int, float] = {}  # parent (-1 = root) -> summed weight of its children
         for length, pos in matches:
-            w = float(length * length)
+            w = float(length) ** _MATCH_WEIGHT_POWER
             period = end - 1 - pos
             cont = seq[pos + 1 : pos + 1 + depth_cap]
             while len(cont) < depth_cap:  # the match runs into the present: the text repeats with this period
