@@ -192,7 +192,7 @@ def hf_specdec_attention(
     q = query[0].transpose(0, 1)  # [N, H_q, D]
     sliding_window = kwargs.get("sliding_window")
     softcap = kwargs.get("softcap")
-    if use_triton(q.device) and softcap is None and sliding_window is None and not plan.has_pending:
+    if use_triton(q.device) and softcap is None and sliding_window is None:
         from .tree_attention import paged_tree_attention
 
         out = paged_tree_attention(q, layer.keys, layer.values, plan, scale)

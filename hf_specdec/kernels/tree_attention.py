@@ -1,0 +1,583 @@
+"""Triton kernels of the ``hf_specdec`` attention backend: paged tree attention and the commit copy.
+
+`paged_tree_attention` attends the packed new tokens of a forward (prefill chunks, decode tokens, draft trees, rows
+of a ragged batch) over their rows' paged K/V. Its metadata is built once per forward from the `AttentionPlan` and
+cached in ``plan.extras`` (FlashInfer's plan/run split), so every layer only launches:
+
+- **work tiles**: each row's new tokens are cut into tiles of ``TOKENS_PER_TILE`` tokens; one program handles a tile
+  for one KV head, all ``GROUP = H_q / H_kv`` query heads of that KV head stacked on the M axis (row ``m`` = token
+  ``m // GROUP``, head ``m % GROUP``), so each K/V tile is loaded once per group (GQA/MQA).
+- **key range**: a tile reads the row's committed prefix (no mask), then its pending + new tokens (the "tail"), whose
+  visibility comes from a bit-packed mask: query i's int32 word ``w`` has bit ``j % 32`` set iff tail token
+  ``j = 32 w + j % 32`` is visible. Causal rows (prefill, decode) are flagged and use ``j <= i`` with no mask reads.
+  The range stops at the last key any query of the tile can see, and tail tiles with no visible key are skipped.
+- **split-K** (flash-decoding): when tiles x KV heads do not fill the GPU (batch 1, long context), each tile's key
+  range is split over ``num_splits`` programs that write fp32 partials (unnormalised output, running max and sum);
+  a second kernel merges them. Online softmax runs in fp32 with base-2 exponentials.
+
+`move_kv_triton` copies K/V rows between slots for `PagedCache.commit_rows` in one launch for K and V. Each program
+owns a slice of the ``H_kv * D`` columns of every moved row and reads all of them before it writes any, so sources
+and destinations may overlap.
+
+The kernels run on CUDA, and on CPU tensors under Triton's interpreter. In triton 3.x ``TRITON_INTERPRET=1`` is read
+when a function is decorated with ``@triton.jit``: for triton's own helpers (``tl.zeros``, ``tl.cdiv``, ...) that is
+``import triton``, which ``import hf_specdec`` (through transformers) already does. So the variable must be in the
+environment before the process imports triton; setting ``os.environ`` later gives a clear error at the first launch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .attention import AttentionPlan
+
+INTERPRETED: bool = bool(triton.knobs.runtime.interpret)  # how the kernels below were decorated
+# triton's own @jit helpers (tl.zeros, tl.cdiv, ...) were decorated when triton was first imported; both must agree
+_LANG_INTERPRETED: bool = type(tl.zeros).__name__ == "InterpretedFunction"
+
+_MIN_KEYS_PER_SPLIT = 256  # a split-K program reads at least this many keys (else the merge pass costs more)
+_MAX_SPLITS = 32
+_META_KEY = "triton_tree_attention"
+
+
+# --------------------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+    """Fold one `[M, N]` tile of base-2 scores (-inf = masked) and its `[N, D]` values into the running state."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet stays at zero
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(qk - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+# Arguments that change from step to step are not specialised on, so a generation compiles a handful of variants.
+@triton.jit(do_not_specialize=["num_queries", "num_splits", "words"])
+def _paged_tree_attention_kernel(
+    Q,  # [N, H_q, D]
+    K,  # [num_blocks, PAGE, H_kv, D]
+    V,
+    Out,  # [N, H_q, D]
+    OPart,  # [num_splits, N, H_q, D] fp32 (split-K only)
+    MPart,  # [num_splits, N, H_q] fp32
+    LPart,
+    BlockTables,  # [B, max_blocks] int32
+    CuSeqlens,  # [B + 1] int32
+    PrefixLens,  # [B] int32
+    IsCausal,  # [B] int32
+    MaskWords,  # [N, words] int32
+    TileRow,  # [T] int32
+    TileQStart,  # [T] int32 first token (within the row) of the tile
+    TileKvLen,  # [T] int32 keys the tile reads: prefix + last visible tail token + 1
+    scale_log2,  # softmax scale * log2(e)
+    num_queries,
+    num_heads_q,
+    num_splits,
+    words,
+    stride_qn,
+    stride_qh,
+    stride_on,
+    stride_oh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    TOKENS_PER_TILE: tl.constexpr,
+    PAGE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLIT_K: tl.constexpr,  # num_splits > 1: write partials for the merge kernel
+    DOT_PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    row = tl.load(TileRow + tile)
+    q_start = tl.load(TileQStart + tile)
+    kv_len = tl.load(TileKvLen + tile)
+    seq_start = tl.load(CuSeqlens + row)
+    n_new = tl.load(CuSeqlens + row + 1) - seq_start
+    prefix = tl.load(PrefixLens + row)
+    causal_flag = tl.load(IsCausal + row)
+    causal = causal_flag != 0
+
+    offs_m = tl.arange(0, BLOCK_M)
+    tok = q_start + offs_m // GROUP  # [M] token of the row
+    head = kv_head * GROUP + offs_m % GROUP  # [M] query head
+    q_valid = (offs_m < TOKENS_PER_TILE * GROUP) & (tok < n_new)
+    q_tree = q_valid & ((offs_m * 0 + causal_flag) == 0)  # [M] (a vector: the interpreter mis-types bool scalars)
+    q_idx = seq_start + tok  # [M] packed query index
+    offs_d = tl.arange(0, BLOCK_D)
+    d_valid = offs_d < HEAD_DIM
+    q_ptrs = Q + q_idx.to(tl.int64)[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=q_valid[:, None] & d_valid[None, :], other=0.0)  # [M, D]
+    if DOT_FP32:  # K/V follow q's dtype below
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # this program's share of the tile's key range, in key tiles: [lo, mid) pure prefix, [mid, hi) tail (masked)
+    n_kv_tiles = tl.cdiv(kv_len, BLOCK_N)
+    per_split = tl.cdiv(n_kv_tiles, num_splits)
+    lo = split * per_split
+    hi = tl.maximum(tl.minimum(lo + per_split, n_kv_tiles), lo)
+    mid = tl.minimum(tl.maximum(prefix // BLOCK_N, lo), hi)
+
+    offs_n = tl.arange(0, BLOCK_N)
+    bt_row = BlockTables + row.to(tl.int64) * stride_bt
+    k_head = K + kv_head.to(tl.int64) * stride_kh
+    v_head = V + kv_head.to(tl.int64) * stride_vh
+
+    for t in range(lo, mid):  # committed prefix: every query sees every key, no mask
+        keys = t * BLOCK_N + offs_n
+        block = tl.load(bt_row + keys // PAGE).to(tl.int64)
+        k_off = block * stride_kb + (keys % PAGE) * stride_ks
+        v_off = block * stride_vb + (keys % PAGE) * stride_vs
+        k = tl.load(k_head + k_off[:, None] + offs_d[None, :], mask=d_valid[None, :], other=0.0).to(q.dtype)
+        v = tl.load(v_head + v_off[:, None] + offs_d[None, :], mask=d_valid[None, :], other=0.0).to(q.dtype)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [M, N]
+        m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
+
+    for t in range(mid, hi):  # the end of the prefix and the tail: prefix | causal | tree bits
+        keys = t * BLOCK_N + offs_n
+        j = keys - prefix  # [N] index among the row's tail tokens (negative inside the prefix)
+        in_tail = (j >= 0) & (keys < kv_len)
+        word_ptrs = MaskWords + q_idx[:, None] * words + (j >> 5)[None, :]
+        word_mask = q_tree[:, None] & in_tail[None, :]
+        word = tl.load(word_ptrs, mask=word_mask, other=0)  # [M, N] the int32 word holding each key's bit
+        tree_vis = ((word >> (j & 31)[None, :]) & 1) != 0
+        tail_vis = tl.where(causal, j[None, :] <= tok[:, None], tree_vis)
+        visible = (keys < prefix)[None, :] | (in_tail[None, :] & q_valid[:, None] & tail_vis)  # [M, N]
+        if tl.max(visible.to(tl.int32)) > 0:  # skip tiles that no query of this tile can see
+            key_ok = keys < kv_len
+            block = tl.load(bt_row + keys // PAGE, mask=key_ok, other=0).to(tl.int64)
+            k_off = block * stride_kb + (keys % PAGE) * stride_ks
+            v_off = block * stride_vb + (keys % PAGE) * stride_vs
+            kv_mask = key_ok[:, None] & d_valid[None, :]
+            k = tl.load(k_head + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+            v = tl.load(v_head + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+            qk = tl.where(visible, qk, float("-inf"))
+            m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
+
+    out_mask = q_valid[:, None] & d_valid[None, :]
+    if not SPLIT_K:
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        o_ptrs = Out + q_idx.to(tl.int64)[:, None] * stride_on + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, (acc / l_safe[:, None]).to(Out.dtype.element_ty), mask=out_mask)
+    else:
+        part = (split * num_queries + q_idx).to(tl.int64) * num_heads_q + head  # [M]
+        tl.store(OPart + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
+        tl.store(MPart + part, m_i, mask=q_valid)
+        tl.store(LPart + part, l_i, mask=q_valid)
+
+
+@triton.jit(do_not_specialize=["num_queries", "num_splits"])
+def _merge_splits_kernel(
+    Out,  # [N, H_q, D]
+    OPart,  # [num_splits, N, H_q, D] fp32
+    MPart,  # [num_splits, N, H_q] fp32
+    LPart,
+    num_queries,
+    num_heads_q,
+    num_splits,
+    stride_on,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    pid = tl.program_id(0)  # = query * H_q + head
+    offs_s = tl.arange(0, BLOCK_S)
+    s_valid = offs_s < num_splits
+    offs_d = tl.arange(0, BLOCK_D)
+    d_valid = offs_d < HEAD_DIM
+    part = offs_s.to(tl.int64) * num_queries * num_heads_q + pid  # [S]
+    m = tl.load(MPart + part, mask=s_valid, other=float("-inf"))
+    l_part = tl.load(LPart + part, mask=s_valid, other=0.0)
+    acc = tl.load(
+        OPart + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_valid[:, None] & d_valid[None, :], other=0.0
+    )
+    m_max = tl.max(m, 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_max)  # [S]; empty splits (m = -inf) weigh 0
+    l_tot = tl.sum(w * l_part, 0)
+    l_tot = tl.where(l_tot == 0.0, 1.0, l_tot)
+    o = tl.sum(w[:, None] * acc, 0) / l_tot  # [D]
+    query = pid // num_heads_q
+    head = pid % num_heads_q
+    tl.store(Out + query.to(tl.int64) * stride_on + head * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=d_valid)
+
+
+@triton.jit(do_not_specialize=["num_moves"])
+def _move_kv_kernel(
+    K,  # [num_slots, H_kv, DK]
+    V,  # [num_slots, H_kv, DV]
+    KScratch,  # [M, H_kv * DK] (multi-chunk only)
+    VScratch,  # [M, H_kv * DV]
+    Src,  # [M] int64
+    Dst,  # [M] int64
+    num_moves,
+    cols_k,  # H_kv * DK
+    cols_v,  # H_kv * DV
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SINGLE_CHUNK: tl.constexpr,
+):
+    # This program owns columns [pid * BLOCK_C, +BLOCK_C) of every moved row of K and of V; no other program touches
+    # them, so reading all its sources before writing any destination (a CTA barrier between) is enough.
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_C + tl.arange(0, BLOCK_C)
+    k_valid = cols < cols_k
+    v_valid = cols < cols_v
+    k_cols = (cols // DK) * stride_kh + cols % DK  # [C] offset inside a slot
+    v_cols = (cols // DV) * stride_vh + cols % DV
+    offs_r = tl.arange(0, BLOCK_R)
+    if SINGLE_CHUNK:  # every move fits in registers: load all, barrier, store all
+        r_valid = offs_r < num_moves
+        src = tl.load(Src + offs_r, mask=r_valid, other=0)
+        dst = tl.load(Dst + offs_r, mask=r_valid, other=0)
+        km = r_valid[:, None] & k_valid[None, :]
+        vm = r_valid[:, None] & v_valid[None, :]
+        k = tl.load(K + src[:, None] * stride_ks + k_cols[None, :], mask=km)
+        v = tl.load(V + src[:, None] * stride_vs + v_cols[None, :], mask=vm)
+        tl.debug_barrier()
+        tl.store(K + dst[:, None] * stride_ks + k_cols[None, :], k, mask=km)
+        tl.store(V + dst[:, None] * stride_vs + v_cols[None, :], v, mask=vm)
+    else:  # stage through scratch: all sources of this column slice first, then all destinations
+        for r0 in range(0, num_moves, BLOCK_R):
+            rows = r0 + offs_r
+            r_valid = rows < num_moves
+            src = tl.load(Src + rows, mask=r_valid, other=0)
+            km = r_valid[:, None] & k_valid[None, :]
+            vm = r_valid[:, None] & v_valid[None, :]
+            k = tl.load(K + src[:, None] * stride_ks + k_cols[None, :], mask=km)
+            v = tl.load(V + src[:, None] * stride_vs + v_cols[None, :], mask=vm)
+            tl.store(KScratch + rows.to(tl.int64)[:, None] * cols_k + cols[None, :], k, mask=km)
+            tl.store(VScratch + rows.to(tl.int64)[:, None] * cols_v + cols[None, :], v, mask=vm)
+        tl.debug_barrier()
+        for r0 in range(0, num_moves, BLOCK_R):
+            rows = r0 + offs_r
+            r_valid = rows < num_moves
+            dst = tl.load(Dst + rows, mask=r_valid, other=0)
+            km = r_valid[:, None] & k_valid[None, :]
+            vm = r_valid[:, None] & v_valid[None, :]
+            k = tl.load(KScratch + rows.to(tl.int64)[:, None] * cols_k + cols[None, :], mask=km)
+            v = tl.load(VScratch + rows.to(tl.int64)[:, None] * cols_v + cols[None, :], mask=vm)
+            tl.store(K + dst[:, None] * stride_ks + k_cols[None, :], k, mask=km)
+            tl.store(V + dst[:, None] * stride_vs + v_cols[None, :], v, mask=vm)
+
+
+# ------------------------------------------------------------------------------------------------ metadata
+@dataclass
+class TreeAttentionMetadata:
+    """Per-forward kernel metadata (device tensors + launch constants), shared by every layer of the forward."""
+
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    cu_seqlens: torch.Tensor  # [B + 1] int32
+    prefix_lens: torch.Tensor  # [B] int32
+    is_causal: torch.Tensor  # [B] int32
+    mask_words: torch.Tensor  # [N, words] int32, bit j of query i = tail token j visible
+    tile_row: torch.Tensor  # [T] int32
+    tile_q_start: torch.Tensor  # [T] int32
+    tile_kv_len: torch.Tensor  # [T] int32
+    num_queries: int
+    num_tiles: int
+    words: int
+    block_m: int
+    tokens_per_tile: int
+    max_kv_len: int
+    tree_rows: int
+
+    @property
+    def mask_bytes(self) -> int:
+        """Bytes of tree mask a forward reads per (layer, KV head): the bit-packed words of tree rows."""
+        return self.mask_words.numel() * 4 if self.tree_rows else 0
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, x))))
+
+
+def _pack_bits(visible: torch.Tensor, words: int) -> torch.Tensor:
+    """`[n, L]` bool -> `[n, words]` int32; bit ``j % 32`` of word ``j // 32`` is ``visible[:, j]``."""
+    n, length = visible.shape
+    padded = torch.zeros(n, words * 32, dtype=torch.int64)
+    padded[:, :length] = visible.to(torch.int64)
+    weights = torch.ones(32, dtype=torch.int64) << torch.arange(32)  # [32]
+    packed = (padded.view(n, words, 32) * weights).sum(-1)  # [n, words] in [0, 2^32)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed)  # reinterpret as signed int32
+    return packed.to(torch.int32)
+
+
+def build_tree_attention_metadata(
+    plan: AttentionPlan, device: torch.device, group: int, max_block_m: int = 64
+) -> TreeAttentionMetadata:
+    """Kernel metadata of ``plan`` for ``group`` query heads per KV head (cached in ``plan.extras``).
+
+    A work tile stacks ``tokens_per_tile`` tokens x ``group`` heads on ``block_m`` rows (16 to ``max_block_m``, at
+    least the group), so a decode token gets one small tile and a tree or a chunk a few full ones.
+
+    Built on the host once per forward (a loop over rows, vectorised within a row) and moved to ``device`` in one
+    copy; every layer of the forward reuses it.
+    """
+    key = (_META_KEY, device.type, device.index, group, max_block_m)
+    meta = plan.extras.get(key)
+    if meta is not None:
+        return meta
+    q_lens = plan.q_lens()
+    num_rows = len(q_lens)
+    num_queries = int(plan.cu_seqlens[-1])
+    pending = plan.pending_lens
+    max_q = max(q_lens, default=1)
+    block_m = min(max_block_m, max(16, _next_pow2(max_q * group)))
+    block_m = max(block_m, _next_pow2(group))
+    tokens_per_tile = block_m // group
+    tails = [p + n for p, n in zip(pending, q_lens)]
+    tree_tails = [t for t, m in zip(tails, plan.new_token_masks) if m is not None]
+    words = max(1, -(-max(tree_tails, default=1) // 32))
+    mask_words = torch.zeros(max(num_queries, 1), words, dtype=torch.int32)
+    is_causal, tile_row, tile_q_start, tile_kv_len = [], [], [], []
+    cu = plan.cu_seqlens.tolist()
+    for b in range(num_rows):
+        n, prefix, tail = q_lens[b], plan.prefix_lens[b], tails[b]
+        own = plan.new_token_masks[b]
+        if own is None:
+            if pending[b]:
+                raise ValueError(f"row {b}: a row with pending tokens needs an explicit mask")
+            is_causal.append(1)
+            last_visible = torch.arange(n)  # [n] query i sees tail tokens 0..i
+        else:
+            own = own.to("cpu", torch.bool)
+            if own.shape != (n, tail):
+                raise ValueError(f"row {b}: mask of shape {tuple(own.shape)}, expected {(n, tail)}")
+            is_causal.append(0)
+            mask_words[cu[b] : cu[b + 1]] = _pack_bits(own, words)
+            last_visible = torch.where(own, torch.arange(tail), -1).amax(1) if tail else torch.full((n,), -1)
+        # tiles of tokens_per_tile tokens; each reads keys up to the last one any of its tokens sees
+        padded = torch.full((-(-n // tokens_per_tile) * tokens_per_tile,), -1, dtype=torch.long)
+        padded[:n] = last_visible
+        tile_kv_len.append(prefix + 1 + padded.view(-1, tokens_per_tile).amax(1))  # [tiles of row b]
+        tile_q_start.append(torch.arange(0, n, tokens_per_tile))
+        tile_row.append(torch.full((tile_q_start[-1].numel(),), b))
+    tile_kv_len = torch.cat(tile_kv_len) if tile_kv_len else torch.zeros(0, dtype=torch.long)
+    tile_q_start = torch.cat(tile_q_start) if tile_q_start else torch.zeros(0, dtype=torch.long)
+    tile_row = torch.cat(tile_row) if tile_row else torch.zeros(0, dtype=torch.long)
+    block_tables = plan.cache.allocator.block_table_tensor(plan.rows)  # [B, max_blocks] int32
+    small = [torch.tensor(x) for x in (cu, plan.prefix_lens, is_causal)] + [tile_row, tile_q_start, tile_kv_len]
+    host = torch.cat([block_tables.flatten(), mask_words.flatten()] + [x.to(torch.int32) for x in small])
+    dev = host.to(device)  # one host-to-device copy for everything
+    sizes = [block_tables.numel(), mask_words.numel()] + [x.numel() for x in small]
+    parts = list(torch.split(dev, sizes))
+    meta = TreeAttentionMetadata(
+        block_tables=parts[0].view(block_tables.shape),
+        mask_words=parts[1].view(mask_words.shape),
+        cu_seqlens=parts[2],
+        prefix_lens=parts[3],
+        is_causal=parts[4],
+        tile_row=parts[5],
+        tile_q_start=parts[6],
+        tile_kv_len=parts[7],
+        num_queries=num_queries,
+        num_tiles=tile_row.numel(),
+        words=words,
+        block_m=block_m,
+        tokens_per_tile=tokens_per_tile,
+        max_kv_len=int(tile_kv_len.max()) if tile_kv_len.numel() else 0,
+        tree_rows=len(tree_tails),
+    )
+    plan.extras[key] = meta
+    return meta
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def split_count(num_programs: int, max_kv_len: int, sm_count: int) -> int:
+    """Split-K factor: about two waves of programs, at least `_MIN_KEYS_PER_SPLIT` keys per split, a power of two
+    (so few merge-kernel variants get compiled)."""
+    target = 2 * sm_count
+    if num_programs >= target:
+        return 1
+    by_length = max(1, max_kv_len // _MIN_KEYS_PER_SPLIT)
+    splits = max(1, min(-(-target // max(1, num_programs)), by_length, _MAX_SPLITS))
+    return 1 << (splits.bit_length() - 1)
+
+
+def _default_num_splits(meta: TreeAttentionMetadata, num_kv_heads: int, device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1  # the interpreter gains nothing from splitting
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return split_count(meta.num_tiles * num_kv_heads, meta.max_kv_len, _SM_COUNT[idx])
+
+
+def _check_runnable(t: torch.Tensor) -> None:
+    if INTERPRETED != _LANG_INTERPRETED:
+        raise RuntimeError(
+            f"TRITON_INTERPRET was {'set' if INTERPRETED else 'unset'} after triton was imported: triton's "
+            "helpers and hf_specdec's kernels disagree on interpreter mode. Set TRITON_INTERPRET=1 in the environment "
+            "before the process starts (importing hf_specdec or transformers imports triton)"
+        )
+    if t.device.type != "cuda" and not INTERPRETED:
+        raise RuntimeError(
+            f"the Triton kernels got {t.device.type} tensors but were compiled for a GPU; to run them on a CPU start "
+            "the process with TRITON_INTERPRET=1 in its environment, or use HF_SPECDEC_ATTENTION=torch"
+        )
+
+
+# ------------------------------------------------------------------------------------------------ launchers
+def paged_tree_attention(
+    query: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    plan: AttentionPlan,
+    scale: float,
+    *,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Attention of the packed new tokens over their rows' paged K/V, with per-row causal or tree masks.
+
+    Same semantics as `reference.paged_attention_reference` without sliding window / soft-capping: row ``b`` sees
+    its committed prefix, then among its pending + new tokens those ``plan.new_token_masks[b]`` allows (causal when
+    None). The new tokens' K/V must already be in the pools at ``plan.slot_mapping``.
+
+    Args:
+        query: `[N, H_q, D]` queries of the packed new tokens (last dim contiguous).
+        k_pool, v_pool: `[num_blocks, block_size, H_kv, D]` the layer's pools.
+        plan: the forward's `AttentionPlan`; kernel metadata is built on first use and cached in ``plan.extras``.
+        scale: softmax scale.
+        num_splits: split-K factor (default: chosen from the GPU's SM count; 1 on CPU).
+    Returns:
+        `[N, H_q, D]` in ``query``'s dtype.
+    """
+    _check_runnable(query)
+    num_queries, heads_q, head_dim = query.shape
+    _, page, heads_kv, head_dim_k = k_pool.shape
+    if head_dim_k != head_dim or v_pool.shape[-1] != head_dim:
+        raise ValueError(f"query head dim {head_dim} but K/V pools have {head_dim_k}/{v_pool.shape[-1]}")
+    if heads_q % heads_kv:
+        raise ValueError(f"{heads_q} query heads are not a multiple of {heads_kv} KV heads")
+    if page & (page - 1):
+        raise ValueError(
+            f"the Triton kernel needs a power-of-two block size, got {page}; use HF_SPECDEC_ATTENTION=torch"
+        )
+    out = torch.empty(num_queries, heads_q, head_dim, dtype=query.dtype, device=query.device)
+    if num_queries == 0:
+        return out
+    if k_pool.stride(-1) != 1 or v_pool.stride(-1) != 1:
+        raise ValueError("K/V pools must have a contiguous last dimension")
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    group = heads_q // heads_kv
+    # fp32 dots run on FMA units in "ieee" precision: big tiles spill registers, so fp32 keeps them small
+    meta = build_tree_attention_metadata(plan, query.device, group, 16 if query.dtype == torch.float32 else 64)
+    splits = num_splits if num_splits is not None else _default_num_splits(meta, heads_kv, query.device)
+    splits = max(1, int(splits))
+    block_d = max(16, _next_pow2(head_dim))
+    block_n = (16 if block_d >= 128 else 32) if query.dtype == torch.float32 else 64
+    num_warps = 8 if meta.block_m >= 64 or block_d >= 128 else 4
+    if splits > 1:
+        o_part = torch.empty(splits, num_queries, heads_q, head_dim, dtype=torch.float32, device=query.device)
+        m_part = torch.empty(splits, num_queries, heads_q, dtype=torch.float32, device=query.device)
+        l_part = torch.empty_like(m_part)
+    else:
+        o_part = m_part = l_part = out  # unused
+    # the interpreter multiplies bf16 tiles as raw uint16 bits: compute its dots in fp32 instead
+    dot_fp32 = INTERPRETED and query.dtype == torch.bfloat16
+    dot_precision = "ieee" if query.dtype == torch.float32 or dot_fp32 else "tf32"
+    grid = (meta.num_tiles, heads_kv, splits)
+    with _device_guard(query.device):
+        _paged_tree_attention_kernel[grid](
+            query, k_pool, v_pool, out, o_part, m_part, l_part,
+            meta.block_tables, meta.cu_seqlens, meta.prefix_lens, meta.is_causal, meta.mask_words,
+            meta.tile_row, meta.tile_q_start, meta.tile_kv_len,
+            scale * math.log2(math.e), num_queries, heads_q, splits, meta.words,
+            query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+            k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
+            v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
+            meta.block_tables.stride(0),
+            GROUP=group, TOKENS_PER_TILE=meta.tokens_per_tile, PAGE=page, HEAD_DIM=head_dim,
+            BLOCK_M=meta.block_m, BLOCK_N=block_n, BLOCK_D=block_d, SPLIT_K=splits > 1,
+            DOT_PRECISION=dot_precision, DOT_FP32=dot_fp32, num_warps=num_warps, num_stages=3,
+        )  # fmt: skip
+        if splits > 1:
+            _merge_splits_kernel[(num_queries * heads_q,)](
+                out, o_part, m_part, l_part, num_queries, heads_q, splits, out.stride(0), out.stride(1),
+                HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=_next_pow2(splits), num_warps=4,
+            )  # fmt: skip
+    return out
+
+
+def _device_guard(device: torch.device):
+    """Launch on ``device``'s GPU (Triton launches on the current CUDA device)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+_MOVE_SINGLE_MAX = 256  # moves that fit in one register tile; more go through a scratch buffer
+
+
+def move_kv_triton(k_flat: torch.Tensor, v_flat: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy K/V rows of slots ``src`` `[M]` to ``dst`` `[M]` in place, one launch for K and V.
+
+    All reads happen before all writes (as ``index_select`` then ``index_copy``), so sources and destinations may
+    interleave; destinations must be distinct.
+
+    Args:
+        k_flat: `[num_slots, H_kv, D]` key pool (flattened pages; last dim contiguous).
+        v_flat: `[num_slots, H_kv, Dv]` value pool.
+        src, dst: `[M]` slot ids.
+    """
+    _check_runnable(k_flat)
+    num_moves = src.numel()
+    if num_moves == 0:
+        return
+    if dst.numel() != num_moves:
+        raise ValueError(f"move_kv: {num_moves} sources but {dst.numel()} destinations")
+    if k_flat.stride(-1) != 1 or v_flat.stride(-1) != 1:
+        raise ValueError("move_kv: K/V pools must have a contiguous last dimension")
+    src = src.to(device=k_flat.device, dtype=torch.int64).contiguous()
+    dst = dst.to(device=k_flat.device, dtype=torch.int64).contiguous()
+    _, heads, dk = k_flat.shape
+    dv = v_flat.shape[-1]
+    cols_k, cols_v = heads * dk, heads * dv
+    single = num_moves <= _MOVE_SINGLE_MAX
+    block_r = max(16, _next_pow2(num_moves)) if single else 64
+    block_c = max(16, min(_next_pow2(max(cols_k, cols_v)), 8192 // block_r))
+    if single:
+        k_scratch, v_scratch = k_flat, v_flat  # unused
+    else:
+        k_scratch = torch.empty(num_moves, cols_k, dtype=k_flat.dtype, device=k_flat.device)
+        v_scratch = torch.empty(num_moves, cols_v, dtype=v_flat.dtype, device=v_flat.device)
+    grid = (triton.cdiv(max(cols_k, cols_v), block_c),)
+    with _device_guard(k_flat.device):
+        _move_kv_kernel[grid](
+            k_flat, v_flat, k_scratch, v_scratch, src, dst, num_moves, cols_k, cols_v,
+            k_flat.stride(0), k_flat.stride(1), v_flat.stride(0), v_flat.stride(1),
+            DK=dk, DV=dv, BLOCK_R=block_r, BLOCK_C=block_c, SINGLE_CHUNK=single, num_warps=4,
+        )  # fmt: skip

@@ -1,0 +1,506 @@
+"""The Triton kernels (paged tree attention, commit copy) against the torch reference.
+
+Runs on a GPU, or on a CPU under Triton's interpreter:
+
+    TRITON_INTERPRET=1 HF_SPECDEC_ATTENTION=triton python -m pytest tests/test_tree_attention_triton.py
+
+Without triton, or on a CPU-only machine without ``TRITON_INTERPRET=1``, every test here is skipped.
+Shapes are small on purpose: the interpreter runs each program instance in Python.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+    pytest.skip("Triton kernels need a GPU or TRITON_INTERPRET=1 on a CPU", allow_module_level=True)
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from hf_specdec import DraftTree, PagedCache, Proposer  # noqa: E402
+from hf_specdec.kernels import tree_attention  # noqa: E402
+from hf_specdec.kernels.attention import build_plan, move_kv, planned_forward, register  # noqa: E402
+from hf_specdec.kernels.reference import dense_tree_attention, paged_attention_reference  # noqa: E402
+from hf_specdec.kernels.tree_attention import move_kv_triton, paged_tree_attention  # noqa: E402
+from hf_specdec.testing import tiny_causal_lm  # noqa: E402
+
+pytestmark = pytest.mark.triton
+
+DEVICE = "cuda" if torch.cuda.is_available() and not tree_attention.INTERPRETED else "cpu"
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _random_tree(n: int, gen: torch.Generator) -> DraftTree:
+    parent = [int(torch.randint(-1, i, (1,), generator=gen)) if i else -1 for i in range(n)]
+    return DraftTree.from_parents(torch.zeros(n, dtype=torch.long), parent)
+
+
+def _shuffle_pages(cache: PagedCache, gen: torch.Generator) -> None:
+    """Relabel every physical block with a random permutation (data moves with it), so block tables are scattered."""
+    alloc = cache.allocator
+    perm = torch.randperm(alloc.num_blocks, generator=gen)
+    for layer in cache.layers:
+        if layer.is_initialized:
+            layer.ensure_capacity()
+            for name in ("keys", "values"):
+                pool = getattr(layer, name)
+                shuffled = torch.empty_like(pool)
+                shuffled[perm.to(pool.device)] = pool
+                setattr(layer, name, shuffled)
+    alloc.block_tables = [[int(perm[b]) for b in table] for table in alloc.block_tables]
+    alloc._free = [int(perm[b]) for b in alloc._free]
+    heapq.heapify(alloc._free)
+
+
+def _cache_with_prefixes(prefixes, block_size, hkv, d, dtype, gen):
+    """A one-layer cache whose rows hold random committed prefixes, written in interleaved chunks, pages shuffled."""
+    cache = PagedCache(block_size=block_size, num_layers=1)
+    rows = cache.add_rows(len(prefixes))
+    layer = cache.layer(0)
+    for chunk in range(3):
+        for r, plen in zip(rows, prefixes):
+            n = plen // 3 + (1 if chunk < plen % 3 else 0)
+            if n == 0:
+                continue
+            plan = build_plan(cache, [r], [n], torch.arange(n), [None], DEVICE)
+            k = torch.randn(n, hkv, d, generator=gen).to(DEVICE, dtype)
+            v = torch.randn(n, hkv, d, generator=gen).to(DEVICE, dtype)
+            layer.write(plan.slot_mapping, k, v)
+            cache.allocator.truncate(r, cache.lengths[r] + n)
+    if layer.is_initialized:
+        _shuffle_pages(cache, gen)
+    return cache, rows
+
+
+def _packed_forward(cache, rows, q_lens, masks, hq, hkv, d, dtype, gen, pending_lens=None):
+    """Plan a forward, write the new tokens' K/V into the pools, return (plan, queries)."""
+    n_tot = sum(q_lens)
+    layer = cache.layer(0)
+    plan = build_plan(
+        cache, rows, q_lens, torch.zeros(n_tot, dtype=torch.long), masks, DEVICE, pending_lens=pending_lens
+    )
+    layer.write(
+        plan.slot_mapping,
+        torch.randn(n_tot, hkv, d, generator=gen).to(DEVICE, dtype),
+        torch.randn(n_tot, hkv, d, generator=gen).to(DEVICE, dtype),
+    )
+    q = torch.randn(n_tot, hq, d, generator=gen).to(DEVICE, dtype)
+    return plan, q
+
+
+def _dense_expected(q, cache, plan, scale):
+    """fp64 oracle: each row's K/V gathered densely, its `[n, L + P + n]` mask spelled out."""
+    layer = cache.layer(0)
+    out = torch.empty_like(q)
+    cu = plan.cu_seqlens.tolist()
+    for b, row in enumerate(plan.rows):
+        s, e = cu[b], cu[b + 1]
+        n, prefix, pending = e - s, plan.prefix_lens[b], plan.pending_lens[b]
+        k, v = layer.gather(row, prefix + pending + n)
+        mask = torch.ones(n, prefix + pending + n, dtype=torch.bool)
+        own = plan.new_token_masks[b]
+        mask[:, prefix:] = own.cpu() if own is not None else torch.ones(n, n, dtype=torch.bool).tril()
+        out[s:e] = dense_tree_attention(q[s:e], k, v, mask, scale)
+    return out
+
+
+def _assert_close(actual, expected, dtype, what):
+    tol = TOL[dtype]
+    err = (actual.double() - expected.double()).abs()
+    worst = int(err.flatten().argmax())
+    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), err.shape))
+    assert err.max() <= tol * (1 + expected.double().abs().max()), (
+        f"{what}: max abs error {err.max():.3g} at (query, head, dim) {where}: got {actual[where].item():.6g}, "
+        f"expected {expected[where].item():.6g}"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ attention
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+@pytest.mark.parametrize("heads", [(2, 2), (6, 2), (8, 2)], ids=["mha", "gqa3", "gqa4"])
+def test_kernel_matches_reference_on_ragged_batch_of_tree_decode_and_chunk(block_size, heads):
+    hq, hkv = heads
+    d = 16
+    gen = torch.Generator().manual_seed(block_size * 10 + hq)
+    cache, rows = _cache_with_prefixes([13, 1, 29, 0], block_size, hkv, d, torch.float32, gen)
+    tree = _random_tree(7, gen)
+    # a draft tree, a single decode token, a causal chunk after a prefix, a fresh prefill
+    q_lens = [8, 1, 5, 6]
+    masks = [tree.ancestor_mask(), None, None, None]
+    plan, q = _packed_forward(cache, rows, q_lens, masks, hq, hkv, d, torch.float32, gen)
+    layer = cache.layer(0)
+    expected = paged_attention_reference(q, layer, plan, scale=0.3)
+    for splits in (1, 3):
+        out = paged_tree_attention(q, layer.keys, layer.values, plan, 0.3, num_splits=splits)
+        _assert_close(out, expected, torch.float32, f"block_size={block_size} heads={heads} splits={splits}")
+
+
+@pytest.mark.parametrize(
+    "dtype,hq,hkv,d",
+    [
+        (torch.float16, 9, 3, 64),  # SmolLM2-135M's attention shape
+        (torch.bfloat16, 8, 2, 128),
+        (torch.float32, 4, 1, 64),  # MQA
+    ],
+    ids=["fp16-9x3x64", "bf16-8x2x128", "fp32-4x1x64"],
+)
+def test_kernel_matches_fp64_oracle_per_dtype_and_head_dim(dtype, hq, hkv, d):
+    gen = torch.Generator().manual_seed(d + hq)
+    cache, rows = _cache_with_prefixes([70, 9], 16, hkv, d, dtype, gen)
+    tree = _random_tree(11, gen)
+    plan, q = _packed_forward(cache, rows, [12, 1], [tree.ancestor_mask(), None], hq, hkv, d, dtype, gen)
+    layer = cache.layer(0)
+    expected = _dense_expected(q, cache, plan, d**-0.5)
+    out = paged_tree_attention(q, layer.keys, layer.values, plan, d**-0.5, num_splits=2)
+    assert out.dtype == dtype and out.shape == q.shape
+    _assert_close(out, expected, dtype, f"{dtype} {hq}/{hkv} heads, head_dim {d}")
+
+
+def test_split_k_over_long_context_matches_single_pass():
+    gen = torch.Generator().manual_seed(7)
+    cache, rows = _cache_with_prefixes([333], 8, 1, 16, torch.float32, gen)
+    tree = _random_tree(5, gen)
+    plan, q = _packed_forward(cache, rows, [6], [tree.ancestor_mask()], 2, 1, 16, torch.float32, gen)
+    layer = cache.layer(0)
+    expected = paged_attention_reference(q, layer, plan, scale=0.25)
+    for splits in (1, 2, 5, 16):  # 16 splits > key tiles: some programs get nothing and must not disturb the merge
+        out = paged_tree_attention(q, layer.keys, layer.values, plan, 0.25, num_splits=splits)
+        _assert_close(out, expected, torch.float32, f"num_splits={splits}")
+
+
+def test_tail_tiles_nobody_sees_are_skipped_without_changing_the_result():
+    """Pending tokens hidden from every query fill whole key tiles; those tiles are skipped, the result is exact."""
+    gen = torch.Generator().manual_seed(3)
+    hkv, d = 1, 16
+    cache, rows = _cache_with_prefixes([5], 4, hkv, d, torch.float32, gen)
+    (r,) = rows
+    layer = cache.layer(0)
+    pend = 150  # earlier draft levels: two and a bit 64-key tiles
+    p = build_plan(
+        cache, [r], [pend], torch.zeros(pend, dtype=torch.long), [torch.ones(pend, pend).tril().bool()], DEVICE
+    )
+    layer.write(p.slot_mapping, torch.randn(pend, hkv, d, generator=gen), torch.randn(pend, hkv, d, generator=gen))
+    own = torch.zeros(3, pend + 3, dtype=torch.bool)
+    own[:, pend - 2 :] = torch.tensor([[1, 0, 1, 0, 0], [0, 1, 0, 1, 0], [1, 1, 1, 0, 1]]).bool()
+    plan, q = _packed_forward(cache, [r], [3], [own], 2, hkv, d, torch.float32, gen, pending_lens=[pend])
+    expected = _dense_expected(q, cache, plan, 0.5)
+    torch.testing.assert_close(paged_attention_reference(q, layer, plan, 0.5), expected, atol=1e-5, rtol=1e-5)
+    out = paged_tree_attention(q, layer.keys, layer.values, plan, 0.5, num_splits=2)
+    _assert_close(out, expected, torch.float32, "pending tokens behind a tree mask")
+
+
+def test_split_k_fills_the_gpu_only_when_tiles_do_not():
+    split_count = tree_attention.split_count
+    assert split_count(num_programs=8, max_kv_len=16384, sm_count=132) == 32  # batch 1, long context: split
+    assert split_count(num_programs=8, max_kv_len=600, sm_count=132) == 2  # short context: >= 256 keys a split
+    assert split_count(num_programs=1024, max_kv_len=16384, sm_count=132) == 1  # enough programs already
+    assert all(s & (s - 1) == 0 for s in (split_count(p, 5000, 132) for p in range(1, 300)))
+
+
+def test_metadata_is_built_once_per_forward_and_packs_tree_bits():
+    gen = torch.Generator().manual_seed(1)
+    cache, rows = _cache_with_prefixes([4, 40], 4, 1, 16, torch.float32, gen)
+    own = torch.zeros(40, 40, dtype=torch.bool)
+    own[:, 0] = True
+    own[torch.arange(40), torch.arange(40)] = True
+    own[39, 33] = True
+    plan, q = _packed_forward(cache, rows, [1, 40], [None, own], 2, 1, 16, torch.float32, gen)
+    meta = tree_attention.build_tree_attention_metadata(plan, q.device, group=2)
+    assert tree_attention.build_tree_attention_metadata(plan, q.device, group=2) is meta
+    assert meta.words == 2 and meta.is_causal.tolist() == [1, 0]
+    words = meta.mask_words[1 + 39].cpu().tolist()  # packed query 40 = tree token 39
+    bits = [j for j in range(64) if (words[j // 32] >> (j % 32)) & 1]
+    assert bits == [0, 33, 39]
+    # each tile stops at the last key any of its queries sees
+    assert meta.tile_kv_len.tolist()[0] == 4 + 1
+    layer = cache.layer(0)
+    out = paged_tree_attention(q, layer.keys, layer.values, plan, 0.25)
+    _assert_close(out, paged_attention_reference(q, layer, plan, 0.25), torch.float32, "40-node tree over 2 words")
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    block_size=st.sampled_from([1, 2, 4, 8, 16]),
+    heads=st.sampled_from([(1, 1), (3, 1), (4, 2), (6, 2)]),
+    num_rows=st.integers(1, 3),
+    splits=st.integers(1, 4),
+)
+def test_property_random_trees_and_block_tables_match_the_dense_oracle(data, block_size, heads, num_rows, splits):
+    hq, hkv = heads
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    gen = torch.Generator().manual_seed(seed)
+    prefixes = data.draw(st.lists(st.integers(0, 45), min_size=num_rows, max_size=num_rows), label="prefixes")
+    sizes = data.draw(st.lists(st.integers(1, 12), min_size=num_rows, max_size=num_rows), label="tree sizes")
+    kinds = data.draw(st.lists(st.sampled_from(["tree", "causal"]), min_size=num_rows, max_size=num_rows))
+    cache, rows = _cache_with_prefixes(prefixes, block_size, hkv, 16, torch.float32, gen)
+    masks = [_random_tree(n - 1, gen).ancestor_mask() if k == "tree" else None for n, k in zip(sizes, kinds)]
+    plan, q = _packed_forward(cache, rows, sizes, masks, hq, hkv, 16, torch.float32, gen)
+    layer = cache.layer(0)
+    out = paged_tree_attention(q, layer.keys, layer.values, plan, 0.4, num_splits=splits)
+    _assert_close(out, _dense_expected(q, cache, plan, 0.4), torch.float32, f"prefixes={prefixes} sizes={sizes}")
+
+
+# ------------------------------------------------------------------------------------------------ commit copy
+@pytest.mark.parametrize("num_moves", [3, 300], ids=["registers", "scratch"])
+def test_move_kv_reads_every_source_before_writing(num_moves):
+    gen = torch.Generator().manual_seed(num_moves)
+    k = torch.randn(num_moves + 40, 3, 16, generator=gen).to(DEVICE)
+    v = torch.randn(num_moves + 40, 3, 8, generator=gen).to(DEVICE)
+    # a shift by one: every destination but the first is also a source, and some sources come after it
+    src = torch.arange(1, num_moves + 1)
+    dst = torch.arange(0, num_moves)
+    if num_moves > 3:
+        order = torch.randperm(num_moves, generator=gen)
+        src, dst = src[order], dst[order]
+    k_ref, v_ref = k.clone(), v.clone()
+    k_ref.index_copy_(0, dst.to(DEVICE), k_ref.index_select(0, src.to(DEVICE)))
+    v_ref.index_copy_(0, dst.to(DEVICE), v_ref.index_select(0, src.to(DEVICE)))
+    move_kv_triton(k, v, src, dst)
+    assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
+
+
+@pytest.mark.parametrize("block_size", [1, 4])
+def test_commit_rows_with_triton_copy_equals_torch_copy(block_size, monkeypatch):
+    hkv, d = 2, 16
+    caches = []
+    for _ in range(2):
+        g = torch.Generator().manual_seed(block_size)
+        cache, rows = _cache_with_prefixes([6, 11], block_size, hkv, d, torch.bfloat16, g)
+        _packed_forward(cache, rows, [9, 5], [None, None], 2, hkv, d, torch.bfloat16, g)
+        caches.append((cache, rows))
+    accepted = [[0, 2, 3, 7, 8], [0, 4]]  # positions move inside and across blocks
+    calls = _count_calls(monkeypatch, "move_kv_triton")
+    for (cache, rows), backend in zip(caches, ("torch", "triton")):
+        monkeypatch.setenv("HF_SPECDEC_ATTENTION", backend)
+        cache.commit_rows(rows, accepted)
+    assert len(calls) == 1
+    (c_torch, rows), (c_triton, _) = caches
+    assert c_torch.lengths == c_triton.lengths == [11, 13]
+    for r in rows:
+        kt, vt = c_torch.layer(0).gather(r, c_torch.lengths[r])
+        kk, vk = c_triton.layer(0).gather(r, c_triton.lengths[r])
+        assert torch.equal(kt, kk) and torch.equal(vt, vk), f"row {r}: committed K/V differ"
+
+
+def test_move_kv_dispatches_to_triton_when_requested(monkeypatch):
+    cache = PagedCache(block_size=2, num_layers=1)
+    (r,) = cache.add_rows(1)
+    plan = build_plan(cache, [r], [4], torch.arange(4), [None], DEVICE)
+    kv = torch.arange(8.0, device=DEVICE).view(4, 1, 2)
+    cache.layer(0).write(plan.slot_mapping, kv, kv.clone())
+    monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
+    move_kv(cache.layer(0), torch.tensor([3]), torch.tensor([0]))
+    assert cache.layer(0).flat()[0][0].tolist() == [[6.0, 7.0]]
+
+
+# ------------------------------------------------------------------------------------------------ whole model
+def _model_logits_with_tree(model, backend, monkeypatch):
+    """Prefill two rows of different lengths, then verify a tree on row 0 and a chain on row 1 in one forward."""
+    monkeypatch.setenv("HF_SPECDEC_ATTENTION", backend)
+    register()
+    model.config._attn_implementation = "hf_specdec"
+    cache = PagedCache(model.config, block_size=4)
+    rows = cache.add_rows(2)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 97, (n,), generator=gen) for n in (11, 6)]
+    tree = _random_tree(6, gen)
+    chain = DraftTree.chain([5, 9, 17])
+    q_lens = [p.numel() for p in prompts]
+    positions = torch.cat([torch.arange(n) for n in q_lens])
+    with torch.no_grad(), planned_forward():
+        plan = build_plan(cache, rows, q_lens, positions, [None, None], DEVICE)
+        prefill = model(
+            input_ids=torch.cat(prompts)[None].to(DEVICE),
+            position_ids=positions[None].to(DEVICE),
+            use_cache=False,
+            hf_specdec_plan=plan,
+        ).logits[0]
+        for r, n in zip(rows, q_lens):
+            cache.allocator.truncate(r, n)
+        roots = [int(prefill[q_lens[0] - 1].argmax()), int(prefill[-1].argmax())]
+        ids = torch.cat([torch.tensor([roots[0]]), torch.randint(3, 97, (6,), generator=gen)])
+        ids = torch.cat([ids, torch.tensor([roots[1], 5, 9, 17])])
+        positions = torch.cat([tree.positions(q_lens[0]), chain.positions(q_lens[1])])
+        plan = build_plan(cache, rows, [7, 4], positions, [tree.ancestor_mask(), chain.ancestor_mask()], DEVICE)
+        verify = model(
+            input_ids=ids[None].to(DEVICE),
+            position_ids=positions[None].to(DEVICE),
+            use_cache=False,
+            hf_specdec_plan=plan,
+        )
+    return prefill, verify.logits[0]
+
+
+def _count_calls(monkeypatch, name):
+    """Wrap ``tree_attention.<name>`` so a test can check that the Triton path really ran."""
+    calls = []
+    original = getattr(tree_attention, name)
+
+    def counted(*args, **kwargs):
+        calls.append(name)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tree_attention, name, counted)
+    return calls
+
+
+def test_model_forward_with_a_tree_gives_the_same_logits_on_triton_and_torch(monkeypatch):
+    model = tiny_causal_lm("llama").to(DEVICE)
+    calls = _count_calls(monkeypatch, "paged_tree_attention")
+    pre_torch, ver_torch = _model_logits_with_tree(model, "torch", monkeypatch)
+    assert not calls
+    pre_triton, ver_triton = _model_logits_with_tree(model, "triton", monkeypatch)
+    assert len(calls) == 2 * model.config.num_hidden_layers
+    torch.testing.assert_close(pre_triton, pre_torch, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ver_triton, ver_torch, atol=1e-4, rtol=1e-4)
+
+
+class _OracleTreeProposer(Proposer):
+    """Drafts, at every level, a wrong sibling before the right token (known from a reference run), so accepted
+    nodes are not contiguous and committing them moves K/V inside and across blocks."""
+
+    def __init__(self, reference: torch.Tensor, depth: int = 3):
+        self.reference = reference  # [B, W + G] greedy output of vanilla generate
+        self.depth = depth
+
+    def propose(self, rows):
+        trees = []
+        for r in rows:
+            n = r.tokens.numel()
+            right = self.reference[r.row, n : n + min(self.depth, r.max_depth)].tolist()
+            tokens, parent, last = [], [], -1
+            for tok in right:
+                tokens += [(tok + 1) % 97, tok]
+                parent += [last, last]
+                last = len(tokens) - 1
+            trees.append(DraftTree.from_parents(torch.tensor(tokens, dtype=torch.long), parent))
+        return trees
+
+
+def test_speculative_generate_on_triton_matches_vanilla_greedy(monkeypatch):
+    model = tiny_causal_lm("llama").to(DEVICE)
+    ids = torch.tensor([[1, 5, 7, 11, 13, 17, 19], [0, 0, 0, 1, 23, 29, 31]], device=DEVICE)
+    attention_mask = (torch.arange(7) >= torch.tensor([[0], [3]])).long().to(DEVICE)
+    expected = model.generate(ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False)
+    monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
+    attention_calls = _count_calls(monkeypatch, "paged_tree_attention")
+    move_calls = _count_calls(monkeypatch, "move_kv_triton")
+    out = model.generate(
+        ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False, assistant=_OracleTreeProposer(expected)
+    )
+    for b in range(ids.shape[0]):
+        got, want = out[b].tolist(), expected[b].tolist()
+        first = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), None)
+        assert got == want, f"row {b}: first differing token at {first}: {got} vs {want}"
+    assert attention_calls and move_calls, "the speculative loop did not run the Triton kernels"
+
+
+# ------------------------------------------------------------------------------------------------ benchmark
+def test_kernel_benchmark_dry_run_writes_markdown_and_json(tmp_path):
+    from hf_specdec.bench.kernels import run_kernel_bench
+
+    if DEVICE != "cpu":
+        pytest.skip("the dry run is the CPU-interpreter path")
+    report = run_kernel_bench(tmp_path, dry_run_cpu=True)
+    (row,) = report["attention"]
+    assert row["times_us"]["ours"] is not None and row["max_abs_err"]["ours"] < 1e-5, row
+    assert report["verify_curve"]["max_abs_logit_diff_largest_tree"] < 1e-4
+    assert (tmp_path / "kernels.md").read_text().startswith("# hf-specdec kernel benchmark")
+    assert (tmp_path / "kernels.json").exists()
+
+
+def test_kernel_benchmark_refuses_without_a_gpu(capsys):
+    from hf_specdec.bench.kernels import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["unused-out-dir"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+_COMPILE_SCRIPT = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from hf_specdec.kernels import tree_attention as ta
+
+
+def compile_kernel(fn, pointer_types, constexprs, num_warps, num_stages=3):
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        signature[name] = "*" + pointer_types[name] if name in pointer_types else "fp32" if name == "scale_log2" else "i32"
+        if name in pointer_types or (name.startswith("stride") and name != "stride_bt"):
+            attrs[(i,)] = [["tt.divisibility", 16]]  # what the launcher specialises on for aligned tensors
+    source = ASTSource(fn, signature, constexprs, attrs)
+    triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def attention(dt, head_dim, group, block_m, split, page, warps):
+    ptrs = {n: dt for n in ("Q", "K", "V", "Out")}
+    ptrs.update({n: "fp32" for n in ("OPart", "MPart", "LPart")})
+    ptrs.update({n: "i32" for n in ("BlockTables", "CuSeqlens", "PrefixLens", "IsCausal", "MaskWords", "TileRow",
+                                    "TileQStart", "TileKvLen")})
+    consts = dict(GROUP=group, TOKENS_PER_TILE=block_m // group, PAGE=page, HEAD_DIM=head_dim, BLOCK_M=block_m,
+                  BLOCK_N=64 if dt != "fp32" else 32, BLOCK_D=triton.next_power_of_2(head_dim), SPLIT_K=split,
+                  DOT_PRECISION="ieee" if dt == "fp32" else "tf32", DOT_FP32=False)
+    compile_kernel(ta._paged_tree_attention_kernel, ptrs, consts, warps)
+
+
+attention("fp16", 64, 3, 16, False, 16, 4)   # SmolLM2 decode
+attention("bf16", 128, 4, 64, True, 16, 8)   # Llama-3-8B tree, split-K
+attention("fp32", 64, 1, 16, False, 1, 4)    # fp32, block size 1
+compile_kernel(ta._merge_splits_kernel, {"Out": "bf16", "OPart": "fp32", "MPart": "fp32", "LPart": "fp32"},
+               dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=32), 4)
+for single in (True, False):
+    compile_kernel(ta._move_kv_kernel, {"K": "bf16", "V": "bf16", "KScratch": "bf16", "VScratch": "bf16",
+                                        "Src": "i64", "Dst": "i64"},
+                   dict(DK=128, DV=128, BLOCK_R=16 if single else 64, BLOCK_C=128, SINGLE_CHUNK=single), 4)
+print("compiled")
+"""
+
+
+def test_kernels_compile_for_an_h100_without_a_gpu():
+    """The interpreter accepts programs the GPU compiler rejects (types of loop-carried values, names): compile
+    every kernel for sm_90 in a process without TRITON_INTERPRET (ptxas ships with triton; no GPU needed)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_draft_model_levels_with_pending_tokens_run_on_triton_and_stay_greedy_exact(monkeypatch):
+    """A draft model expands its tree one level per forward over *pending* tokens; those forwards use the kernel."""
+    import hf_specdec
+
+    model = tiny_causal_lm("llama").to(DEVICE)
+    ids = torch.tensor([[1, 5, 7, 11, 13, 17, 19]], device=DEVICE)
+    expected = model.generate(ids, max_new_tokens=8, do_sample=False)
+    monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
+    pending = []
+    original = tree_attention.paged_tree_attention
+
+    def counted(query, k_pool, v_pool, plan, scale, **kwargs):
+        pending.append(plan.has_pending)
+        return original(query, k_pool, v_pool, plan, scale, **kwargs)
+
+    monkeypatch.setattr(tree_attention, "paged_tree_attention", counted)
+    assistant = hf_specdec.DraftModelAssistant(model, depth=3, top_k=3, num_nodes=8)
+    out = model.generate(ids, max_new_tokens=8, do_sample=False, assistant=assistant)
+    assert out[0].tolist() == expected[0].tolist()
+    assert any(pending), "no forward with pending tokens reached the Triton kernel"
