@@ -33,7 +33,7 @@ def __getattr__(name):
         from .heads.medusa import MedusaHeads
 
         return MedusaHeads
-    if name in ("load_default_model", "default_model_dir"):
+    if name in ("load_default_model", "default_model_dir", "chat_prompt_ids", "draft_model_from_layers"):
         from . import models
 
         return getattr(models, name)

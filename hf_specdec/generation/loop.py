@@ -95,14 +95,25 @@ class _StopChecker:
         return False
 
 
+def _model_configs(model) -> list:
+    """Every distinct config object the modules of ``model`` read their attention implementation from (cached)."""
+    configs = model.__dict__.get("_hf_specdec_configs")
+    if configs is None:
+        configs, seen = [], set()
+        for module in model.modules():
+            cfg = getattr(module, "config", None)
+            if cfg is None or id(cfg) in seen or not hasattr(cfg, "_attn_implementation"):
+                continue
+            seen.add(id(cfg))
+            configs.append(cfg)
+        model.__dict__["_hf_specdec_configs"] = configs
+    return configs
+
+
 def _set_attention(model, name: str) -> list[tuple[object, str]]:
     """Point every config of ``model`` at attention ``name``; returns what to restore."""
-    saved, seen = [], set()
-    for module in model.modules():
-        cfg = getattr(module, "config", None)
-        if cfg is None or id(cfg) in seen or not hasattr(cfg, "_attn_implementation"):
-            continue
-        seen.add(id(cfg))
+    saved = []
+    for cfg in _model_configs(model):
         saved.append((cfg, cfg._attn_implementation))
         cfg._attn_implementation = name
     return saved

@@ -1,0 +1,216 @@
+"""Benchmark results: per-prompt records -> per method/category summary -> results.md, results.json, results.png.
+
+A *record* is one timed generate() call of one method on one prompt (or batch), next to vanilla's call on the same
+prompt in the same run::
+
+    {"method", "setting", "category", "question_id", "batch", "new_tokens", "time_s", "vanilla_time_s",
+     "speedup", "steps", "drafted", "accepted", "match", "first_diff", "error"}
+
+``steps`` / ``drafted`` / ``accepted`` come from ``out.spec_stats`` (None where a method has none); ``match`` is
+whether the method's tokens equal vanilla's (greedy only, None otherwise). Metric definitions follow
+ALGORITHMS.md: speedup = vanilla wall time / method wall time on the same prompt (the median over prompts is
+reported; recorded as the ratio of tokens/s, which is the same number whenever both calls emit the same tokens, as
+in greedy decoding, and stays meaningful when sampled answers differ in length), τ = 1 + accepted / steps,
+acceptance rate = accepted / drafted.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from .questions import category_sort_key
+
+OVERALL = "overall"
+
+
+def median_speedup(vanilla_times: Sequence[float], method_times: Sequence[float]) -> float:
+    """Median over prompts of the per-prompt ratio vanilla time / method time (not a ratio of sums or means)."""
+    if len(vanilla_times) != len(method_times) or not method_times:
+        raise ValueError("need one vanilla time per method time, and at least one pair")
+    return statistics.median(v / m for v, m in zip(vanilla_times, method_times))
+
+
+def summarize_group(records: Sequence[dict]) -> dict:
+    """Aggregate metrics of the records of one method, setting and category."""
+    ok = [r for r in records if not r.get("error")]
+    errors = [r["error"] for r in records if r.get("error")]
+    row: dict = {"prompts": len(records), "ok": len(ok), "errors": len(errors), "error": errors[0] if errors else None}
+    total_time = sum(r["time_s"] for r in ok)
+    row["tokens_per_s"] = sum(r["new_tokens"] for r in ok) / total_time if ok and total_time > 0 else None
+    speedups = [r["speedup"] for r in ok if r.get("speedup") is not None]
+    row["median_speedup"] = statistics.median(speedups) if speedups else None
+    with_stats = [r for r in ok if r.get("steps") is not None]
+    if ok and len(with_stats) == len(ok):
+        steps = sum(r["steps"] for r in ok)
+        drafted = sum(r["drafted"] for r in ok)
+        accepted = sum(r["accepted"] for r in ok)
+        row["tau"] = 1.0 + accepted / steps if steps else None
+        row["acceptance_rate"] = accepted / drafted if drafted else None
+        row["drafted_per_step"] = drafted / steps if steps else None
+    else:
+        row["tau"] = row["acceptance_rate"] = row["drafted_per_step"] = None
+    checked = [r for r in ok if r.get("match") is not None]
+    row["checked"] = len(checked)
+    row["mismatches"] = sum(1 for r in checked if not r["match"]) if checked else None
+    return row
+
+
+def summarize(records: Iterable[dict]) -> list[dict]:
+    """One row per (setting, method, category) plus an ``overall`` row per (setting, method) over all its prompts,
+    in the order the records first name settings and methods, categories in Spec-Bench's order."""
+    records = list(records)
+    settings = list(dict.fromkeys(r["setting"] for r in records))
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    rows = []
+    for setting in settings:
+        for method in methods:
+            mine = [r for r in records if r["setting"] == setting and r["method"] == method]
+            if not mine:
+                continue
+            categories = sorted(dict.fromkeys(r["category"] for r in mine), key=category_sort_key)
+            for category in [*categories, OVERALL]:
+                group = mine if category == OVERALL else [r for r in mine if r["category"] == category]
+                rows.append({"setting": setting, "method": method, "category": category, **summarize_group(group)})
+    return rows
+
+
+# -------------------------------------------------------------------------------------------------- formatting
+def _fmt(value, spec: str, blank: str = "") -> str:
+    return blank if value is None else format(value, spec)
+
+
+def _notes(row: dict) -> str:
+    if not row["errors"]:
+        return ""
+    msg = str(row["error"]).splitlines()[0] if row["error"] else "error"
+    if len(msg) > 90:
+        msg = msg[:87] + "..."
+    return f"{row['errors']}/{row['prompts']} failed: {msg}".replace("|", "\\|")
+
+
+def markdown_table(summary: Sequence[dict], setting: str) -> str:
+    """The Markdown table of one setting (``greedy``, ``t=0.7 top_p=0.9`` ...)."""
+    lines = [
+        "| method | category | prompts | tokens/s | speedup (median) | τ | acceptance | mismatches vs vanilla | notes |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in summary:
+        if row["setting"] != setting:
+            continue
+        overall = row["category"] == OVERALL
+        category = f"**{OVERALL}**" if overall else row["category"]
+        mism = "" if row["mismatches"] is None else f"{row['mismatches']}/{row['checked']}"
+        if row["mismatches"]:
+            mism = f"**{mism}**"
+        speed = _fmt(row["median_speedup"], ".2f")
+        if overall and speed:
+            speed = f"**{speed}x**"
+        elif speed:
+            speed += "x"
+        lines.append(
+            f"| {row['method']} | {category} | {row['prompts']} | {_fmt(row['tokens_per_s'], '.1f')} | {speed} | "
+            f"{_fmt(row['tau'], '.2f')} | {_fmt(row['acceptance_rate'], '.2f')} | {mism} | {_notes(row)} |"
+        )
+    return "\n".join(lines)
+
+
+def speedup_matrix(summary: Sequence[dict], setting: str) -> str:
+    """A compact Markdown table of one setting: one row per method, the median speedup per category, overall τ and
+    mismatches (Spec-Bench's leaderboard layout)."""
+    rows = [r for r in summary if r["setting"] == setting]
+    categories = sorted(dict.fromkeys(r["category"] for r in rows if r["category"] != OVERALL), key=category_sort_key)
+    head = ["method", *categories, OVERALL, "τ", "tokens/s", "mismatches"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = {r["category"]: r for r in rows if r["method"] == method}
+        total = mine[OVERALL]
+        cells = [method]
+        for c in [*categories, OVERALL]:
+            r = mine.get(c)
+            if r is None or r["median_speedup"] is None:
+                cells.append("failed" if r is not None and r["errors"] else "")
+            else:
+                cells.append(f"{r['median_speedup']:.2f}x")
+        mism = "" if total["mismatches"] is None else f"{total['mismatches']}/{total['checked']}"
+        cells += [_fmt(total["tau"], ".2f"), _fmt(total["tokens_per_s"], ".1f"), mism]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown_report(summary: Sequence[dict], meta: dict) -> str:
+    """The whole results.md: a header with the run's settings, then one table per setting."""
+    out = ["# hf-specdec Spec-Bench results", ""]
+    for key in ("model", "device", "threads", "batch", "max_new_tokens", "per_category", "draft", "questions", "date"):
+        if meta.get(key) is not None:
+            out.append(f"- {key.replace('_', ' ')}: {meta[key]}")
+    out += [
+        "",
+        "speedup = vanilla `generate` wall time / method wall time on the same prompt, interleaved in one process "
+        "(computed as the ratio of tokens/s, which differs only where sampled answers differ in length); the "
+        "median over prompts is shown. τ = 1 + accepted draft tokens / verification steps; acceptance = accepted / "
+        "drafted draft tokens (blank where the method does not report them). tokens/s = generated tokens / wall time "
+        "summed over the category's prompts. Mismatches: prompts whose tokens differ from vanilla's (greedy only).",
+    ]
+    for setting in dict.fromkeys(r["setting"] for r in summary):
+        out += [
+            "",
+            f"## {setting}",
+            "",
+            "Median speedup over vanilla per category:",
+            "",
+            speedup_matrix(summary, setting),
+            "",
+            "Details:",
+            "",
+            markdown_table(summary, setting),
+        ]
+    return "\n".join(out) + "\n"
+
+
+def plot_speedups(summary: Sequence[dict], path: str | Path) -> Path:
+    """A bar chart of the median speedup per method and category (one panel per setting), written to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = list(dict.fromkeys(r["setting"] for r in summary))
+    fig, axes = plt.subplots(len(settings), 1, figsize=(13, 3.8 * len(settings)), squeeze=False)
+    for ax, setting in zip(axes[:, 0], settings):
+        rows = [r for r in summary if r["setting"] == setting and r["method"] != "vanilla"]
+        methods = list(dict.fromkeys(r["method"] for r in rows))
+        categories = list(dict.fromkeys(r["category"] for r in rows if r["category"] != OVERALL))
+        categories = sorted(categories, key=category_sort_key) + [OVERALL]
+        width = 0.8 / max(1, len(methods))
+        for i, method in enumerate(methods):
+            values = {r["category"]: r["median_speedup"] for r in rows if r["method"] == method}
+            xs = [c + (i - (len(methods) - 1) / 2) * width for c in range(len(categories))]
+            ax.bar(xs, [values.get(c) or 0.0 for c in categories], width, label=method)
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xticks(range(len(categories)))
+        ax.set_xticklabels(categories, rotation=15)
+        ax.set_ylabel("speedup over vanilla (median)")
+        ax.set_title(setting)
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_results(out_dir: str | Path, records: Sequence[dict], meta: dict, plot: bool = True) -> dict[str, Path]:
+    """Write results.md, results.json (meta, summary and every record) and results.png into ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(records)
+    paths = {"md": out_dir / "results.md", "json": out_dir / "results.json"}
+    paths["md"].write_text(markdown_report(summary, meta), encoding="utf-8")
+    payload = {"meta": meta, "summary": summary, "records": list(records)}
+    paths["json"].write_text(json.dumps(payload, indent=2, default=str), encoding="utf-8")
+    if plot:
+        paths["png"] = plot_speedups(summary, out_dir / "results.png")
+    return paths

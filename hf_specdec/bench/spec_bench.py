@@ -1,0 +1,415 @@
+"""``hf-specdec bench``: Spec-Bench-style speedup of hf_specdec's assistants and transformers' own speculative
+methods over vanilla ``generate()``, on the default model (SmolLM2-135M-Instruct) on CPU.
+
+For every prompt, vanilla and every method run back to back in one process (same seed), so each speedup is a
+ratio measured under the same machine load; results are reported per Spec-Bench category and overall (see
+`report` for the metric definitions). Greedy outputs of every method are compared token by token with vanilla's
+and mismatches are reported, not hidden.
+
+    hf-specdec bench                                  # greedy, batch 1, 128 new tokens, 4 questions per category
+    hf-specdec bench --methods ngram,null --per-category 2 --out results/
+    hf-specdec bench --batch 4                        # batches of mixed prompt lengths against vanilla batch-4
+    hf-specdec bench --sample                         # adds temperature 0.7 and 1.0 (top_p 0.9)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .methods import METHODS, BenchContext, Method, resolve_methods
+from .questions import find_questions_file, interleave_categories, load_questions, sample_questions
+from .report import markdown_report, summarize, write_results
+
+GREEDY = "greedy"
+SAMPLING_TEMPERATURES = (0.7, 1.0)
+SAMPLING_TOP_P = 0.9
+DEFAULT_DRAFT_LAYERS = 8
+
+
+@dataclass
+class Prompt:
+    """One benchmark prompt: its question id, pooled category and `[n]` token ids (chat template applied)."""
+
+    question_id: object
+    category: str
+    ids: torch.Tensor
+
+
+@dataclass
+class Setting:
+    """A decoding setting: its label and the generate() arguments shared by every method."""
+
+    name: str
+    kwargs: dict = field(default_factory=dict)
+
+    @property
+    def greedy(self) -> bool:
+        return not self.kwargs.get("do_sample", False)
+
+
+def settings_for(sample: bool, greedy: bool = True) -> list[Setting]:
+    """Greedy and/or the sampling settings (temperature 0.7 and 1.0, top_p 0.9)."""
+    out = [Setting(GREEDY, {"do_sample": False})] if greedy else []
+    if sample:
+        for t in SAMPLING_TEMPERATURES:
+            out.append(
+                Setting(f"sampling T={t} top_p={SAMPLING_TOP_P}", {"do_sample": True, "temperature": t, "top_p": 0.9})
+            )
+    return out
+
+
+def build_prompts(tokenizer, questions: Sequence[dict]) -> list[Prompt]:
+    """The first turn of each question through the tokenizer's chat template (assistant prompt appended)."""
+    from ..models import chat_prompt_ids
+
+    return [
+        Prompt(q["question_id"], q.get("pooled_category", q["category"]), chat_prompt_ids(tokenizer, q["turns"][0])[0])
+        for q in questions
+    ]
+
+
+def left_pad(rows: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[B, W]` input ids and attention mask of ``rows`` left-padded to the longest (as padding_side='left')."""
+    width = max(r.numel() for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, width - r.numel() :] = r
+        mask[b, width - r.numel() :] = 1
+    return ids, mask
+
+
+def _eos_ids(model) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    return set() if eos is None else set(torch.as_tensor(eos).reshape(-1).tolist())
+
+
+def count_new_tokens(sequences: torch.Tensor, prompt_width: int, eos_ids: set[int]) -> int:
+    """Generated tokens of a `[B, W + G]` output summed over rows, each row up to and including its first EOS (the
+    padding after a finished row is not counted)."""
+    total = 0
+    for row in sequences[:, prompt_width:].tolist():
+        end = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
+        total += end
+    return total
+
+
+def first_difference(a: torch.Tensor, b: torch.Tensor, prompt_width: int) -> int | None:
+    """Index (into the generated part) of the first token where two `[B, *]` outputs differ; None if identical."""
+    if a.shape == b.shape and torch.equal(a, b):
+        return None
+    first = None
+    for ra, rb in zip(a[:, prompt_width:].tolist(), b[:, prompt_width:].tolist()):
+        i = next((i for i, (x, y) in enumerate(zip(ra, rb)) if x != y), None)
+        if i is None and len(ra) != len(rb):
+            i = min(len(ra), len(rb))
+        if i is not None:
+            first = i if first is None else min(first, i)
+    return 0 if first is None else first
+
+
+@dataclass
+class CallResult:
+    """One timed generate() call: `[B, W + G]` output ids, wall seconds, ``spec_stats`` if any, or the error."""
+
+    sequences: torch.Tensor | None
+    time_s: float
+    stats: object | None = None
+    error: str | None = None
+
+
+def timed_generate(model, inputs: dict, kwargs: dict, seed: int, repeats: int = 1) -> CallResult:
+    """Run ``model.generate(**inputs, **kwargs)`` ``repeats`` times with a fixed seed; the fastest wall time.
+
+    Exceptions are returned as ``error`` (type and message), not raised, so that one failing method does not stop
+    the benchmark.
+    """
+    best = None
+    for _ in range(max(1, repeats)):
+        torch.manual_seed(seed)
+        t0 = time.perf_counter()
+        try:
+            out = model.generate(**inputs, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - recorded in the results table
+            return CallResult(None, time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}")
+        dt = time.perf_counter() - t0
+        sequences = out.sequences if hasattr(out, "sequences") else out
+        if best is None or dt < best.time_s:
+            best = CallResult(sequences, dt, getattr(out, "spec_stats", None))
+    return best
+
+
+def _record(method: Method, setting: Setting, res: CallResult, base: CallResult, base_tokens: int, width: int, eos):
+    """One record (see `hf_specdec.bench.report`) of ``method``'s call ``res`` next to vanilla's call ``base``."""
+    rec = {
+        "method": method.name,
+        "setting": setting.name,
+        "vanilla_new_tokens": base_tokens,
+        "vanilla_time_s": base.time_s,
+        "new_tokens": None,
+        "time_s": None,
+        "speedup": None,
+        "steps": None,
+        "drafted": None,
+        "accepted": None,
+        "match": None,
+        "first_diff": None,
+        "error": res.error,
+    }
+    if res.error:
+        return rec
+    tokens = count_new_tokens(res.sequences, width, eos)
+    rec.update(new_tokens=tokens, time_s=res.time_s)
+    # per-prompt throughput ratio: equals vanilla time / method time whenever both emit the same tokens (greedy)
+    if tokens and base_tokens:
+        rec["speedup"] = (tokens / res.time_s) / (base_tokens / base.time_s)
+    if res.stats is not None:
+        rec.update(steps=res.stats.steps, drafted=res.stats.drafted_tokens, accepted=res.stats.accepted_tokens)
+    if setting.greedy and method.name != "vanilla":
+        diff = first_difference(res.sequences, base.sequences, width)
+        rec.update(match=diff is None, first_diff=diff)
+    return rec
+
+
+def run_bench(
+    model,
+    prompts: Sequence[Prompt],
+    methods: Sequence[Method],
+    settings: Sequence[Setting],
+    max_new_tokens: int = 128,
+    batch: int = 1,
+    draft_factory: Callable[[], object] | None = None,
+    seed: int = 0,
+    repeats: int = 1,
+    warmup: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """Time every method against vanilla on every prompt (or batch of ``batch`` prompts); one record per call.
+
+    Args:
+        model: the target causal LM (eval mode).
+        prompts: the prompts; with ``batch > 1`` they are grouped in order into batches (mixed lengths, left-padded).
+        methods: the methods; ``vanilla`` must be first (it is the baseline of each prompt).
+        settings: decoding settings (greedy, sampling ...).
+        max_new_tokens: generation budget per call.
+        batch: prompts per generate() call.
+        draft_factory: builds the draft model on first use (methods ``draft`` and ``hf-assisted``).
+        seed: torch.manual_seed before every call.
+        repeats: calls per method and prompt; the fastest is kept.
+        warmup: one short untimed call of every method before timing.
+        log: progress lines (e.g. ``print`` to stderr); None for silence.
+    Returns:
+        records as described in `hf_specdec.bench.report`.
+    """
+    if not methods or methods[0].name != "vanilla":
+        raise ValueError("the first method must be vanilla (the baseline of every speedup)")
+    ctx = BenchContext(model, draft_factory)
+    eos = _eos_ids(model)
+    pad_id = model.generation_config.pad_token_id
+    if pad_id is None:
+        pad_id = min(eos) if eos else 0
+    pad_id = int(torch.as_tensor(pad_id).reshape(-1)[0])
+    groups = [list(prompts[i : i + batch]) for i in range(0, len(prompts), batch)]
+    log = log or (lambda _msg: None)
+    records: list[dict] = []
+
+    def inputs_of(group: list[Prompt]) -> dict:
+        if len(group) == 1:
+            ids = group[0].ids[None]
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        ids, mask = left_pad([p.ids for p in group], pad_id)
+        return {"input_ids": ids, "attention_mask": mask}
+
+    broken: dict[str, str] = {}
+
+    def run_method(model, inputs, method, setting, budget, seed, repeats) -> CallResult:
+        """One timed call; a method that failed in this setting's warm-up is not run again."""
+        if method.name in broken:
+            return CallResult(None, 0.0, error=broken[method.name])
+        try:
+            kw = {"max_new_tokens": budget, **setting.kwargs, **method.kwargs(ctx)}
+        except Exception as exc:  # noqa: BLE001 - e.g. a draft model that cannot be built
+            return CallResult(None, 0.0, error=f"{type(exc).__name__}: {exc}")
+        if method.spec_stats:
+            kw["return_dict_in_generate"] = True
+        return timed_generate(model, inputs, kw, seed, repeats)
+
+    for setting in settings:
+        broken.clear()
+        if warmup:
+            short = inputs_of([Prompt(None, "", p.ids[:32]) for p in groups[0]])
+            for method in methods:
+                res = run_method(model, short, method, setting, 8, seed, 1)
+                if res.error:
+                    broken[method.name] = res.error
+                    log(f"[{setting.name}] {method.name} fails, skipped: {res.error.splitlines()[0]}")
+        if "vanilla" in broken:
+            raise RuntimeError(f"vanilla generate fails on this model: {broken['vanilla']}")
+
+        for gi, group in enumerate(groups):
+            inputs = inputs_of(group)
+            width = inputs["input_ids"].shape[1]
+            category = group[0].category if batch == 1 else f"mixed (batch {batch})"
+            qid = group[0].question_id if len(group) == 1 else [p.question_id for p in group]
+            # every method on this prompt back to back; the order rotates from prompt to prompt so that no method
+            # always runs first (or right after the same neighbour) under a drifting machine load
+            shift = gi % len(methods)
+            results: dict[str, CallResult] = {}
+            for method in methods[shift:] + methods[:shift]:
+                results[method.name] = run_method(model, inputs, method, setting, max_new_tokens, seed, repeats)
+            base = results["vanilla"]
+            if base.error:
+                raise RuntimeError(f"vanilla generate failed on question {qid}: {base.error}")
+            base_tokens = count_new_tokens(base.sequences, width, eos)
+            line = [f"vanilla {base.time_s:.2f}s"]
+            for method in methods:
+                res = results[method.name]
+                rec = _record(method, setting, res, base, base_tokens, width, eos)
+                rec.update(
+                    category=category,
+                    question_id=qid,
+                    batch=len(group),
+                    prompt_tokens=int(inputs["attention_mask"].sum()),
+                )
+                records.append(rec)
+                if method.name == "vanilla":
+                    continue
+                if rec["error"]:
+                    line.append(f"{method.name} error")
+                else:
+                    mark = "" if rec["match"] is not False else f" MISMATCH@{rec['first_diff']}"
+                    line.append(f"{method.name} {res.time_s:.2f}s ({rec['speedup'] or 0:.2f}x){mark}")
+            log(f"[{setting.name}] {gi + 1}/{len(groups)} {category} q{qid}: {base_tokens} tok; " + ", ".join(line))
+    return records
+
+
+# ------------------------------------------------------------------------------------------------------- CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``hf-specdec bench`` options."""
+    parser.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help=f"comma-separated methods (vanilla is always run as the baseline); default: all of {', '.join(METHODS)}",
+    )
+    parser.add_argument("--per-category", type=int, default=4, help="questions per Spec-Bench category (default 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
+    parser.add_argument("--batch", type=int, default=1, help="prompts per generate() call (mixed lengths, left-padded)")
+    parser.add_argument("--sample", action="store_true", help="also time sampling at T=0.7 and T=1.0 with top_p=0.9")
+    parser.add_argument("--no-greedy", action="store_true", help="skip the greedy setting (use with --sample)")
+    parser.add_argument("--questions", default=None, help="Spec-Bench JSONL file (default: ../shared/bench/...)")
+    parser.add_argument("--categories", default=None, help="comma-separated pooled categories (default: all)")
+    parser.add_argument("--out", default=None, help="directory for results.md, results.json and results.png")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument(
+        "--draft-layers",
+        type=int,
+        default=DEFAULT_DRAFT_LAYERS,
+        help=f"decoder layers of the layer-skip draft model (default {DEFAULT_DRAFT_LAYERS})",
+    )
+    parser.add_argument("--model", default=None, help="a local model folder or Hub id instead of the default model")
+    parser.add_argument("--repeats", type=int, default=1, help="timed calls per method and prompt; fastest kept")
+    parser.add_argument("--seed", type=int, default=0, help="question sampling and generation seed (default 0)")
+    parser.add_argument("--quiet", action="store_true", help="no per-prompt progress lines on stderr")
+
+
+def _load_model(name: str | None):
+    if name is None:
+        from ..models import DEFAULT_MODEL_NAME, load_default_model
+
+        model, tokenizer = load_default_model()
+        return model, tokenizer, DEFAULT_MODEL_NAME
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
+    return model, tokenizer, name
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``hf-specdec bench`` with parsed arguments; prints the Markdown tables to stdout."""
+    import hf_specdec  # noqa: F401  (registers assistant=)
+
+    from ..models import draft_model_from_layers
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for name in ("per_category", "max_new_tokens", "batch", "repeats"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
+    methods = resolve_methods(args.methods)
+    settings = settings_for(args.sample, greedy=not args.no_greedy)
+    if not settings:
+        raise SystemExit("--no-greedy without --sample leaves nothing to run")
+    path = find_questions_file(args.questions)
+    categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
+    questions = sample_questions(load_questions(path), args.per_category, seed=args.seed, categories=categories)
+    if args.batch > 1:
+        questions = interleave_categories(questions)
+
+    def log(msg: str) -> None:
+        if not args.quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    model, tokenizer, model_name = _load_model(args.model)
+    log(f"model {model_name} loaded in {time.perf_counter() - t0:.1f} s")
+    prompts = build_prompts(tokenizer, questions)
+    draft_layers = args.draft_layers
+    total_layers = model.config.num_hidden_layers
+
+    def draft_factory():
+        t = time.perf_counter()
+        draft = draft_model_from_layers(model, draft_layers)
+        log(f"layer-skip draft ({draft_layers}/{total_layers} layers) built in {time.perf_counter() - t:.1f} s")
+        return draft
+
+    records = run_bench(
+        model,
+        prompts,
+        methods,
+        settings,
+        max_new_tokens=args.max_new_tokens,
+        batch=args.batch,
+        draft_factory=draft_factory,
+        seed=args.seed,
+        repeats=args.repeats,
+        log=log,
+    )
+    meta = {
+        "model": model_name,
+        "device": f"cpu ({platform.processor() or platform.machine()}), torch {torch.__version__}",
+        "threads": torch.get_num_threads(),
+        "batch": args.batch,
+        "max_new_tokens": args.max_new_tokens,
+        "per_category": args.per_category,
+        "draft": f"first {draft_layers} of {total_layers} decoder layers + final norm + lm_head (layer-skip self-draft)"
+        if any(m.needs_draft for m in methods)
+        else None,
+        "questions": f"{path.name} ({len(prompts)} prompts, seed {args.seed})",
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "methods": {m.name: m.description for m in methods},
+        "transformers": _version("transformers"),
+        "hf_specdec": _version("hf_specdec"),
+        "wall_s": time.perf_counter() - t0,
+    }
+    summary = summarize(records)
+    print(markdown_report(summary, meta))
+    if args.out:
+        paths = write_results(args.out, records, meta)
+        log("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:  # noqa: BLE001
+        return None

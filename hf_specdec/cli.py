@@ -1,0 +1,205 @@
+"""The ``hf-specdec`` command line.
+
+hf-specdec generate "Explain speculative decoding."       # stream an answer, print tokens/s and τ
+hf-specdec generate "..." --assistant draft --draft-layers 8
+hf-specdec bench [--methods ...] [--per-category N] [--batch 4] [--sample] [--out DIR]
+hf-specdec convert                                       # convert the default model now, print its folder
+hf-specdec train medusa --out DIR [--num-prompts N --max-new-tokens M --epochs E --num-heads 4 --resume]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+ASSISTANTS = ("ngram", "draft", "none")
+
+
+def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("question", help="the user message (one chat turn)")
+    parser.add_argument(
+        "--assistant",
+        choices=ASSISTANTS,
+        default="ngram",
+        help="ngram: hf_specdec.NgramAssistant; draft: layer-skip draft model; none: vanilla generate (default ngram)",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    parser.add_argument("--draft-layers", type=int, default=8, help="layers of the layer-skip draft (default 8)")
+    parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (with --do-sample)")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling top_p (with --do-sample)")
+    parser.add_argument("--system", default=None, help="system message (default: the chat template's)")
+    parser.add_argument("--seed", type=int, default=None, help="torch.manual_seed before generating")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--model", default=None, help="a local model folder or Hub id instead of the default model")
+
+
+def generate_main(args: argparse.Namespace) -> int:
+    """``hf-specdec generate``: stream one answer with an assistant and report tokens/s and τ on stderr."""
+    import torch
+    from transformers import TextStreamer
+
+    import hf_specdec
+
+    from .bench.spec_bench import _load_model, count_new_tokens
+    from .models import chat_prompt_ids, draft_model_from_layers
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    model, tokenizer, name = _load_model(args.model)
+    kwargs: dict = {"max_new_tokens": args.max_new_tokens, "return_dict_in_generate": True}
+    if args.assistant == "ngram":
+        kwargs["assistant"] = hf_specdec.NgramAssistant()
+    elif args.assistant == "draft":
+        kwargs["assistant"] = draft_model_from_layers(model, args.draft_layers)
+    if args.do_sample:
+        kwargs["do_sample"] = True
+        if args.temperature is not None:
+            kwargs["temperature"] = args.temperature
+        if args.top_p is not None:
+            kwargs["top_p"] = args.top_p
+    else:
+        kwargs["do_sample"] = False
+    print(f"[{name} loaded in {time.perf_counter() - t0:.1f} s; assistant: {args.assistant}]", file=sys.stderr)
+    ids = chat_prompt_ids(tokenizer, args.question, system=args.system)
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    t0 = time.perf_counter()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), streamer=streamer, **kwargs)
+    elapsed = time.perf_counter() - t0
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(torch.as_tensor(eos).reshape(-1).tolist()) if eos is not None else set()
+    n = count_new_tokens(out.sequences, ids.shape[1], eos_ids)
+    line = f"{n} tokens in {elapsed:.2f} s: {n / elapsed:.1f} tokens/s"
+    stats = getattr(out, "spec_stats", None)
+    if stats is not None:
+        line += f", τ = {stats.tau:.2f} (acceptance {stats.acceptance_rate:.2f}, {stats.steps} target steps)"
+    print(f"\n[{line}]", file=sys.stderr)
+    return 0
+
+
+def convert_main(args: argparse.Namespace) -> int:
+    """``hf-specdec convert``: convert the default model's GGUF now (if not cached) and print the folder."""
+    from .models import default_model_dir
+
+    print(default_model_dir())
+    return 0
+
+
+def _add_train_medusa_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="output folder: heads, training_report.json, data/, checkpoints/")
+    parser.add_argument("--data-dir", default=None, help="self-distillation data folder (default OUT/data)")
+    parser.add_argument("--num-prompts", type=int, default=2000, help="generated prompts (default 2000)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap (default 256)")
+    parser.add_argument("--gen-batch-size", type=int, default=8, help="prompts per generate call (default 8)")
+    parser.add_argument("--sample", action="store_true", help="sample the answers (T=0.7, top-p 0.9) instead of greedy")
+    parser.add_argument("--prompt-seed", type=int, default=0, help="seed of the prompt set and sampling (default 0)")
+    parser.add_argument("--epochs", type=float, default=2.0, help="passes over the training positions (default 2)")
+    parser.add_argument("--max-steps", type=int, default=None, help="cap on optimizer steps")
+    parser.add_argument("--num-heads", type=int, default=4, help="Medusa heads (default 4)")
+    parser.add_argument("--num-layers", type=int, default=1, help="ResBlocks per head (default 1)")
+    parser.add_argument("--own-lm-heads", action="store_true", help="per-head lm_heads instead of the shared base one")
+    parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    parser.add_argument("--positions-per-step", type=int, default=256, help="positions per step (default 256)")
+    parser.add_argument("--distill", choices=("hard", "soft"), default="hard", help="target tokens or distribution")
+    parser.add_argument("--loss-vocab", type=int, default=None, help="train over the N most frequent tokens only")
+    parser.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (default 200)")
+    parser.add_argument("--eval-every", type=int, default=0, help="steps between held-out evaluations (0: at the end)")
+    parser.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no", help="accelerate setting")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def train_medusa_main(args: argparse.Namespace) -> int:
+    """``hf-specdec train medusa``: self-distillation data from the default model, then Medusa-1 heads."""
+    from pathlib import Path
+
+    import torch
+
+    from .heads.train import MedusaTrainingConfig, build_default_data, train_medusa
+    from .models import DEFAULT_MODEL_NAME, load_default_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    data_dir = Path(args.data_dir) if args.data_dir else out / "data"
+    t0 = time.perf_counter()
+    model, tokenizer = load_default_model()
+    print(f"[{DEFAULT_MODEL_NAME} loaded in {time.perf_counter() - t0:.1f} s; data: {data_dir}]", file=sys.stderr)
+    manifest = build_default_data(
+        model,
+        tokenizer,
+        data_dir,
+        num_prompts=args.num_prompts,
+        seed=args.prompt_seed,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.gen_batch_size,
+        do_sample=args.sample,
+        base_model_name=DEFAULT_MODEL_NAME,
+    )
+    print(f"[data: {manifest['num_sequences']} answers, {manifest['num_tokens']} tokens]", file=sys.stderr)
+    config = MedusaTrainingConfig(
+        num_heads=args.num_heads,
+        num_layers=args.num_layers,
+        share_lm_head=not args.own_lm_heads,
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        positions_per_step=args.positions_per_step,
+        lr=args.lr,
+        distill=args.distill,
+        loss_vocab=args.loss_vocab,
+        checkpoint_every=args.checkpoint_every,
+        eval_every=args.eval_every,
+        mixed_precision=args.mixed_precision,
+    )
+    lm_head = model.get_output_embeddings()
+    _, report = train_medusa(
+        data_dir, out, lm_head, config, resume=args.resume, base_model_name_or_path=DEFAULT_MODEL_NAME
+    )
+    held = report["held_out"] or {}
+    print(
+        f"[{report['steps']} steps in {report['training_time_s']:.0f} s; held-out top-1 per head "
+        f"{held.get('top1_per_head')}; heads saved to {out}]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .bench.spec_bench import add_arguments as add_bench_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="hf-specdec", description="Speculative decoding with token trees inside transformers' generate()."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    gen = sub.add_parser("generate", help="stream an answer with an assistant; prints tokens/s and τ")
+    _add_generate_arguments(gen)
+    gen.set_defaults(func=generate_main)
+    bench = sub.add_parser("bench", help="Spec-Bench speedups over vanilla generate on the default model")
+    add_bench_arguments(bench)
+    bench.set_defaults(func=lambda a: __import__("hf_specdec.bench.spec_bench", fromlist=["main"]).main(a))
+    conv = sub.add_parser("convert", help="convert the default model to safetensors now; print its folder")
+    conv.set_defaults(func=convert_main)
+    train = sub.add_parser("train", help="train speculative heads for the default model")
+    train_sub = train.add_subparsers(dest="head", metavar="HEAD", required=True)
+    medusa = train_sub.add_parser("medusa", help="Medusa-1 heads by self-distillation (base model frozen)")
+    _add_train_medusa_arguments(medusa)
+    medusa.set_defaults(func=train_medusa_main)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
