@@ -96,8 +96,9 @@ class NgramAssistant(Proposer):
         max_depth: most tokens drafted after one match (the tree's depth); the loop's remaining budget caps it too.
         max_matches: most earlier occurrences merged into one tree.
         max_nodes: most nodes in a tree.
-        min_score: smallest estimated acceptance probability of a node worth verifying. Lower drafts more; on a GPU
-            with a large batch, where every node costs, raise it.
+        min_score: smallest estimated acceptance probability of a node worth verifying: about the cost of one more
+            tree node relative to a whole verification step. Lower (0.02-0.05) where extra nodes are nearly free (a
+            GPU at batch size 1), higher where every node costs (large batches).
         adaptive: follow the acceptance observed per row (True) or keep the prior estimates (False).
         decay: per-step forgetting factor of the acceptance statistics (the memory is about ``1 / (1 - decay)``
             steps), so a row that stopped drafting after rejections tries again later.
@@ -113,7 +114,7 @@ class NgramAssistant(Proposer):
         max_depth: int = 10,
         max_matches: int = 8,
         max_nodes: int = 16,
-        min_score: float = 0.05,
+        min_score: float = 0.1,
         adaptive: bool = True,
         decay: float = 0.9,
     ) -> None:
