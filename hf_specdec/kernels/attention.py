@@ -189,18 +189,20 @@ def hf_specdec_attention(
     k_new = key[0].transpose(0, 1)  # [N, H_kv, D]
     v_new = value[0].transpose(0, 1)
     layer.write(plan.slot_mapping, k_new, v_new)
-    q = query[0].transpose(0, 1)  # [N, H_q, D]
     sliding_window = kwargs.get("sliding_window")
     softcap = kwargs.get("softcap")
-    if use_triton(q.device) and softcap is None and sliding_window is None:
+    triton_ok = plan.extras.get("use_triton")
+    if triton_ok is None:  # decided once per forward
+        triton_ok = plan.extras["use_triton"] = use_triton(query.device)
+    if triton_ok and softcap is None and sliding_window is None:
         from .tree_attention import paged_tree_attention
 
-        out = paged_tree_attention(q, layer.keys, layer.values, plan, scale)
-    else:
-        from .reference import paged_attention_reference
+        out = paged_tree_attention(query[0].transpose(0, 1), layer.keys, layer.values, plan, scale)
+        return out.unsqueeze(0), None  # [1, N, H_q, D]
+    from .reference import paged_attention_reference
 
-        out = paged_attention_reference(q, layer, plan, scale, sliding_window=sliding_window, softcap=softcap)
-    return out.unsqueeze(0), None  # [1, N, H_q, D]
+    out = paged_attention_reference(query, layer, plan, scale, sliding_window=sliding_window, softcap=softcap)
+    return out, None  # [1, N, H_q, D]
 
 
 def move_kv(layer: PagedLayer, src: torch.Tensor, dst: torch.Tensor) -> None:

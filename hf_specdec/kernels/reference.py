@@ -25,34 +25,32 @@ def paged_attention_reference(
     """Attention of the packed new tokens over their rows' pages.
 
     Args:
-        query: `[N, H_q, D]` queries of the packed new tokens.
+        query: `[1, H_q, N, D]` queries of the packed new tokens (transformers' layout), or `[N, H_q, D]`.
         layer: the layer's pools (the new tokens' K/V are already written).
         plan: the forward's `AttentionPlan`.
         scale: softmax scale.
         sliding_window: if set, a query at position p only sees keys at positions > p - sliding_window.
         softcap: if set, scores are ``softcap * tanh(scores / softcap)`` before the softmax.
     Returns:
-        `[N, H_q, D]`.
+        `[1, N, H_q, D]` (`[N, H_q, D]` for a 3-D query).
     """
-    out = torch.empty_like(query)
-    cu = plan.cu_seqlens.tolist()
-    for b, row in enumerate(plan.rows):
-        s, e = cu[b], cu[b + 1]
-        n, prefix, pending = e - s, plan.prefix_lens[b], plan.pending_lens[b]
-        key = ("read_index", b)
-        if key not in plan.extras:  # once per forward, shared by every layer
-            plan.extras[key] = plan.cache.allocator.read_index(row, prefix + pending + n, query.device)
-        k, v = layer.gather(row, prefix + pending + n, plan.extras[key])  # [L + P + n, H_kv, D]
-        q = query[s:e].transpose(0, 1).unsqueeze(0)  # [1, H_q, n, D]
-        k = k.transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, H_kv, L + n, D]
+    if query.dim() == 3:
+        return paged_attention_reference(query.transpose(0, 1)[None], layer, plan, scale, sliding_window, softcap)[0]
+    rows = _row_reads(plan, query.device)
+    outs = []
+    for b, (s, e, total, where, mask) in enumerate(rows):
+        n = e - s
+        k, v = layer.gather(plan.rows[b], total, where)  # [L + P + n, H_kv, D]
+        q = query[:, :, s:e]  # [1, H_q, n, D]
+        k = k.transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, H_kv, L + P + n, D]
         v = v.transpose(0, 1).unsqueeze(0).to(q.dtype)
-        mask = plan.row_mask(b, q.device)
         if sliding_window is None and softcap is None:
             causal = mask is None and n > 1
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         else:
+            prefix, pending = plan.prefix_lens[b], plan.pending_lens[b]
             if mask is None:
-                mask = torch.ones(n, prefix + n, dtype=torch.bool, device=q.device)
+                mask = torch.ones(n, total, dtype=torch.bool, device=q.device)
                 if n > 1:
                     mask[:, prefix:] = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
             if sliding_window is not None:
@@ -62,8 +60,24 @@ def paged_attention_reference(
                 q_pos = plan.positions[s:e].to(q.device)  # [n]
                 mask = mask & (q_pos[:, None] - key_pos[None, :] < sliding_window)
             o = _explicit_attention(q, k, v, mask, scale, softcap)
-        out[s:e] = o[0].transpose(0, 1)
-    return out
+        outs.append(o)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [1, H_q, N, D]
+    return out.transpose(1, 2)
+
+
+def _row_reads(plan: AttentionPlan, device: torch.device) -> list[tuple]:
+    """Per row ``(start, end, keys to read, how to read them, mask)``, computed once per forward for all layers."""
+    rows = plan.extras.get("row_reads")
+    if rows is None:
+        cu = plan.cu_seqlens.tolist()
+        rows = []
+        for b, row in enumerate(plan.rows):
+            s, e = cu[b], cu[b + 1]
+            total = plan.prefix_lens[b] + plan.pending_lens[b] + (e - s)
+            where = plan.cache.allocator.read_index(row, total, device)
+            rows.append((s, e, total, where, plan.row_mask(b, device)))
+        plan.extras["row_reads"] = rows
+    return rows
 
 
 def _key_positions(plan: AttentionPlan, b: int, device: torch.device) -> torch.Tensor:
