@@ -83,10 +83,10 @@ def test_calls_without_assistant_are_untouched(tiny_models):
 
 @pytest.mark.slow
 def test_default_model_greedy_equality_on_spec_bench_sample(default_model):
-    from hf_specdec.bench.spec_bench import load_questions, sample_questions
+    from hf_specdec.bench.questions import find_questions_file, load_questions, sample_questions
 
     model, tok = default_model
-    questions = sample_questions(load_questions(), per_category=1)
+    questions = sample_questions(load_questions(find_questions_file()), per_category=1)
     ngram = hf_specdec.NgramAssistant()
     draft = DraftModelAssistant(model, depth=3)
     for q in questions:
