@@ -107,12 +107,3 @@ def test_out_of_vocabulary_drafts_are_refused(tiny_models):
     with pytest.raises(ValueError, match="outside the target's vocabulary"):
         model.generate(IDS, max_new_tokens=5, assistant=Wild())
     _still_works(model)
-
-
-def test_sampling_without_exact_verifier_is_not_silent(tiny_models):
-    """Until a rule exists for a draft kind, sampling must raise rather than return biased samples."""
-    model = tiny_models["llama"]
-    try:
-        model.generate(IDS, max_new_tokens=4, do_sample=True, assistant=OracleProposer(model))
-    except NotImplementedError as e:
-        assert "sampling" in str(e)
