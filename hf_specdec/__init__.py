@@ -33,6 +33,10 @@ def __getattr__(name):
         from .heads.medusa import MedusaHeads
 
         return MedusaHeads
+    if name == "load_default_assistant":
+        from .assistants import load_default_assistant
+
+        return load_default_assistant
     if name in ("load_default_model", "default_model_dir", "chat_prompt_ids", "draft_model_from_layers"):
         from . import models
 
@@ -55,4 +59,5 @@ __all__ = [
     "DraftModelAssistant",
     "MedusaHeads",
     "load_default_model",
+    "load_default_assistant",
 ]
