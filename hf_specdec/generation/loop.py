@@ -30,16 +30,11 @@ from .logits import NodeScorer
 from .proposers import resolve_assistant
 from .proposers.base import Proposer, ProposerSetup, RowState
 from .stats import SpecStats
-from .tree import DraftTree
+from .tree import DraftTree, pack_trees
 from .verify import Verdict, sample_from_scores, verify_tree
 
 # GenerationConfig fields that change vanilla decoding and that this loop does not implement. Each is refused by name.
-_UNSUPPORTED_FLAGS = {
-    "output_attentions": "output_attentions",
-    "output_hidden_states": "output_hidden_states",
-    "low_memory": "low_memory",
-    "token_healing": "token_healing",
-}
+_UNSUPPORTED_FLAGS = ("output_attentions", "output_hidden_states", "low_memory", "token_healing")
 
 
 @dataclass
@@ -154,9 +149,9 @@ def _validate_call(model, input_ids: torch.Tensor, generation_config, model_kwar
         )
     if getattr(generation_config, "num_beam_groups", 1) not in (None, 1):
         raise ValueError("diverse beam search (num_beam_groups) cannot be combined with an assistant")
-    for flag, name in _UNSUPPORTED_FLAGS.items():
+    for flag in _UNSUPPORTED_FLAGS:
         if getattr(generation_config, flag, False):
-            raise ValueError(f"generation option {name}=True is not supported with an assistant")
+            raise ValueError(f"generation option {flag}=True is not supported with an assistant")
     if getattr(generation_config, "penalty_alpha", None):
         raise ValueError("contrastive search (penalty_alpha) cannot be combined with an assistant")
     if getattr(generation_config, "guidance_scale", None) not in (None, 1, 1.0):
@@ -336,7 +331,7 @@ def generate(
                     hidden_rows.append(hidden[plan.cu_seqlens[b] : plan.cu_seqlens[b + 1]])
             stats.time_verify += time.perf_counter() - t0
             _release_finished(rows, cache)
-            proposer.observe(_row_states(rows, max_length, all_rows=True), new_tokens, hidden_rows if layers else None)
+            proposer.observe(_row_states(rows, max_length), new_tokens, hidden_rows if layers else None)
 
             # ---- speculative steps
             while True:
@@ -383,9 +378,7 @@ def generate(
                     if hidden is not None:
                         hidden_rows.append(hidden[(v.accepted + s).to(hidden.device)])
                 _release_finished(active, cache)
-                proposer.observe(
-                    _row_states(active, max_length, all_rows=True), new_tokens, hidden_rows if layers else None
-                )
+                proposer.observe(_row_states(active, max_length), new_tokens, hidden_rows if layers else None)
                 stats.time_other += time.perf_counter() - t1
     finally:
         proposer.finish()
@@ -407,7 +400,7 @@ def generate(
     return result
 
 
-def _row_states(rows: Sequence[_Row], max_length: int, all_rows: bool = False) -> list[RowState]:
+def _row_states(rows: Sequence[_Row], max_length: int) -> list[RowState]:
     return [
         RowState(
             row=r.index,
@@ -429,6 +422,8 @@ def _sanitize(tree: DraftTree, state: RowState, model) -> DraftTree:
     """Check a proposer's tree and cut it to the row's remaining budget."""
     if not isinstance(tree, DraftTree):
         raise TypeError(f"a proposer must return DraftTree objects, got {type(tree).__name__}")
+    if tree.device != state.tokens.device:
+        tree = tree.to(state.tokens.device)
     if tree.num_nodes == 0:
         return tree
     if tree.max_depth > state.max_depth:
@@ -444,19 +439,15 @@ def _sanitize(tree: DraftTree, state: RowState, model) -> DraftTree:
 def _verify_step(model, cache, active, trees, scorer, layers, **verify_kwargs):
     """One target forward over ``[root, nodes...]`` of every active row, then acceptance per row."""
     device = active[0].buf.device
-    toks, pos, masks, q_lens = [], [], [], []
-    for r, tree in zip(active, trees):
-        committed = cache.lengths[r.cache_row]
-        tree = tree.to(device) if tree.device != device else tree
-        toks += [r.tokens[-1:], tree.tokens]
-        pos.append(tree.positions(committed))
-        masks.append(tree.ancestor_mask() if tree.num_nodes else None)
-        q_lens.append(tree.num_nodes + 1)
-    positions = torch.cat(pos)
+    packed = pack_trees([int(r.tokens[-1]) for r in active], trees)
+    q_lens = [t.num_nodes + 1 for t in trees]
+    committed = torch.tensor([cache.lengths[r.cache_row] for r in active], device=device)
+    positions = packed.depth + committed.repeat_interleave(torch.tensor(q_lens, device=device))
+    masks = [t.ancestor_mask() if t.num_nodes else None for t in trees]
     plan = build_plan(cache, [r.cache_row for r in active], q_lens, positions, masks, device)
     with planned_forward():
         out = model(
-            input_ids=torch.cat(toks)[None],
+            input_ids=packed.tokens[None],
             position_ids=positions[None],
             use_cache=False,
             logits_to_keep=0,
