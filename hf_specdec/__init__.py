@@ -33,6 +33,10 @@ def __getattr__(name):
         from .heads.medusa import MedusaHeads
 
         return MedusaHeads
+    if name == "MedusaAssistant":
+        from .generation.proposers.medusa import MedusaAssistant
+
+        return MedusaAssistant
     if name == "load_default_assistant":
         from .assistants import load_default_assistant
 
@@ -58,6 +62,7 @@ __all__ = [
     "NgramAssistant",
     "DraftModelAssistant",
     "MedusaHeads",
+    "MedusaAssistant",
     "load_default_model",
     "load_default_assistant",
 ]

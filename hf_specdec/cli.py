@@ -1,6 +1,7 @@
 """The ``hf-specdec`` command line.
 
 hf-specdec generate "Explain speculative decoding."       # stream an answer, print tokens/s and τ
+hf-specdec generate "..." --assistant medusa            # the shipped Medusa heads
 hf-specdec generate "..." --assistant draft --draft-layers 8
 hf-specdec bench [--methods ...] [--per-category N] [--batch 4] [--sample] [--out DIR]
 hf-specdec convert                                       # convert the default model now, print its folder
@@ -13,8 +14,9 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
-ASSISTANTS = ("ngram", "draft", "none")
+ASSISTANTS = ("ngram", "medusa", "draft", "none")
 
 
 def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +25,8 @@ def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         "--assistant",
         choices=ASSISTANTS,
         default="ngram",
-        help="ngram: hf_specdec.NgramAssistant; draft: layer-skip draft model; none: vanilla generate (default ngram)",
+        help="ngram: hf_specdec.NgramAssistant; medusa: the shipped Medusa heads (default model only); draft: "
+        "layer-skip draft model; none: vanilla generate (default ngram)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=256, help="most tokens to generate (default 256)")
     parser.add_argument("--draft-layers", type=int, default=8, help="layers of the layer-skip draft (default 8)")
@@ -53,6 +56,8 @@ def generate_main(args: argparse.Namespace) -> int:
     kwargs: dict = {"max_new_tokens": args.max_new_tokens, "return_dict_in_generate": True}
     if args.assistant == "ngram":
         kwargs["assistant"] = hf_specdec.NgramAssistant()
+    elif args.assistant == "medusa":
+        kwargs["assistant"] = hf_specdec.load_default_assistant("medusa")  # checked against the model: clear error
     elif args.assistant == "draft":
         kwargs["assistant"] = draft_model_from_layers(model, args.draft_layers)
     if args.do_sample:
@@ -93,12 +98,20 @@ def convert_main(args: argparse.Namespace) -> int:
 def _add_train_medusa_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output folder: heads, training_report.json, data/, checkpoints/")
     parser.add_argument("--data-dir", default=None, help="self-distillation data folder (default OUT/data)")
-    parser.add_argument("--num-prompts", type=int, default=2000, help="generated prompts (default 2000)")
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap (default 256)")
-    parser.add_argument("--gen-batch-size", type=int, default=8, help="prompts per generate call (default 8)")
+    # the defaults are the recipe of the heads shipped in the package: under an hour on 2 CPU cores, end to end
+    parser.add_argument("--num-prompts", type=int, default=960, help="generated prompts (default 960)")
+    parser.add_argument(
+        "--num-context-prompts",
+        type=int,
+        default=640,
+        help="stage-2 prompts: tasks over the model's own stage-1 answers (summarise, answer, translate back...; "
+        "default 640; 0: none)",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length cap (default 128)")
+    parser.add_argument("--gen-batch-size", type=int, default=32, help="prompts per generate call (default 32)")
     parser.add_argument("--sample", action="store_true", help="sample the answers (T=0.7, top-p 0.9) instead of greedy")
     parser.add_argument("--prompt-seed", type=int, default=0, help="seed of the prompt set and sampling (default 0)")
-    parser.add_argument("--epochs", type=float, default=2.0, help="passes over the training positions (default 2)")
+    parser.add_argument("--epochs", type=float, default=3.0, help="passes over the training positions (default 3)")
     parser.add_argument("--max-steps", type=int, default=None, help="cap on optimizer steps")
     parser.add_argument("--num-heads", type=int, default=4, help="Medusa heads (default 4)")
     parser.add_argument("--num-layers", type=int, default=1, help="ResBlocks per head (default 1)")
@@ -106,7 +119,23 @@ def _add_train_medusa_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     parser.add_argument("--positions-per-step", type=int, default=256, help="positions per step (default 256)")
     parser.add_argument("--distill", choices=("hard", "soft"), default="hard", help="target tokens or distribution")
-    parser.add_argument("--loss-vocab", type=int, default=None, help="train over the N most frequent tokens only")
+    parser.add_argument(
+        "--loss-vocab",
+        type=int,
+        default=8192,
+        help="train over the N most frequent answer tokens only (default 8192; 0: the full vocabulary)",
+    )
+    parser.add_argument(
+        "--draft-vocab",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="draft over the loss vocabulary only, as trained (default: yes)",
+    )
+    parser.add_argument(
+        "--no-tune-tree",
+        action="store_true",
+        help="skip choosing the tree from held-out acceptance and this machine's measured verify cost",
+    )
     parser.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (default 200)")
     parser.add_argument("--eval-every", type=int, default=0, help="steps between held-out evaluations (0: at the end)")
     parser.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no", help="accelerate setting")
@@ -114,13 +143,43 @@ def _add_train_medusa_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
+def tune_default_tree(heads, data, out, model, config, report: dict):
+    """Pick the heads' static tree from held-out acceptance and this machine's verify cost (`tune_tree`), store it
+    in the heads' config and model card, and record the table in ``training_report.json``."""
+    import json
+
+    from .heads.train import head_positions, split_sequences, tune_tree
+
+    t0 = time.perf_counter()
+    _, eval_seqs = split_sequences(data, config.eval_fraction, config.seed)
+    tuning = tune_tree(heads, data, head_positions(data, eval_seqs), model)
+    best = next(r for r in tuning.rows if r["choices"] == tuning.choices)
+    heads.tree_choices = tuning.choices
+    heads.model_card["tree"] = {
+        "nodes": len(tuning.choices),
+        "held_out_tau": round(best["tau"], 3),
+        "measured_step_cost": round(best["cost"], 3),
+        "chosen_by": "held-out acceptance x verify cost measured on the training machine",
+    }
+    heads.save_pretrained(out)
+    report["tree_tuning"] = {
+        "time_s": round(time.perf_counter() - t0, 1),
+        "acceptance": [[round(x, 4) for x in row] for row in tuning.acceptance],
+        "rows": [{**r, "tau": round(r["tau"], 4), "cost": round(r["cost"], 4)} for r in tuning.rows],
+        "chosen": tuning.choices,
+    }
+    with open(Path(out) / "training_report.json", "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+    return tuning
+
+
 def train_medusa_main(args: argparse.Namespace) -> int:
     """``hf-specdec train medusa``: self-distillation data from the default model, then Medusa-1 heads."""
-    from pathlib import Path
 
     import torch
 
-    from .heads.train import MedusaTrainingConfig, build_default_data, train_medusa
+    from .heads.train import MedusaTrainingConfig, build_default_data, load_distillation_data, train_medusa
     from .models import DEFAULT_MODEL_NAME, load_default_model
 
     if args.threads:
@@ -130,18 +189,20 @@ def train_medusa_main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model, tokenizer = load_default_model()
     print(f"[{DEFAULT_MODEL_NAME} loaded in {time.perf_counter() - t0:.1f} s; data: {data_dir}]", file=sys.stderr)
-    manifest = build_default_data(
+    folders = build_default_data(
         model,
         tokenizer,
         data_dir,
         num_prompts=args.num_prompts,
+        num_context_prompts=args.num_context_prompts,
         seed=args.prompt_seed,
         max_new_tokens=args.max_new_tokens,
         batch_size=args.gen_batch_size,
         do_sample=args.sample,
         base_model_name=DEFAULT_MODEL_NAME,
     )
-    print(f"[data: {manifest['num_sequences']} answers, {manifest['num_tokens']} tokens]", file=sys.stderr)
+    data = load_distillation_data(folders)
+    print(f"[data: {data.manifest['num_sequences']} answers, {data.manifest['num_tokens']} tokens]", file=sys.stderr)
     config = MedusaTrainingConfig(
         num_heads=args.num_heads,
         num_layers=args.num_layers,
@@ -151,16 +212,20 @@ def train_medusa_main(args: argparse.Namespace) -> int:
         positions_per_step=args.positions_per_step,
         lr=args.lr,
         distill=args.distill,
-        loss_vocab=args.loss_vocab,
+        loss_vocab=args.loss_vocab or None,
+        draft_vocab=bool(args.draft_vocab and args.loss_vocab),
         checkpoint_every=args.checkpoint_every,
         eval_every=args.eval_every,
         mixed_precision=args.mixed_precision,
     )
     lm_head = model.get_output_embeddings()
-    _, report = train_medusa(
-        data_dir, out, lm_head, config, resume=args.resume, base_model_name_or_path=DEFAULT_MODEL_NAME
+    heads, report = train_medusa(
+        data, out, lm_head, config, resume=args.resume, base_model_name_or_path=DEFAULT_MODEL_NAME
     )
     held = report["held_out"] or {}
+    if not args.no_tune_tree:
+        tuning = tune_default_tree(heads, data, out, model, config, report)
+        print(tuning.markdown(), file=sys.stderr)
     print(
         f"[{report['steps']} steps in {report['training_time_s']:.0f} s; held-out top-1 per head "
         f"{held.get('top1_per_head')}; heads saved to {out}]",

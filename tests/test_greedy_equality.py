@@ -89,6 +89,8 @@ def test_default_model_greedy_equality_on_spec_bench_sample(default_model):
     questions = sample_questions(load_questions(find_questions_file()), per_category=1)
     ngram = hf_specdec.NgramAssistant()
     draft = DraftModelAssistant(model, depth=3)
+    medusa = hf_specdec.load_default_assistant("medusa")  # the heads shipped in the package, their tuned tree
+    medusa_tau = []
     for q in questions:
         ids = tok.apply_chat_template(
             [{"role": "user", "content": q["turns"][0]}],
@@ -97,9 +99,15 @@ def test_default_model_greedy_equality_on_spec_bench_sample(default_model):
             return_dict=True,
         )["input_ids"]
         expected = model.generate(ids, max_new_tokens=48, do_sample=False)
-        for name, assistant in [("ngram", ngram), ("self-draft", draft)]:
-            out = model.generate(ids, max_new_tokens=48, do_sample=False, assistant=assistant)
-            assert_same_tokens(out, expected, f"question {q['question_id']} {name}")
+        for name, assistant in [("ngram", ngram), ("self-draft", draft), ("medusa", medusa)]:
+            out = model.generate(
+                ids, max_new_tokens=48, do_sample=False, assistant=assistant, return_dict_in_generate=True
+            )
+            assert_same_tokens(out.sequences, expected, f"question {q['question_id']} {name}")
+            if name == "medusa":
+                medusa_tau.append(out.spec_stats.tau)
+    # the shipped heads are trained: they draft far better than chance on questions they never saw
+    assert sum(medusa_tau) / len(medusa_tau) > 1.6, medusa_tau
 
 
 @pytest.mark.slow
@@ -113,8 +121,10 @@ def test_default_model_batch_of_four_mixed_lengths(default_model):
     ]
     enc = tok(chats, return_tensors="pt", padding=True, add_special_tokens=False)
     expected = model.generate(**enc, max_new_tokens=32, do_sample=False)
-    out = model.generate(**enc, max_new_tokens=32, do_sample=False, assistant=hf_specdec.NgramAssistant())
-    assert_same_tokens(out, expected, "default model batch 4")
+    for name in ("ngram", "medusa"):
+        assistant = hf_specdec.load_default_assistant(name)
+        out = model.generate(**enc, max_new_tokens=32, do_sample=False, assistant=assistant)
+        assert_same_tokens(out, expected, f"default model batch 4, {name}")
 
 
 @pytest.mark.slow

@@ -10,16 +10,23 @@ import torch
 from hf_specdec.heads.medusa import MedusaHeads
 from hf_specdec.heads.train import (
     MedusaTrainingConfig,
+    acceptance_table,
     build_distillation_data,
+    evaluate_medusa,
+    guess_matches,
     latest_checkpoint,
     load_distillation_data,
+    make_context_prompts,
     make_prompts,
+    measure_step_cost,
     prompt_recipe,
     spec_bench_overlap,
     train_medusa,
+    tree_tau,
+    tune_tree,
 )
 from hf_specdec.heads.train import data as data_mod
-from hf_specdec.heads.train.medusa import head_positions, medusa_labels
+from hf_specdec.heads.train.medusa import head_positions, loss_vocabulary, medusa_labels, split_sequences
 from hf_specdec.testing import tiny_causal_lm
 
 SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "bench" / "spec_bench_public.jsonl"
@@ -191,3 +198,144 @@ def test_cli_has_a_train_medusa_subcommand():
 
     args = build_parser().parse_args(["train", "medusa", "--out", "x", "--num-prompts", "8", "--resume"])
     assert args.out == "x" and args.num_prompts == 8 and args.resume and args.num_heads == 4
+
+
+def test_draft_vocabulary_heads_draft_only_over_it_and_are_scored_as_decoding_sees_them(data_dir, tiny, tmp_path):
+    cfg = small_config(loss_vocab=24, draft_vocab=True, max_steps=40)
+    heads, report = train_medusa(data_dir, tmp_path, tiny.get_output_embeddings(), cfg, progress=False, cpu=True)
+    assert heads.draft_vocab_size == 24 and heads.token_map.numel() == 24
+    data = load_distillation_data(data_dir)
+    # the token map is the loss vocabulary: the most frequent answer tokens of the training split
+    train_seqs, _ = split_sequences(data, cfg.eval_fraction, cfg.seed)
+    expected, _ = loss_vocabulary(data, head_positions(data, train_seqs), 24)
+    assert torch.equal(heads.token_map, expected)
+    # guesses come from the map only, and the projection onto V' rows equals slicing the full logits
+    hidden = data.hidden[:50].float()
+    lm_head = tiny.get_output_embeddings()
+    top = heads.topk_tokens(hidden, 3, lm_head=lm_head)
+    assert torch.isin(top, heads.token_map).all()
+    states = heads.head_states(hidden)
+    torch.testing.assert_close(heads.draft_logits(states, lm_head), lm_head(states)[..., heads.token_map])
+    # held-out accuracy counts labels outside the map as misses: it is at most the map's coverage of the labels
+    eval_pos = head_positions(data, torch.arange(data.seq_bounds.shape[0]))[:512]
+    metrics = evaluate_medusa(heads, data, eval_pos, lm_head.weight.detach())
+    labels = medusa_labels(data, eval_pos, 3)
+    coverage = (torch.isin(labels, heads.token_map).sum(1) / (labels >= 0).sum(1)).tolist()
+    for acc, cov in zip(metrics["top1_per_head"], coverage):
+        assert acc <= cov + 1e-6
+    assert metrics["positions_per_head"] == (labels >= 0).sum(1).tolist()
+    with pytest.raises(ValueError, match="draft_vocab needs loss_vocab"):
+        MedusaTrainingConfig(draft_vocab=True)
+    # round trip keeps the map
+    loaded = MedusaHeads.from_pretrained(tmp_path, base_model=tiny)
+    assert torch.equal(loaded.token_map, heads.token_map)
+
+
+def _brute_force_tau(choices, match):
+    """Tokens per step by walking every position's tree node by node (the definition)."""
+    total = 0
+    for p in range(match.shape[0]):
+        best = 0
+        for path in choices:
+            if all(match[p, d, r] for d, r in enumerate(path)):
+                best = max(best, len(path))
+        total += 1 + best
+    return total / match.shape[0]
+
+
+def test_tree_tau_and_acceptance_table_match_their_definitions():
+    gen = torch.Generator().manual_seed(0)
+    p, d, k = 400, 3, 4
+    # at most one right guess per depth (the label is one token); more likely at low ranks
+    rank = torch.multinomial(torch.tensor([0.4, 0.2, 0.1, 0.05, 0.25]), p * d, replacement=True, generator=gen)
+    match = torch.nn.functional.one_hot(rank, 5)[:, :k].bool().view(p, d, k)
+    choices = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [2]]
+    assert tree_tau(choices, match) == pytest.approx(_brute_force_tau(choices, match))
+    assert tree_tau([], match) == 1.0
+    table = acceptance_table(match)
+    assert table[0] == pytest.approx(match[:, 0].float().mean(0).tolist())
+    alive = match[:, 0].any(-1)
+    assert table[1] == pytest.approx(match[alive, 1].float().mean(0).tolist())
+    with pytest.raises(ValueError, match="no parent"):
+        tree_tau([[0, 1]], match)
+
+
+def test_tune_tree_picks_the_size_with_the_best_predicted_speedup(data_dir, tiny, tmp_path):
+    heads, _ = train_medusa(
+        data_dir, tmp_path, tiny.get_output_embeddings(), small_config(max_steps=60), progress=False, cpu=True
+    )
+    data = load_distillation_data(data_dir)
+    positions = head_positions(data, torch.arange(0, data.seq_bounds.shape[0], 5))
+    sizes = (1, 2, 4, 8)
+    # a made-up cost curve: one where only tiny trees pay, one where verification is free
+    steep = tune_tree(heads, data, positions, tiny, sizes=sizes, cost={1: 1.0, 2: 1.5, 4: 3.0, 8: 6.0})
+    free = tune_tree(heads, data, positions, tiny, sizes=sizes, cost=dict.fromkeys(sizes, 1.0))
+    taus = [r["tau"] for r in free.rows]
+    assert taus == sorted(taus) and taus[-1] > taus[0]  # bigger optimal trees never accept less
+    assert len(free.choices) == 8 and len(steep.choices) <= 2
+    for tuning in (steep, free):
+        best = max(tuning.rows, key=lambda r: r["predicted_speedup"])
+        assert tuning.choices == best["choices"] and "(chosen)" in tuning.markdown()
+        match = guess_matches(heads, data, positions, tiny.get_output_embeddings(), 8)
+        assert best["tau"] == pytest.approx(tree_tau(best["choices"], match))
+
+
+def test_measured_step_cost_grows_with_the_tree(tiny):
+    heads = MedusaHeads.for_model(tiny, num_heads=2)
+    cost = measure_step_cost(tiny, heads, (0, 16, 64), context=64, repeats=3)
+    assert cost[0] == pytest.approx(1.0) and cost[64] > cost[0] and all(c > 0 for c in cost.values())
+
+
+class ToyTokenizer:
+    """Decodes the tiny model's ids as words (id 1 is BOS, a special token)."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(f"w{i}" for i in ids if not (skip_special_tokens and i == 1))
+
+
+def test_context_prompts_are_tasks_over_the_targets_own_answers(data_dir):
+    data = load_distillation_data(data_dir)
+    prompts = make_context_prompts(data, ToyTokenizer(), 120, seed=0)
+    assert prompts == make_context_prompts(data, ToyTokenizer(), 120, seed=0) and len(set(prompts)) == 120
+    assert make_context_prompts(data, ToyTokenizer(), 120, seed=1) != prompts
+    answers = {
+        ToyTokenizer().decode(data.input_ids[a:e].tolist(), skip_special_tokens=True)
+        for _, a, e in data.seq_bounds.tolist()
+    }
+    with_context = [p for p in prompts if any(a in p for a in answers)]
+    word_problems = [p for p in prompts if "step" in p or "Show" in p or "reasoning" in p]
+    assert len(with_context) >= 0.6 * len(prompts)  # every task but the word problems quotes a stage-1 answer
+    assert set(with_context) | set(word_problems) == set(prompts)
+    if SPEC_BENCH.is_file():
+        assert spec_bench_overlap(prompts, SPEC_BENCH) == []
+
+
+def test_several_data_folders_load_as_one_dataset(data_dir, tiny, tmp_path):
+    second = tmp_path / "second"
+    build_distillation_data(
+        tiny,
+        [toy_encode(p) for p in make_prompts(40, seed=5)],
+        second,
+        max_new_tokens=16,
+        batch_size=16,
+        shard_size=32,
+        base_model_name="tiny-llama",
+        progress=False,
+    )
+    a, b = load_distillation_data(data_dir), load_distillation_data(second)
+    both = load_distillation_data([data_dir, second])
+    assert both.manifest["num_sequences"] == a.seq_bounds.shape[0] + b.seq_bounds.shape[0]
+    assert torch.equal(both.input_ids, torch.cat([a.input_ids, b.input_ids]))
+    # positions and labels of the second part are those of b, shifted
+    pos_b = head_positions(b, torch.arange(b.seq_bounds.shape[0]))
+    seqs = torch.arange(a.seq_bounds.shape[0], both.seq_bounds.shape[0])
+    pos_both = head_positions(both, seqs)
+    assert torch.equal(pos_both, pos_b + a.input_ids.numel())
+    assert torch.equal(medusa_labels(both, pos_both, 3), medusa_labels(b, pos_b, 3))
+    (tmp_path / "other").mkdir()
+    manifest = json.loads((second / "manifest.json").read_text())
+    manifest["base_model"] = "another-model"
+    shutil.copytree(second, tmp_path / "other", dirs_exist_ok=True)
+    (tmp_path / "other" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="different base models"):
+        load_distillation_data([data_dir, tmp_path / "other"])

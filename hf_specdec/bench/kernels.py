@@ -325,7 +325,7 @@ def bench_attention_config(
 
 
 # ---------------------------------------------------------------------------------------------- model curve
-def _verify_cost_curve(
+def verify_cost_curve(
     model,
     context: int,
     nodes: Sequence[int],
@@ -561,7 +561,7 @@ def run_kernel_bench(
             else:
                 model, name = _random_llama(dtype, "cuda"), "random-weight Llama-3.2-1B shape"
                 context, nodes = curve_context, tuple(curve_nodes)
-            times, logit_diff = _verify_cost_curve(model, context, nodes, timer)
+            times, logit_diff = verify_cost_curve(model, context, nodes, timer)
             report["verify_curve"] = {
                 "model": name,
                 "context": context,

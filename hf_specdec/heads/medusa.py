@@ -272,7 +272,12 @@ class MedusaHeads(
                     "heads.bind(model) or pass lm_head=model.get_output_embeddings()"
                 )
             param = head.weight if isinstance(getattr(head, "weight", None), torch.Tensor) else next(head.parameters())
-            logits = head(states.to(device=param.device, dtype=param.dtype))
+            x = states.to(device=param.device, dtype=param.dtype)
+            if self.token_map is not None and isinstance(head, nn.Linear):
+                # project onto the draft vocabulary only: V' rows of the lm_head instead of all V
+                weight, bias = self._draft_rows(head)
+                return F.linear(x, weight, bias)
+            logits = head(x)
             if self.token_map is not None:
                 logits = logits[..., self.token_map.to(logits.device)]
             return logits
@@ -280,6 +285,19 @@ class MedusaHeads(
         flat = states.reshape(n, -1, self.hidden_size)
         logits = torch.bmm(flat, self.lm_head_weight[:n].transpose(1, 2))  # [n, N, V']
         return logits.reshape(*states.shape[:-1], logits.shape[-1])
+
+    def _draft_rows(self, head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The rows of the shared lm_head's weight (and bias) at ``token_map``, gathered once and reused while the
+        lm_head's weight is unchanged (same storage, same version counter)."""
+        w = head.weight
+        key = (w.data_ptr(), w._version, w.device, w.dtype, self.token_map.data_ptr())
+        cached = self.__dict__.get("_draft_rows_cache")
+        if cached is None or cached[0] != key:
+            idx = self.token_map.to(w.device)
+            bias = None if head.bias is None else head.bias.detach()[idx]
+            cached = (key, w.detach()[idx].contiguous(), bias)
+            self.__dict__["_draft_rows_cache"] = cached  # plain attribute: never saved, never a buffer
+        return cached[1], cached[2]
 
     def forward(self, hidden_states: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
         """Every head's logits.

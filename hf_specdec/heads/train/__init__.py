@@ -5,27 +5,48 @@
 """
 
 from .data import (
+    CONTEXT_STAGE_DIR,
     DistillationData,
     build_default_data,
     build_distillation_data,
     load_distillation_data,
+    make_context_prompts,
     make_prompts,
     prompt_recipe,
     spec_bench_overlap,
 )
-from .medusa import MedusaTrainingConfig, evaluate_medusa, latest_checkpoint, medusa_loss, train_medusa
+from .medusa import (
+    MedusaTrainingConfig,
+    evaluate_medusa,
+    head_positions,
+    latest_checkpoint,
+    medusa_loss,
+    split_sequences,
+    train_medusa,
+)
+from .medusa_tree import TreeTuning, acceptance_table, guess_matches, measure_step_cost, tree_tau, tune_tree
 
 __all__ = [
+    "CONTEXT_STAGE_DIR",
     "DistillationData",
     "MedusaTrainingConfig",
     "build_default_data",
     "build_distillation_data",
+    "TreeTuning",
+    "acceptance_table",
     "evaluate_medusa",
+    "guess_matches",
+    "head_positions",
     "latest_checkpoint",
     "load_distillation_data",
+    "make_context_prompts",
     "make_prompts",
     "medusa_loss",
     "prompt_recipe",
+    "measure_step_cost",
     "spec_bench_overlap",
+    "split_sequences",
     "train_medusa",
+    "tree_tau",
+    "tune_tree",
 ]

@@ -29,6 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 MANIFEST_NAME = "manifest.json"
+CONTEXT_STAGE_DIR = "context"  # stage-2 data, inside the stage-1 folder
 DATA_FORMAT_VERSION = 1
 
 # ---------------------------------------------------------------------------------------------------- prompt set
@@ -110,6 +111,56 @@ SENTENCES = (
 )
 
 
+# Stage 2: tasks *over a text*, the text being one of the target's own stage-1 answers (so no outside corpus and no
+# benchmark text): summarising, answering questions about one or two passages, extracting, rewriting, translating the
+# target's own translations back, plus word problems. They teach the heads what answers that lean on a context look
+# like, which the stage-1 instructions alone never show.
+CONTEXT_TEMPLATES = {
+    "summarise": (
+        "Summarize the following text in two sentences.\n\n{text}",
+        "Write a one-sentence summary of this passage:\n\n{text}",
+        "Here is a text:\n\n{text}\n\nWhat are its main points? Answer briefly.",
+    ),
+    "answer": (
+        "Read the passage and answer the question.\n\nPassage: {text}\n\nQuestion: {question}",
+        "{text}\n\nBased on the text above: {question}",
+        "Answer the question using the documents below.\n\nDocument 1: {text}\n\nDocument 2: {text2}\n\n"
+        "Question: {question}",
+    ),
+    "extract": (
+        "List the key terms mentioned in this text, with a short definition of each:\n\n{text}",
+        "Give this text a title and explain your choice:\n\n{text}",
+    ),
+    "rewrite": (
+        "Rewrite the following text for a ten-year-old:\n\n{text}",
+        "Continue this text with one more paragraph:\n\n{text}",
+    ),
+    "translate": (
+        "Translate into English:\n\n{foreign}",
+        "Translate the following text into {language}:\n\n{first_sentence}",
+    ),
+    "word_problem": (
+        "{name} has {a} apples, buys {b} more and gives {c} to a friend. How many apples are left? Think step by step.",
+        "A bus carries {a} passengers. At the first stop {c} get off and {b} get on. How many passengers are on the "
+        "bus now? Explain your reasoning.",
+        "A recipe needs {c} eggs per cake. How many eggs do {b} cakes need, and how many boxes of 12 eggs is that? "
+        "Show the calculation.",
+        "{name} saves {c} dollars a week. How many weeks until {name} has at least {a}{b} dollars? Solve it step by "
+        "step.",
+        "A rectangle is {a} cm long and {c} cm wide. What are its area and its perimeter? Show your work.",
+    ),
+}
+CONTEXT_QUESTIONS = (
+    "What is the passage mainly about?",
+    "Which facts does the passage give? Name three.",
+    "What is one example mentioned in the passage?",
+    "Who would find this text useful, and why?",
+    "What is the most important claim in the passage?",
+)
+NAMES = ("Anna", "Ben", "Chloe", "David", "Emma", "Farid", "Grace", "Hiro")
+MIN_CONTEXT_WORDS = 20
+
+
 def prompt_recipe(num_prompts: int, seed: int = 0) -> dict:
     """The JSON-able description of `make_prompts(num_prompts, seed)` recorded in the manifest."""
     return {
@@ -153,6 +204,75 @@ def make_prompts(num_prompts: int, seed: int = 0) -> list[str]:
         if text not in seen:
             seen.add(text)
             prompts.append(text)
+    return prompts
+
+
+def context_prompt_recipe(num_prompts: int, seed: int = 0) -> dict:
+    """The JSON-able description of `make_context_prompts` recorded in the stage-2 manifest."""
+    return {
+        "kind": "tasks over the target's own stage-1 answers",
+        "num_prompts": int(num_prompts),
+        "seed": int(seed),
+        "templates": {task: list(t) for task, t in CONTEXT_TEMPLATES.items()},
+        "questions": list(CONTEXT_QUESTIONS),
+        "names": list(NAMES),
+        "min_context_words": MIN_CONTEXT_WORDS,
+        "numbers": "a, b uniform in [2, 99], c uniform in [2, 12]",
+    }
+
+
+def _stage1_texts(data: DistillationData, tokenizer) -> tuple[list[str], list[str]]:
+    """``(answers, foreign)``: the decoded stage-1 answers of at least `MIN_CONTEXT_WORDS` words, and the answers to
+    the translation instructions (text in another language)."""
+    answers, foreign = [], []
+    for start, answer_start, end in data.seq_bounds.tolist():
+        prompt = tokenizer.decode(data.input_ids[start:answer_start].tolist(), skip_special_tokens=True)
+        text = tokenizer.decode(data.input_ids[answer_start:end].tolist(), skip_special_tokens=True).strip()
+        if not text:
+            continue
+        if "Translate into" in prompt or "How would you say" in prompt:
+            foreign.append(text)
+        elif len(text.split()) >= MIN_CONTEXT_WORDS:
+            answers.append(text)
+    return answers, foreign
+
+
+def make_context_prompts(stage1: DistillationData, tokenizer, num_prompts: int, seed: int = 0) -> list[str]:
+    """``num_prompts`` distinct stage-2 instructions: `CONTEXT_TEMPLATES` tasks round-robin over the target's own
+    stage-1 answers (decoded with ``tokenizer``), random numbers and names. Deterministic for given data and seed."""
+    answers, foreign = _stage1_texts(stage1, tokenizer)
+    if len(answers) < 2:
+        raise ValueError("the stage-1 data holds fewer than two answers long enough to serve as context")
+    rng = random.Random(seed)
+    tasks = list(CONTEXT_TEMPLATES)
+    prompts: list[str] = []
+    seen: set[str] = set()
+    attempts = 0
+    while len(prompts) < num_prompts:
+        attempts += 1
+        if attempts > 50 * num_prompts + 1000:
+            raise ValueError(f"cannot make {num_prompts} distinct context prompts (got {len(prompts)})")
+        task = tasks[attempts % len(tasks)]
+        text, text2 = rng.sample(answers, 2)
+        templates = CONTEXT_TEMPLATES[task]
+        if task == "translate" and not foreign:
+            templates = templates[1:]
+        fields = {
+            "text": text,
+            "text2": text2,
+            "question": rng.choice(CONTEXT_QUESTIONS),
+            "foreign": rng.choice(foreign) if foreign else "",
+            "language": rng.choice(LANGUAGES),
+            "first_sentence": text.split(". ")[0].rstrip(".") + ".",
+            "name": rng.choice(NAMES),
+            "a": rng.randint(2, 99),
+            "b": rng.randint(2, 99),
+            "c": rng.randint(2, 12),
+        }
+        prompt = rng.choice(templates).format(**fields)
+        if prompt not in seen:
+            seen.add(prompt)
+            prompts.append(prompt)
     return prompts
 
 
@@ -383,27 +503,49 @@ def build_distillation_data(
 
 
 def build_default_data(
-    model, tokenizer, out_dir: str | os.PathLike, num_prompts: int = 2000, seed: int = 0, **kwargs
-) -> dict:
-    """`build_distillation_data` on `make_prompts(num_prompts, seed)` in ``tokenizer``'s chat template.
+    model,
+    tokenizer,
+    out_dir: str | os.PathLike,
+    num_prompts: int = 2000,
+    seed: int = 0,
+    num_context_prompts: int = 0,
+    **kwargs,
+) -> list[Path]:
+    """The project's self-distillation data in ``tokenizer``'s chat template, in one or two stages.
 
+    Stage 1 (``out_dir``): `build_distillation_data` on `make_prompts(num_prompts, seed)`. Stage 2
+    (``out_dir/context``, when ``num_context_prompts`` > 0): on `make_context_prompts` built from stage 1's answers.
     Prompts that coincide with a Spec-Bench question (when the file can be found) are dropped and counted.
+
+    Returns:
+        the data folders, for `load_distillation_data`.
     """
     from ...models import chat_prompt_ids
 
-    prompts = make_prompts(num_prompts, seed)
-    recipe = prompt_recipe(num_prompts, seed)
     try:
         from ...bench.questions import find_questions_file
 
-        dropped = set(spec_bench_overlap(prompts, find_questions_file()))
+        questions_file = find_questions_file()
     except FileNotFoundError:
-        dropped = set()
-    prompts = [p for p in prompts if p not in dropped]
-    recipe["dropped_spec_bench_overlap"] = len(dropped)
-    recipe["chat_template"] = True
-    ids = [chat_prompt_ids(tokenizer, p)[0].tolist() for p in prompts]
-    return build_distillation_data(model, ids, out_dir, recipe=recipe, seed=seed, **kwargs)
+        questions_file = None
+
+    def build(prompts: list[str], recipe: dict, folder: Path) -> None:
+        dropped = set(spec_bench_overlap(prompts, questions_file)) if questions_file is not None else set()
+        prompts = [p for p in prompts if p not in dropped]
+        recipe["dropped_spec_bench_overlap"] = len(dropped)
+        recipe["chat_template"] = True
+        ids = [chat_prompt_ids(tokenizer, p)[0].tolist() for p in prompts]
+        build_distillation_data(model, ids, folder, recipe=recipe, seed=seed, **kwargs)
+
+    out = Path(out_dir)
+    build(make_prompts(num_prompts, seed), prompt_recipe(num_prompts, seed), out)
+    folders = [out]
+    if num_context_prompts > 0:
+        stage1 = load_distillation_data(out)
+        context = make_context_prompts(stage1, tokenizer, num_context_prompts, seed)
+        build(context, context_prompt_recipe(num_context_prompts, seed), out / CONTEXT_STAGE_DIR)
+        folders.append(out / CONTEXT_STAGE_DIR)
+    return folders
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -432,8 +574,14 @@ class DistillationData:
     folder: Path | None = None
 
 
-def load_distillation_data(data_dir: str | os.PathLike) -> DistillationData:
-    """Read the shards of ``data_dir`` (built by `build_distillation_data`) into memory."""
+def load_distillation_data(data_dir: str | os.PathLike | Sequence[str | os.PathLike]) -> DistillationData:
+    """Read the shards of ``data_dir`` (built by `build_distillation_data`) into memory; a list of folders (built
+    for the same base model) is read as one dataset, in order."""
+    if not isinstance(data_dir, (str, os.PathLike)):
+        parts = [load_distillation_data(d) for d in data_dir]
+        if not parts:
+            raise ValueError("no data folder given")
+        return _concatenate(parts)
     folder = Path(data_dir)
     manifest_path = folder / MANIFEST_NAME
     if not manifest_path.is_file():
@@ -464,14 +612,54 @@ def load_distillation_data(data_dir: str | os.PathLike) -> DistillationData:
     )
 
 
+def _concatenate(parts: list[DistillationData]) -> DistillationData:
+    first = parts[0].manifest
+    for part in parts[1:]:
+        m = part.manifest
+        if (m["base_model"], m["hidden_size"], m["vocab_size"]) != (
+            first["base_model"],
+            first["hidden_size"],
+            first["vocab_size"],
+        ):
+            raise ValueError(
+                f"data folders {parts[0].folder} and {part.folder} were built for different base models "
+                f"({first['base_model']} vs {m['base_model']})"
+            )
+    offsets = [0]
+    for part in parts[:-1]:
+        offsets.append(offsets[-1] + part.input_ids.numel())
+    manifest = {
+        **first,
+        "parts": [p.manifest for p in parts],
+        "num_sequences": sum(int(p.seq_bounds.shape[0]) for p in parts),
+        "num_tokens": sum(int(p.input_ids.numel()) for p in parts),
+        "num_answer_tokens": sum(int(p.manifest.get("num_answer_tokens", 0)) for p in parts),
+        "num_prompts": sum(int(p.manifest.get("num_prompts", 0)) for p in parts),
+    }
+    return DistillationData(
+        input_ids=torch.cat([p.input_ids for p in parts]),
+        hidden=torch.cat([p.hidden for p in parts]),
+        seq_start=torch.cat([p.seq_start + o for p, o in zip(parts, offsets)]),
+        seq_end=torch.cat([p.seq_end + o for p, o in zip(parts, offsets)]),
+        answer_start=torch.cat([p.answer_start + o for p, o in zip(parts, offsets)]),
+        seq_bounds=torch.cat([p.seq_bounds + o for p, o in zip(parts, offsets)]),
+        manifest=manifest,
+        folder=parts[0].folder,
+    )
+
+
 __all__ = [
+    "CONTEXT_STAGE_DIR",
+    "CONTEXT_TEMPLATES",
     "DistillationData",
     "TEMPLATES",
     "TOPICS",
     "build_default_data",
     "build_distillation_data",
+    "context_prompt_recipe",
     "final_hidden_states",
     "load_distillation_data",
+    "make_context_prompts",
     "make_prompts",
     "prompt_recipe",
     "spec_bench_overlap",

@@ -48,6 +48,9 @@ class MedusaTrainingConfig:
         decay: head k's loss weight is ``decay ** k`` (Medusa: 0.8).
         distill: ``"hard"``: cross-entropy against the target's tokens; ``"soft"``: against the target's distribution.
         loss_vocab: train the softmax over the ``loss_vocab`` most frequent answer tokens only (None: full vocab).
+        draft_vocab: with ``loss_vocab``, the heads also *draft* over that vocabulary only (``token_map``): decoding
+            then projects onto ``loss_vocab`` lm_head rows per head instead of all of them (cheaper drafting; tokens
+            outside it are never guessed).
         eval_fraction / eval_positions: held-out sequences and how many of their positions are scored.
         eval_every / checkpoint_every: in steps (0: only at the end).
         seed: split, sampling order and init.
@@ -67,6 +70,7 @@ class MedusaTrainingConfig:
     decay: float = 0.8
     distill: str = "hard"
     loss_vocab: int | None = None
+    draft_vocab: bool = False
     eval_fraction: float = 0.05
     eval_positions: int = 2048
     eval_every: int = 0
@@ -79,6 +83,8 @@ class MedusaTrainingConfig:
     def __post_init__(self):
         if self.distill not in ("hard", "soft"):
             raise ValueError(f"distill must be 'hard' or 'soft', got {self.distill!r}")
+        if self.draft_vocab and self.loss_vocab is None:
+            raise ValueError("draft_vocab needs loss_vocab (the size of the draft vocabulary)")
         if self.positions_per_step < 1 or self.num_heads < 1:
             raise ValueError("positions_per_step and num_heads must be at least 1")
 
@@ -209,7 +215,10 @@ def evaluate_medusa(
     decay: float = 0.8,
     chunk: int = 256,
 ) -> dict:
-    """Held-out metrics over the full vocabulary: per-head top-1 accuracy and hard cross-entropy, the weighted loss.
+    """Held-out metrics as decoding sees them: per-head top-1 accuracy and hard cross-entropy, the weighted loss.
+
+    Heads with a truncated draft vocabulary (``token_map``) are scored over it: a label outside it counts as a miss
+    (and is left out of the cross-entropy); otherwise over the full vocabulary.
 
     Args:
         heads: the heads (any device; the batch follows ``lm_weight``'s device).
@@ -227,15 +236,18 @@ def evaluate_medusa(
     loss_sum = torch.zeros(n, dtype=torch.float64)
     correct = torch.zeros(n, dtype=torch.long)
     counts = torch.zeros(n, dtype=torch.long)
+    ce_counts = torch.zeros(n, dtype=torch.long)
     for start in range(0, positions.numel(), chunk):
         pos = positions[start : start + chunk]
         hidden, labels, _ = _batch(data, pos, n, False, lm_weight.device, lm_weight.dtype)
-        _, per_head, c, m = medusa_loss(heads, hidden, labels, lm_weight, lm_bias, decay)
+        vocab = None if heads.token_map is None else heads.token_map.to(lm_weight.device)
+        _, per_head, c, m = medusa_loss(heads, hidden, labels, lm_weight, lm_bias, decay, vocab)
         loss_sum += (per_head * m).double().cpu()
+        ce_counts += m.cpu()
         correct += c.cpu()
-        counts += m.cpu()
+        counts += (labels >= 0).sum(1).cpu()
     heads.train(was_training)
-    per_head = (loss_sum / counts.clamp(min=1)).tolist()
+    per_head = (loss_sum / ce_counts.clamp(min=1)).tolist()
     weights = [decay**k for k in range(n)]
     return {
         "loss": float(sum(w * x for w, x in zip(weights, per_head))),
@@ -362,8 +374,11 @@ def train_medusa(
         num_layers=cfg.num_layers,
         vocab_size=vocab_size,
         share_lm_head=cfg.share_lm_head,
+        draft_vocab_size=int(vocab.numel()) if cfg.draft_vocab and vocab is not None else None,
         base_model_name_or_path=base_model_name_or_path or manifest.get("base_model"),
     )
+    if heads.token_map is not None:
+        heads.token_map.copy_(vocab.cpu())
     if not cfg.share_lm_head:
         with torch.no_grad():
             heads.lm_head_weight.copy_(lm_weight.cpu().unsqueeze(0).expand_as(heads.lm_head_weight))
