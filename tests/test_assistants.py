@@ -31,3 +31,16 @@ def test_methods_without_shipped_heads_say_so():
         hf_specdec.load_default_assistant("eagle")
     with pytest.raises(ValueError, match="unknown method"):
         hf_specdec.load_default_assistant("beam")
+
+
+def test_shipped_medusa_heads_refuse_another_model_and_leave_it_usable():
+    import torch
+
+    from hf_specdec.testing import tiny_causal_lm
+
+    model = tiny_causal_lm("llama")
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="hidden size 576 cannot serve a model with hidden size 64"):
+        model.generate(ids, max_new_tokens=4, assistant=hf_specdec.load_default_assistant("medusa"))
+    assert model.config._attn_implementation == "sdpa"
+    assert model.generate(ids, max_new_tokens=4, do_sample=False).shape == (1, 7)

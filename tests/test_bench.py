@@ -221,8 +221,9 @@ def test_cli_parser_knows_the_subcommands():
     assert args.methods == "ngram" and args.per_category == 2 and args.batch == 4 and args.sample
     args = parser.parse_args(["generate", "hi", "--assistant", "draft"])
     assert args.question == "hi" and args.assistant == "draft"
+    assert parser.parse_args(["generate", "hi", "--assistant", "medusa"]).assistant == "medusa"
     with pytest.raises(SystemExit):
-        parser.parse_args(["generate", "hi", "--assistant", "medusa"])
+        parser.parse_args(["generate", "hi", "--assistant", "eagle"])
 
 
 def test_sampling_settings():

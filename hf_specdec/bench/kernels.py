@@ -332,9 +332,12 @@ def verify_cost_curve(
     timer: Callable[[Callable[[], object]], float],
     backends: Sequence[str] = ("hf_specdec", "sdpa"),
     seed: int = 0,
+    after: Callable[[], object] | None = None,
 ) -> tuple[dict[str, dict[int, float]], float | None]:
     """Forward time (µs) of verifying a random ``n``-node tree over ``context`` committed tokens, per backend, and
-    the largest logit difference between the backends on the largest tree (a check that both verify the same)."""
+    the largest logit difference between the backends on the largest tree (a check that both verify the same).
+    ``after`` (e.g. a drafter's step) runs after each timed forward and is timed with it: run alone in a loop, a
+    small drafter would keep its weights in cache, which the target's forward evicts in real decoding."""
     from transformers import DynamicCache
 
     from ..cache.paged import PagedCache
@@ -368,9 +371,12 @@ def verify_cost_curve(
 
                     def verify(mask=mask, ids=ids, positions=positions):
                         p = build_plan(cache, [row], [ids.numel()], positions, [mask], device)
-                        return model(
+                        out = model(
                             input_ids=ids[None], position_ids=positions[None], use_cache=False, **{PLAN_KWARG: p}
                         )
+                        if after is not None:
+                            after()
+                        return out
 
                     curve[n] = timer(verify)
                 curves["hf_specdec"] = curve

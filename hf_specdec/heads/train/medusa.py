@@ -294,15 +294,18 @@ def _lr_lambda(warmup: int, total: int):
 
 
 def _data_description(manifest: dict) -> str:
-    recipe = manifest.get("prompt_recipe") or {}
-    gen = manifest.get("generation") or {}
-    how = "sampled" if gen.get("do_sample") else "greedy"
-    return (
-        f"self-distillation: {manifest.get('num_sequences', len(manifest['shards']))} {how} answers "
-        f"(max {gen.get('max_new_tokens')} new tokens, {manifest.get('num_answer_tokens', '?')} answer tokens) of "
-        f"{manifest.get('base_model')} to {recipe.get('num_prompts', manifest.get('num_prompts'))} prompts generated "
-        f"from templates x topics (seed {recipe.get('seed')}); no benchmark questions"
-    )
+    parts = manifest.get("parts") or [manifest]
+    described = []
+    for part in parts:
+        recipe = part.get("prompt_recipe") or {}
+        gen = part.get("generation") or {}
+        how = "sampled" if gen.get("do_sample") else "greedy"
+        described.append(
+            f"{part.get('num_sequences', len(part['shards']))} {how} answers (max {gen.get('max_new_tokens')} new "
+            f"tokens, {part.get('num_answer_tokens', '?')} answer tokens) to {recipe.get('num_prompts')} prompts "
+            f"({recipe.get('kind', 'templates x topics')}, seed {recipe.get('seed')})"
+        )
+    return f"self-distillation of {manifest.get('base_model')}: " + "; ".join(described) + "; no benchmark questions"
 
 
 def train_medusa(

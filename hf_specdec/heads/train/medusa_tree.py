@@ -110,20 +110,28 @@ def measure_step_cost(
     repeats: int = 7,
 ) -> dict[int, float]:
     """``cost[n]``: time of one speculative step with an ``n``-node tree relative to one plain decoding forward,
-    on this machine: ``(t_verify(n + 1 tokens) + t_heads) / t_verify(1 token)`` through the hf_specdec backend over
-    ``context`` committed tokens (medians of ``repeats``)."""
+    on this machine: a forward over ``n + 1`` tokens through the hf_specdec backend over ``context`` committed tokens
+    followed by the heads' drafting (with ``n`` > 0), over a plain one-token forward (medians of ``repeats``). The
+    heads run right after the target's forward, as in decoding, so their weights are not cache-hot."""
     from ...bench.kernels import verify_cost_curve
 
     timer = _cpu_timer(repeats)
-    tokens = sorted({1, *(n + 1 for n in sizes)})
-    curves, _ = verify_cost_curve(model, context, tokens, timer, backends=("hf_specdec",))
-    curve = curves["hf_specdec"]
     device = next(model.parameters()).device
     hidden = torch.randn(1, heads.hidden_size, device=device)
     lm_head = model.get_output_embeddings() if heads.share_lm_head else None
     k = max(1, min(8, heads.draft_vocab_size or heads.vocab_size or 8))
-    t_heads = timer(lambda: heads.topk_tokens(hidden, k, lm_head=lm_head))
-    return {n: (curve[n + 1] + (t_heads if n else 0.0)) / curve[1] for n in sizes}
+    tokens = sorted({n + 1 for n in sizes if n > 0})
+    plain = verify_cost_curve(model, context, [1], timer, backends=("hf_specdec",))[0]["hf_specdec"]
+    curves, _ = verify_cost_curve(
+        model,
+        context,
+        tokens,
+        timer,
+        backends=("hf_specdec",),
+        after=lambda: heads.topk_tokens(hidden, k, lm_head=lm_head),
+    )
+    with_heads = curves["hf_specdec"]
+    return {n: (with_heads[n + 1] / plain[1] if n else 1.0) for n in sizes}
 
 
 @dataclass
