@@ -2,6 +2,7 @@
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,11 +106,11 @@ def test_find_questions_file(tmp_path, questions_file):
 
 
 def test_public_question_file_has_the_spec_bench_categories():
-    try:
-        path = bq.find_questions_file()
-    except FileNotFoundError:
-        pytest.skip("shared/bench/spec_bench_public.jsonl not found")
+    path = bq.find_questions_file()  # ../shared/bench, else the copy shipped in the package
+    packaged = Path(bq.__file__).resolve().parent / "data" / bq.QUESTIONS_FILENAME
+    assert packaged.read_bytes() == path.read_bytes()
     qs = bq.load_questions(path)
+    assert len(qs) == 240  # half of Spec-Bench's 480
     assert {q["pooled_category"] for q in qs} == set(bq.CATEGORY_ORDER)
     sample = bq.sample_questions(qs, per_category=4)
     assert len(sample) == 24

@@ -2,11 +2,12 @@
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
+from hf_specdec.bench.questions import find_questions_file
+from hf_specdec.generation.proposers.medusa import MedusaAssistant
 from hf_specdec.heads.medusa import MedusaHeads
 from hf_specdec.heads.train import (
     MedusaTrainingConfig,
@@ -29,7 +30,7 @@ from hf_specdec.heads.train import data as data_mod
 from hf_specdec.heads.train.medusa import head_positions, loss_vocabulary, medusa_labels, split_sequences
 from hf_specdec.testing import tiny_causal_lm
 
-SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "bench" / "spec_bench_public.jsonl"
+SPEC_BENCH = find_questions_file()  # ../shared/bench, else the copy shipped in the package
 NUM_PROMPTS = 256  # a random tiny model needs this many answers for held-out accuracy to generalise
 
 
@@ -188,8 +189,6 @@ def test_prompt_set_is_deterministic_distinct_and_has_no_spec_bench_question():
     prompts = make_prompts(500, seed=0)
     assert prompts == make_prompts(500, seed=0) and len(set(prompts)) == 500
     assert make_prompts(100, seed=0) == prompts[:100] and make_prompts(100, seed=1) != prompts[:100]
-    if not SPEC_BENCH.is_file():
-        pytest.skip(f"{SPEC_BENCH} not present")
     assert spec_bench_overlap(make_prompts(2000, seed=0), SPEC_BENCH) == []
 
 
@@ -273,6 +272,11 @@ def test_tune_tree_picks_the_size_with_the_best_predicted_speedup(data_dir, tiny
     taus = [r["tau"] for r in free.rows]
     assert taus == sorted(taus) and taus[-1] > taus[0]  # bigger optimal trees never accept less
     assert len(free.choices) == 8 and len(steep.choices) <= 2
+    assert free.rows[0] == {"nodes": 0, "tau": 1.0, "cost": 1.0, "predicted_speedup": 1.0, "choices": []}
+    assert len({r["nodes"] for r in free.rows}) == len(free.rows)  # no tree listed twice
+    # when no tree pays for itself, the heads draft nothing
+    never = tune_tree(heads, data, positions, tiny, sizes=sizes, cost=dict.fromkeys(sizes, 100.0))
+    assert never.choices == [] and MedusaAssistant(heads, tree_choices=never.choices).template.num_nodes == 0
     for tuning in (steep, free):
         best = max(tuning.rows, key=lambda r: r["predicted_speedup"])
         assert tuning.choices == best["choices"] and "(chosen)" in tuning.markdown()
@@ -306,8 +310,7 @@ def test_context_prompts_are_tasks_over_the_targets_own_answers(data_dir):
     word_problems = [p for p in prompts if "step" in p or "Show" in p or "reasoning" in p]
     assert len(with_context) >= 0.6 * len(prompts)  # every task but the word problems quotes a stage-1 answer
     assert set(with_context) | set(word_problems) == set(prompts)
-    if SPEC_BENCH.is_file():
-        assert spec_bench_overlap(prompts, SPEC_BENCH) == []
+    assert spec_bench_overlap(prompts, SPEC_BENCH) == []
 
 
 def test_several_data_folders_load_as_one_dataset(data_dir, tiny, tmp_path):

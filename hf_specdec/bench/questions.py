@@ -31,7 +31,8 @@ def category_sort_key(category: str) -> tuple[int, str]:
 
 def find_questions_file(explicit: str | os.PathLike | None = None) -> Path:
     """The Spec-Bench question file: ``explicit`` if given, else ``shared/bench/`` next to the repository root or the
-    current directory (``../shared/bench`` from either, then ``./shared/bench``).
+    current directory (``../shared/bench`` from either, then ``./shared/bench``), else the copy that ships in the
+    package (``hf_specdec/bench/data/``, Apache-2.0, see its NOTICE.md).
     """
     if explicit is not None:
         path = Path(explicit).expanduser()
@@ -45,6 +46,7 @@ def find_questions_file(explicit: str | os.PathLike | None = None) -> Path:
         cwd.parent / "shared" / "bench" / QUESTIONS_FILENAME,
         cwd / "shared" / "bench" / QUESTIONS_FILENAME,
         repo_root / "shared" / "bench" / QUESTIONS_FILENAME,
+        Path(__file__).resolve().parent / "data" / QUESTIONS_FILENAME,
     ]
     for path in candidates:
         if path.is_file():

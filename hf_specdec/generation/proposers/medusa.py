@@ -192,8 +192,12 @@ class MedusaAssistant(Proposer):
         if not isinstance(heads, MedusaHeads):
             raise TypeError(f"MedusaAssistant needs MedusaHeads, got {type(heads).__name__}")
         self.heads = heads
-        if tree_choices is None:
-            tree_choices = heads.tree_choices or default_tree_choices(heads.num_heads, num_nodes)
+        if tree_choices is None:  # heads may carry a tuned tree, possibly empty (drafting does not pay)
+            tree_choices = (
+                heads.tree_choices
+                if heads.tree_choices is not None
+                else default_tree_choices(heads.num_heads, num_nodes)
+            )
         self.template = StaticTreeTemplate(tree_choices, heads.num_heads)
         vocab = heads.draft_vocab_size or heads.vocab_size
         if vocab is not None and self.template.k > vocab:

@@ -176,11 +176,15 @@ def tune_tree(
     match = guess_matches(heads, data, positions, lm_head, k)
     acceptance = acceptance_table(match)
     costs = cost if cost is not None else measure_step_cost(model, heads, sizes, context)
-    rows = []
+    # drafting nothing is always an option (cost 1, τ 1); a budget the heads cannot use (every further guess has zero
+    # measured acceptance) yields a smaller tree already listed, or one whose cost was not measured: skipped
+    rows = [{"nodes": 0, "tau": 1.0, "cost": 1.0, "predicted_speedup": 1.0, "choices": []}]
     for n in sizes:
         choices = optimal_tree_choices(acceptance, n)
+        if len(choices) in {r["nodes"] for r in rows} or len(choices) not in costs:
+            continue
         tau = tree_tau(choices, match)
-        c = float(costs[n])
+        c = float(costs[len(choices)])
         rows.append({"nodes": len(choices), "tau": tau, "cost": c, "predicted_speedup": tau / c, "choices": choices})
     best = max(rows, key=lambda r: r["predicted_speedup"])
     return TreeTuning(choices=best["choices"], acceptance=acceptance, rows=rows)
