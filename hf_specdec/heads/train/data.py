@@ -182,15 +182,8 @@ def make_prompts(num_prompts: int, seed: int = 0) -> list[str]:
     Deterministic for a given ``(num_prompts, seed)``; a prefix of a longer list with the same seed.
     """
     rng = random.Random(seed)
-    tasks = list(TEMPLATES)
-    prompts: list[str] = []
-    seen: set[str] = set()
-    attempts = 0
-    while len(prompts) < num_prompts:
-        attempts += 1
-        if attempts > 50 * num_prompts + 1000:
-            raise ValueError(f"cannot make {num_prompts} distinct prompts from the templates (got {len(prompts)})")
-        task = tasks[attempts % len(tasks)]
+
+    def make(task: str) -> str:
         topic, other = rng.sample(TOPICS, 2)
         fields = {
             "topic": topic,
@@ -200,10 +193,24 @@ def make_prompts(num_prompts: int, seed: int = 0) -> list[str]:
             "a": rng.randint(2, 99),
             "b": rng.randint(2, 99),
         }
-        text = rng.choice(TEMPLATES[task]).format(**fields)
-        if text not in seen:
-            seen.add(text)
-            prompts.append(text)
+        return rng.choice(TEMPLATES[task]).format(**fields)
+
+    return _distinct_prompts(num_prompts, list(TEMPLATES), make, "prompts from the templates")
+
+
+def _distinct_prompts(num_prompts: int, tasks: list[str], make, what: str) -> list[str]:
+    """``num_prompts`` distinct results of ``make(task)``, the tasks taken round-robin (duplicates are redrawn)."""
+    prompts: list[str] = []
+    seen: set[str] = set()
+    attempts = 0
+    while len(prompts) < num_prompts:
+        attempts += 1
+        if attempts > 50 * num_prompts + 1000:
+            raise ValueError(f"cannot make {num_prompts} distinct {what} (got {len(prompts)})")
+        prompt = make(tasks[attempts % len(tasks)])
+        if prompt not in seen:
+            seen.add(prompt)
+            prompts.append(prompt)
     return prompts
 
 
@@ -244,15 +251,8 @@ def make_context_prompts(stage1: DistillationData, tokenizer, num_prompts: int, 
     if len(answers) < 2:
         raise ValueError("the stage-1 data holds fewer than two answers long enough to serve as context")
     rng = random.Random(seed)
-    tasks = list(CONTEXT_TEMPLATES)
-    prompts: list[str] = []
-    seen: set[str] = set()
-    attempts = 0
-    while len(prompts) < num_prompts:
-        attempts += 1
-        if attempts > 50 * num_prompts + 1000:
-            raise ValueError(f"cannot make {num_prompts} distinct context prompts (got {len(prompts)})")
-        task = tasks[attempts % len(tasks)]
+
+    def make(task: str) -> str:
         text, text2 = rng.sample(answers, 2)
         templates = CONTEXT_TEMPLATES[task]
         if task == "translate" and not foreign:
@@ -269,11 +269,9 @@ def make_context_prompts(stage1: DistillationData, tokenizer, num_prompts: int, 
             "b": rng.randint(2, 99),
             "c": rng.randint(2, 12),
         }
-        prompt = rng.choice(templates).format(**fields)
-        if prompt not in seen:
-            seen.add(prompt)
-            prompts.append(prompt)
-    return prompts
+        return rng.choice(templates).format(**fields)
+
+    return _distinct_prompts(num_prompts, list(CONTEXT_TEMPLATES), make, "context prompts")
 
 
 def spec_bench_overlap(prompts: Sequence[str], questions_path: str | os.PathLike) -> list[str]:
