@@ -159,6 +159,9 @@ def tune_default_tree(heads, data, out, model, config, report: dict):
         "nodes": len(tuning.choices),
         "held_out_tau": round(best["tau"], 3),
         "measured_step_cost": round(best["cost"], 3),
+        # for the run-time depth choice (MedusaAssistant(adaptive=...)): cost per tree size, acceptance per depth
+        "step_cost": {str(n): round(c, 4) for n, c in tuning.step_cost.items()},
+        "depth_acceptance": [round(q, 4) for q in tuning.depth_acceptance],
         "chosen_by": "held-out acceptance x verify cost measured on the training machine",
     }
     heads.save_pretrained(out)

@@ -169,6 +169,73 @@ class StaticTreeTemplate:
         return self._cut[key]
 
 
+class AdaptiveDepth:
+    """Per-row choice of how deep to cut a static tree, from that row's measured acceptance and the step cost.
+
+    For each row it counts, per depth k, the steps where depth k + 1 was reachable (depth k accepted and the tree went
+    deeper) and those where it was accepted; the conditional rate ``q[k]`` (with ``prior`` worth ``prior_weight``
+    steps) gives the expected tokens of the cut at depth d, ``1 + sum_{k<d} prod_{j<=k} q[j]``, and the cut with the
+    best ``tau / cost`` wins — depth 0, drafting nothing, included. A row that stopped drafting probes depth 1 every
+    ``probe_every`` steps so that its estimate can recover. Only *what is drafted* changes: verification, and so the
+    output, is untouched.
+
+    Args:
+        nodes_at_depth: ``nodes_at_depth[d]`` = nodes of the tree cut at depth d (index 0 = 0 nodes).
+        step_cost: ``{nodes: cost of a step with that many nodes / a plain decoding step}`` measured on the machine.
+        prior: ``prior[k]`` the conditional acceptance of depth k + 1 expected before any measurement.
+    """
+
+    def __init__(
+        self,
+        nodes_at_depth: Sequence[int],
+        step_cost: dict[int, float],
+        prior: Sequence[float],
+        prior_weight: float = 4.0,
+        probe_every: int = 8,
+    ):
+        self.nodes = [int(n) for n in nodes_at_depth]
+        self.cost = [float(step_cost.get(n, step_cost[max(step_cost)])) if n else 1.0 for n in self.nodes]
+        self.prior = [float(p) for p in prior] + [0.0] * max(0, len(self.nodes) - 1 - len(prior))
+        self.prior_weight = float(prior_weight)
+        self.probe_every = int(probe_every)
+        self._reach: dict[int, list[float]] = {}
+        self._hit: dict[int, list[float]] = {}
+        self._idle: dict[int, int] = {}
+
+    def reset(self) -> None:
+        self._reach, self._hit, self._idle = {}, {}, {}
+
+    def record(self, row: int, tree_depth: int, accepted_depth: int) -> None:
+        """One verified step of ``row``: its tree was ``tree_depth`` deep, ``accepted_depth`` drafts were accepted."""
+        depth = len(self.nodes) - 1
+        reach = self._reach.setdefault(row, [0.0] * depth)
+        hit = self._hit.setdefault(row, [0.0] * depth)
+        for k in range(min(tree_depth, accepted_depth + 1, depth)):
+            reach[k] += 1
+            hit[k] += k < accepted_depth
+
+    def depth(self, row: int, limit: int) -> int:
+        """The cut depth for ``row``'s next step (at most ``limit``)."""
+        depth = min(limit, len(self.nodes) - 1)
+        reach, hit = self._reach.get(row), self._hit.get(row)
+        w = self.prior_weight
+        best, best_value, tau, path = 0, 1.0, 1.0, 1.0
+        for d in range(1, depth + 1):
+            k = d - 1
+            q = (self.prior[k] * w + (hit[k] if hit else 0.0)) / (w + (reach[k] if reach else 0.0))
+            path *= q
+            tau += path
+            if tau / self.cost[d] > best_value + 1e-12:
+                best, best_value = d, tau / self.cost[d]
+        if best == 0 and depth > 0:
+            self._idle[row] = self._idle.get(row, 0) + 1
+            if self._idle[row] % self.probe_every == 0:
+                return 1
+        else:
+            self._idle[row] = 0
+        return best
+
+
 # --------------------------------------------------------------------------------------------- proposer
 class MedusaAssistant(Proposer):
     """Drafts a static token tree from `MedusaHeads` (deterministic top-k children).
@@ -178,6 +245,10 @@ class MedusaAssistant(Proposer):
         tree_choices: a Medusa choices list such as ``[[0], [0, 0], [1]]``; default: ``heads.tree_choices``, else
             `default_tree_choices` with ``num_nodes`` nodes.
         num_nodes: size of the default tree (ignored when choices are given).
+        adaptive: cut the tree per row and step to the depth that pays, from the row's measured acceptance and the
+            step cost (`AdaptiveDepth`). Needs a cost table: ``step_cost`` or the heads' tuned one (their model
+            card's ``tree.step_cost``, written by `hf-specdec train medusa`); ``None`` = on when one is available.
+        step_cost: ``{nodes: cost relative to a plain decoding step}`` for ``adaptive``.
     """
 
     sampling = DraftSampling.DETERMINISTIC
@@ -188,6 +259,8 @@ class MedusaAssistant(Proposer):
         heads: MedusaHeads,
         tree_choices: Sequence[Sequence[int]] | None = None,
         num_nodes: int = DEFAULT_NUM_NODES,
+        adaptive: bool | None = None,
+        step_cost: dict[int, float] | None = None,
     ):
         if not isinstance(heads, MedusaHeads):
             raise TypeError(f"MedusaAssistant needs MedusaHeads, got {type(heads).__name__}")
@@ -204,6 +277,23 @@ class MedusaAssistant(Proposer):
             raise ValueError(f"the tree uses rank {self.template.k - 1} but the heads predict only {vocab} tokens")
         self._last_hidden: dict[int, torch.Tensor] = {}
         self._lm_head = None
+        self._proposed_depth: dict[int, int] = {}
+        self.adaptive = self._adaptive_depth(adaptive, step_cost, tree_choices is heads.tree_choices)
+
+    def _adaptive_depth(self, adaptive, step_cost, tuned_tree: bool) -> AdaptiveDepth | None:
+        tuned = (self.heads.model_card or {}).get("tree") or {}
+        if step_cost is None and tuned_tree:
+            step_cost = {int(n): float(c) for n, c in (tuned.get("step_cost") or {}).items()} or None
+        if adaptive is False or (adaptive is None and step_cost is None) or self.template.depth == 0:
+            return None
+        if step_cost is None:
+            raise ValueError(
+                "adaptive=True needs step_cost={nodes: cost} (or heads whose model card holds the tuned tree's costs)"
+            )
+        depth = self.template.node_depth
+        nodes = [int((depth <= d).sum()) for d in range(self.template.depth + 1)]
+        prior = tuned.get("depth_acceptance") if tuned_tree else None
+        return AdaptiveDepth(nodes, step_cost, prior or [0.5] * self.template.depth)
 
     @property
     def tree_choices(self) -> list[list[int]]:
@@ -215,6 +305,9 @@ class MedusaAssistant(Proposer):
     def start(self, setup: ProposerSetup) -> None:
         super().start(setup)
         self._last_hidden = {}
+        self._proposed_depth = {}
+        if self.adaptive is not None:
+            self.adaptive.reset()
         self._lm_head = setup.target.get_output_embeddings() if self.heads.share_lm_head else None
 
     def observe(
@@ -225,7 +318,10 @@ class MedusaAssistant(Proposer):
     ) -> None:
         if hidden_states is None:
             raise RuntimeError("MedusaAssistant needs the target's hidden states (hidden_state_layers=(-1,))")
-        for row, hidden in zip(rows, hidden_states):
+        for row, tokens, hidden in zip(rows, new_tokens, hidden_states):
+            proposed = self._proposed_depth.pop(row.row, None)
+            if self.adaptive is not None and proposed is not None:
+                self.adaptive.record(row.row, proposed, int(tokens.numel()) - 1)
             if hidden is not None and hidden.shape[0]:
                 # [H] the state the target's lm_head turned into the new root; clone frees the step's [N, H] buffer
                 self._last_hidden[row.row] = hidden[-1, : self.heads.hidden_size].detach().clone()
@@ -241,12 +337,19 @@ class MedusaAssistant(Proposer):
             device = rows[ready[0]].tokens.device
             flat = top.reshape(len(ready), -1).to(device)  # [B, D * K]
             for j, i in enumerate(ready):
-                codes, parent, depth, ancestors = tmpl.cut(rows[i].max_depth, device)
+                cut = rows[i].max_depth
+                if self.adaptive is not None:
+                    cut = self.adaptive.depth(rows[i].row, cut)
+                self._proposed_depth[rows[i].row] = min(cut, tmpl.depth)
+                if cut == 0:
+                    continue
+                codes, parent, depth, ancestors = tmpl.cut(cut, device)
                 trees[i] = DraftTree(flat[j, codes], parent, depth, DraftSampling.DETERMINISTIC, _ancestors=ancestors)
         return [t if t is not None else DraftTree.empty(rows[i].tokens.device) for i, t in enumerate(trees)]
 
     def finish(self) -> None:
         self._last_hidden = {}
+        self._proposed_depth = {}
         self._lm_head = None
 
 

@@ -88,6 +88,18 @@ def tree_tau(choices: Sequence[Sequence[int]], match: torch.Tensor) -> float:
     return 1.0 + float(accepted.float().mean())
 
 
+def depth_acceptance(choices: Sequence[Sequence[int]], match: torch.Tensor) -> list[float]:
+    """``q[k]``: for the static tree ``choices``, the fraction of positions whose accepted depth reaches k + 1 among
+    those where it reaches k (the prior `AdaptiveDepth` starts from), over ``match`` `[P, D, k]`."""
+    depth = max((len(c) for c in choices), default=0)
+    accepted = torch.zeros(match.shape[0], dtype=torch.long)
+    ok: dict[tuple[int, ...], torch.Tensor] = {(): torch.ones(match.shape[0], dtype=torch.bool)}
+    for path in sorted({tuple(c) for c in choices}, key=len):
+        ok[path] = ok[path[:-1]] & match[:, len(path) - 1, path[-1]]
+        accepted = torch.where(ok[path], torch.clamp(accepted, min=len(path)), accepted)
+    return [float((accepted > k).sum()) / max(1, int((accepted >= k).sum())) for k in range(depth)]
+
+
 def _cpu_timer(repeats: int) -> Callable[[Callable[[], object]], float]:
     def timer(fn: Callable[[], object]) -> float:
         fn()  # warm-up
@@ -141,6 +153,12 @@ class TreeTuning:
     choices: list[list[int]]
     acceptance: list[list[float]]
     rows: list[dict] = field(default_factory=list)  # {"nodes", "tau", "cost", "predicted_speedup", "choices"}
+    depth_acceptance: list[float] = field(default_factory=list)  # of the chosen tree (`depth_acceptance`)
+
+    @property
+    def step_cost(self) -> dict[int, float]:
+        """``{nodes: measured step cost}`` of every tree considered (what `AdaptiveDepth` needs)."""
+        return {r["nodes"]: r["cost"] for r in self.rows}
 
     def markdown(self) -> str:
         lines = ["| nodes | held-out τ | step cost | predicted speedup |", "|---:|---:|---:|---:|"]
@@ -187,13 +205,19 @@ def tune_tree(
         c = float(costs[len(choices)])
         rows.append({"nodes": len(choices), "tau": tau, "cost": c, "predicted_speedup": tau / c, "choices": choices})
     best = max(rows, key=lambda r: r["predicted_speedup"])
-    return TreeTuning(choices=best["choices"], acceptance=acceptance, rows=rows)
+    return TreeTuning(
+        choices=best["choices"],
+        acceptance=acceptance,
+        rows=rows,
+        depth_acceptance=depth_acceptance(best["choices"], match),
+    )
 
 
 __all__ = [
     "DEFAULT_TREE_SIZES",
     "TreeTuning",
     "acceptance_table",
+    "depth_acceptance",
     "guess_matches",
     "measure_step_cost",
     "tree_tau",
