@@ -143,46 +143,17 @@ def _add_train_medusa_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
-def tune_default_tree(heads, data, out, model, config, report: dict):
-    """Pick the heads' static tree from held-out acceptance and this machine's verify cost (`tune_tree`), store it
-    in the heads' config and model card, and record the table in ``training_report.json``."""
-    import json
-
-    from .heads.train import head_positions, split_sequences, tune_tree
-
-    t0 = time.perf_counter()
-    _, eval_seqs = split_sequences(data, config.eval_fraction, config.seed)
-    tuning = tune_tree(heads, data, head_positions(data, eval_seqs), model)
-    best = next(r for r in tuning.rows if r["choices"] == tuning.choices)
-    heads.tree_choices = tuning.choices
-    heads.model_card["tree"] = {
-        "nodes": len(tuning.choices),
-        "held_out_tau": round(best["tau"], 3),
-        "measured_step_cost": round(best["cost"], 3),
-        # for the run-time depth choice (MedusaAssistant(adaptive=...)): cost per tree size, acceptance per depth
-        "step_cost": {str(n): round(c, 4) for n, c in tuning.step_cost.items()},
-        "depth_acceptance": [round(q, 4) for q in tuning.depth_acceptance],
-        "chosen_by": "held-out acceptance x verify cost measured on the training machine",
-    }
-    heads.save_pretrained(out)
-    report["tree_tuning"] = {
-        "time_s": round(time.perf_counter() - t0, 1),
-        "acceptance": [[round(x, 4) for x in row] for row in tuning.acceptance],
-        "rows": [{**r, "tau": round(r["tau"], 4), "cost": round(r["cost"], 4)} for r in tuning.rows],
-        "chosen": tuning.choices,
-    }
-    with open(Path(out) / "training_report.json", "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2)
-        f.write("\n")
-    return tuning
-
-
 def train_medusa_main(args: argparse.Namespace) -> int:
     """``hf-specdec train medusa``: self-distillation data from the default model, then Medusa-1 heads."""
-
     import torch
 
-    from .heads.train import MedusaTrainingConfig, build_default_data, load_distillation_data, train_medusa
+    from .heads.train import (
+        MedusaTrainingConfig,
+        build_default_data,
+        load_distillation_data,
+        train_medusa,
+        tune_and_save_tree,
+    )
     from .models import DEFAULT_MODEL_NAME, load_default_model
 
     if args.threads:
@@ -227,7 +198,7 @@ def train_medusa_main(args: argparse.Namespace) -> int:
     )
     held = report["held_out"] or {}
     if not args.no_tune_tree:
-        tuning = tune_default_tree(heads, data, out, model, config, report)
+        tuning = tune_and_save_tree(heads, data, out, model, config, report)
         print(tuning.markdown(), file=sys.stderr)
     print(
         f"[{report['steps']} steps in {report['training_time_s']:.0f} s; held-out top-1 per head "

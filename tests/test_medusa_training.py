@@ -24,6 +24,7 @@ from hf_specdec.heads.train import (
     spec_bench_overlap,
     train_medusa,
     tree_tau,
+    tune_and_save_tree,
     tune_tree,
 )
 from hf_specdec.heads.train import data as data_mod
@@ -342,3 +343,21 @@ def test_several_data_folders_load_as_one_dataset(data_dir, tiny, tmp_path):
     (tmp_path / "other" / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="different base models"):
         load_distillation_data([data_dir, tmp_path / "other"])
+
+
+def test_tuned_tree_is_saved_with_the_heads_and_drives_the_run_time_depth(data_dir, tiny, tmp_path):
+    cfg = small_config(max_steps=20)
+    heads, report = train_medusa(data_dir, tmp_path, tiny.get_output_embeddings(), cfg, progress=False, cpu=True)
+    tuning = tune_and_save_tree(heads, load_distillation_data(data_dir), tmp_path, tiny, cfg, report)
+    saved = json.loads((tmp_path / "training_report.json").read_text())
+    assert saved["tree_tuning"]["chosen"] == tuning.choices and saved["held_out"] == report["held_out"]
+    loaded = MedusaHeads.from_pretrained(tmp_path, base_model=tiny)
+    assert loaded.tree_choices == tuning.choices
+    tree = loaded.model_card["tree"]
+    assert tree["nodes"] == len(tuning.choices) and len(tree["depth_acceptance"]) == max(
+        map(len, tuning.choices), default=0
+    )
+    assert {int(n) for n in tree["step_cost"]} == {r["nodes"] for r in tuning.rows}
+    assistant = MedusaAssistant(loaded)
+    assert assistant.tree_choices == tuning.choices
+    assert (assistant.adaptive is not None) == bool(tuning.choices)

@@ -287,14 +287,15 @@ class MedusaHeads(
         return logits.reshape(*states.shape[:-1], logits.shape[-1])
 
     def _draft_rows(self, head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The rows of the shared lm_head's weight (and bias) at ``token_map``, gathered once and reused while the
-        lm_head's weight is unchanged (same storage, same version counter)."""
-        w = head.weight
-        key = (w.data_ptr(), w._version, w.device, w.dtype, self.token_map.data_ptr())
+        """The rows of the shared lm_head's weight (and bias) at ``token_map``, gathered once and reused while neither
+        the lm_head nor the map changes (same storage, same version counters)."""
+        w, b, m = head.weight, head.bias, self.token_map
+        key = (w.data_ptr(), w._version, w.device, w.dtype, m.data_ptr(), m._version)
+        key += (None,) if b is None else (b.data_ptr(), b._version)
         cached = self.__dict__.get("_draft_rows_cache")
         if cached is None or cached[0] != key:
-            idx = self.token_map.to(w.device)
-            bias = None if head.bias is None else head.bias.detach()[idx]
+            idx = m.to(w.device)
+            bias = None if b is None else b.detach()[idx]
             cached = (key, w.detach()[idx].contiguous(), bias)
             self.__dict__["_draft_rows_cache"] = cached  # plain attribute: never saved, never a buffer
         return cached[1], cached[2]

@@ -265,7 +265,9 @@ class MedusaAssistant(Proposer):
         if not isinstance(heads, MedusaHeads):
             raise TypeError(f"MedusaAssistant needs MedusaHeads, got {type(heads).__name__}")
         self.heads = heads
-        if tree_choices is None:  # heads may carry a tuned tree, possibly empty (drafting does not pay)
+        # the heads' own tuned tree (possibly empty: drafting does not pay) comes with its measured costs
+        tuned_tree = tree_choices is None and heads.tree_choices is not None
+        if tree_choices is None:
             tree_choices = (
                 heads.tree_choices
                 if heads.tree_choices is not None
@@ -278,7 +280,7 @@ class MedusaAssistant(Proposer):
         self._last_hidden: dict[int, torch.Tensor] = {}
         self._lm_head = None
         self._proposed_depth: dict[int, int] = {}
-        self.adaptive = self._adaptive_depth(adaptive, step_cost, tree_choices is heads.tree_choices)
+        self.adaptive = self._adaptive_depth(adaptive, step_cost, tuned_tree)
 
     def _adaptive_depth(self, adaptive, step_cost, tuned_tree: bool) -> AdaptiveDepth | None:
         tuned = (self.heads.model_card or {}).get("tree") or {}

@@ -24,7 +24,15 @@ from .medusa import (
     split_sequences,
     train_medusa,
 )
-from .medusa_tree import TreeTuning, acceptance_table, guess_matches, measure_step_cost, tree_tau, tune_tree
+from .medusa_tree import (
+    TreeTuning,
+    acceptance_table,
+    guess_matches,
+    measure_step_cost,
+    tree_tau,
+    tune_and_save_tree,
+    tune_tree,
+)
 
 __all__ = [
     "CONTEXT_STAGE_DIR",
@@ -48,5 +56,6 @@ __all__ = [
     "split_sequences",
     "train_medusa",
     "tree_tau",
+    "tune_and_save_tree",
     "tune_tree",
 ]

@@ -30,10 +30,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..medusa import MedusaHeads
-from .data import DistillationData, load_distillation_data
+from .data import DistillationData, _write_json, load_distillation_data
 
 IGNORE = -100
 CHECKPOINT_DIR = "checkpoints"
+REPORT_NAME = "training_report.json"
 
 
 @dataclass
@@ -527,9 +528,7 @@ def train_medusa(
     }
     if accelerator.is_main_process:
         heads.save_pretrained(out)
-        with open(out / "training_report.json", "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")
+        _write_json(out / REPORT_NAME, report)
     return heads, report
 
 

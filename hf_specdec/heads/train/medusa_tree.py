@@ -18,17 +18,19 @@ tokens it would accept there — no decoding needed. `tune_tree` then
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from ...generation.proposers.medusa import optimal_tree_choices
 from ..medusa import MedusaHeads
-from .data import DistillationData
-from .medusa import medusa_labels
+from .data import DistillationData, _write_json
+from .medusa import REPORT_NAME, MedusaTrainingConfig, head_positions, medusa_labels, split_sequences
 
 DEFAULT_TREE_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 
@@ -70,11 +72,9 @@ def acceptance_table(match: torch.Tensor) -> list[list[float]]:
     return table
 
 
-def tree_tau(choices: Sequence[Sequence[int]], match: torch.Tensor) -> float:
-    """Mean tokens per step (accepted drafts + the target's own token) of the static tree ``choices`` over the
-    positions of ``match`` `[P, D, k]`: a node is accepted where every guess on its path is right."""
-    if match.shape[0] == 0:
-        return 1.0
+def accepted_depths(choices: Sequence[Sequence[int]], match: torch.Tensor) -> torch.Tensor:
+    """`[P]` int64: at each position of ``match`` `[P, D, k]`, the depth of the deepest node of the static tree
+    ``choices`` that greedy verification accepts (a node is accepted where every guess on its path is right)."""
     accepted = torch.zeros(match.shape[0], dtype=torch.long)
     ok: dict[tuple[int, ...], torch.Tensor] = {(): torch.ones(match.shape[0], dtype=torch.bool)}
     for path in sorted({tuple(c) for c in choices}, key=len):
@@ -85,18 +85,22 @@ def tree_tau(choices: Sequence[Sequence[int]], match: torch.Tensor) -> float:
             raise ValueError(f"tree choice {list(path)} has no parent {list(path[:-1])} in the tree")
         ok[path] = parent & match[:, len(path) - 1, path[-1]]
         accepted = torch.where(ok[path], torch.clamp(accepted, min=len(path)), accepted)
-    return 1.0 + float(accepted.float().mean())
+    return accepted
+
+
+def tree_tau(choices: Sequence[Sequence[int]], match: torch.Tensor) -> float:
+    """Mean tokens per step (accepted drafts + the target's own token) of the static tree ``choices`` over the
+    positions of ``match`` `[P, D, k]`."""
+    if match.shape[0] == 0:
+        return 1.0
+    return 1.0 + float(accepted_depths(choices, match).float().mean())
 
 
 def depth_acceptance(choices: Sequence[Sequence[int]], match: torch.Tensor) -> list[float]:
     """``q[k]``: for the static tree ``choices``, the fraction of positions whose accepted depth reaches k + 1 among
     those where it reaches k (the prior `AdaptiveDepth` starts from), over ``match`` `[P, D, k]`."""
+    accepted = accepted_depths(choices, match)
     depth = max((len(c) for c in choices), default=0)
-    accepted = torch.zeros(match.shape[0], dtype=torch.long)
-    ok: dict[tuple[int, ...], torch.Tensor] = {(): torch.ones(match.shape[0], dtype=torch.bool)}
-    for path in sorted({tuple(c) for c in choices}, key=len):
-        ok[path] = ok[path[:-1]] & match[:, len(path) - 1, path[-1]]
-        accepted = torch.where(ok[path], torch.clamp(accepted, min=len(path)), accepted)
     return [float((accepted > k).sum()) / max(1, int((accepted >= k).sum())) for k in range(depth)]
 
 
@@ -213,13 +217,51 @@ def tune_tree(
     )
 
 
+def tune_and_save_tree(
+    heads: MedusaHeads,
+    data: DistillationData,
+    out_dir: str | os.PathLike,
+    model: torch.nn.Module,
+    config: MedusaTrainingConfig,
+    report: dict,
+) -> TreeTuning:
+    """`tune_tree` on the held-out sequences of ``config``'s split, then store the result where `train_medusa` put the
+    heads: the tree, its costs and per-depth acceptance in the heads' config and model card (``save_pretrained``),
+    the table in ``training_report.json``."""
+    t0 = time.perf_counter()
+    _, eval_seqs = split_sequences(data, config.eval_fraction, config.seed)
+    tuning = tune_tree(heads, data, head_positions(data, eval_seqs), model)
+    best = next(r for r in tuning.rows if r["choices"] == tuning.choices)
+    heads.tree_choices = tuning.choices
+    heads.model_card["tree"] = {
+        "nodes": len(tuning.choices),
+        "held_out_tau": round(best["tau"], 3),
+        "measured_step_cost": round(best["cost"], 3),
+        # for the run-time depth choice (MedusaAssistant(adaptive=...)): cost per tree size, acceptance per depth
+        "step_cost": {str(n): round(c, 4) for n, c in tuning.step_cost.items()},
+        "depth_acceptance": [round(q, 4) for q in tuning.depth_acceptance],
+        "chosen_by": "held-out acceptance x verify cost measured on the training machine",
+    }
+    heads.save_pretrained(out_dir)
+    report["tree_tuning"] = {
+        "time_s": round(time.perf_counter() - t0, 1),
+        "acceptance": [[round(x, 4) for x in row] for row in tuning.acceptance],
+        "rows": [{**r, "tau": round(r["tau"], 4), "cost": round(r["cost"], 4)} for r in tuning.rows],
+        "chosen": tuning.choices,
+    }
+    _write_json(Path(out_dir) / REPORT_NAME, report)
+    return tuning
+
+
 __all__ = [
     "DEFAULT_TREE_SIZES",
+    "accepted_depths",
     "TreeTuning",
     "acceptance_table",
     "depth_acceptance",
     "guess_matches",
     "measure_step_cost",
     "tree_tau",
+    "tune_and_save_tree",
     "tune_tree",
 ]
