@@ -336,6 +336,8 @@ def verify_cost_curve(
 ) -> tuple[dict[str, dict[int, float]], float | None]:
     """Forward time (µs) of verifying a random ``n``-node tree over ``context`` committed tokens, per backend, and
     the largest logit difference between the backends on the largest tree (a check that both verify the same).
+    The ``hf_specdec`` backend runs as the speculative loop runs it (on CPU fp32: pre-packed linear weights,
+    `kernels.cpu_linear`); ``sdpa`` is stock transformers.
     ``after`` (e.g. a drafter's step) runs after each timed forward and is timed with it: run alone in a loop, a
     small drafter would keep its weights in cache, which the target's forward evicts in real decoding."""
     from transformers import DynamicCache
@@ -343,6 +345,7 @@ def verify_cost_curve(
     from ..cache.paged import PagedCache
     from ..generation.loop import speculative_attention
     from ..kernels.attention import PLAN_KWARG, build_plan, planned_forward
+    from ..kernels.cpu_linear import packed_linears
 
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
@@ -356,7 +359,7 @@ def verify_cost_curve(
         if "hf_specdec" in backends:
             cache = PagedCache(model.config, block_size=16)
             (row,) = cache.add_rows(1)
-            with speculative_attention(model), planned_forward():
+            with speculative_attention(model), packed_linears(model), planned_forward():
                 plan = build_plan(cache, [row], [context], torch.arange(context), [None], device)
                 model(
                     input_ids=prompt[None],

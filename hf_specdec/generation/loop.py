@@ -26,6 +26,7 @@ from transformers.generation import (
 
 from ..cache.paged import PagedCache
 from ..kernels.attention import ATTENTION_NAME, PLAN_KWARG, build_plan, planned_forward, register
+from ..kernels.cpu_linear import packed_linears
 from .logits import NodeScorer
 from .proposers import resolve_assistant
 from .proposers.base import Proposer, ProposerSetup, RowState
@@ -289,7 +290,7 @@ def generate(
         return n
 
     try:
-        with speculative_attention(model):
+        with speculative_attention(model), packed_linears(model):
             proposer.start(
                 ProposerSetup(
                     target=model,

@@ -25,6 +25,7 @@ import torch
 
 from ...cache.paged import PagedCache
 from ...kernels.attention import PLAN_KWARG, build_plan, planned_forward
+from ...kernels.cpu_linear import packed_linears
 from ..tree import DraftSampling, DraftTree
 from .base import Proposer, ProposerSetup, RowState
 
@@ -81,7 +82,7 @@ class DraftModelAssistant(Proposer):
         from ..loop import speculative_attention
 
         plan = build_plan(self.cache, rows, q_lens, positions, masks, tokens.device, pending_lens=pending)
-        with speculative_attention(self.model), planned_forward():
+        with speculative_attention(self.model), packed_linears(self.model), planned_forward():
             out = self.model(
                 input_ids=tokens[None],
                 position_ids=positions[None],

@@ -1,0 +1,125 @@
+"""Pre-packed MKL GEMM for the target's `nn.Linear` layers on CPU, used while speculative forwards run.
+
+Verifying a draft tree multiplies every weight matrix by ``n + 1`` rows instead of one. For one to three rows MKL
+runs a matrix-vector kernel that streams the weights once; from four rows on it runs a GEMM that first *re-packs*
+the weight matrix into its blocked layout on every call, an extra read and write of every weight. On the default
+model (2-core Xeon, fp32) that makes a 4-row forward cost ~1.5x a 1-row forward although the arithmetic is
+negligible; it is what kept trees on this machine at one or two nodes (docs/results.md).
+
+`packed_linears(model)` removes that cost: inside the block, every plain `nn.Linear` of the model whose input has
+at least `MIN_ROWS` rows runs ``torch.ops.mkl._mkl_linear`` on a copy of its weight packed once (MKL's
+``cblas_sgemm_pack``; the copy is kept, keyed by the weight tensor and its version, until the weight is freed or
+changed). Fewer rows keep `F.linear`, so single-token decoding runs exactly the same kernels as stock `generate`.
+Same math, same fp32 precision; only the blocking of the sums may differ, as it already does between a 1-row and an
+n-row forward.
+
+Used only when it can help and cannot hurt: CPU, fp32, MKL built in, no autograd, and enough free memory for the
+packed copies (they double the linear weights' memory). ``HF_SPECDEC_PACKED_LINEAR=0`` turns it off. The model is
+left exactly as it was when the block exits, also on errors: the patch is an instance attribute on each layer,
+removed afterwards; layers that already carry an instance-level ``forward`` (accelerate hooks, user patches) are
+left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
+
+MIN_ROWS = 4  # below this MKL's matrix-vector path is as fast as the packed GEMM (measured; docs/results.md)
+ENV_FLAG = "HF_SPECDEC_PACKED_LINEAR"
+# Fraction of the machine's available memory the packed copies may take.
+MEMORY_FRACTION = 0.5
+
+# weight tensor -> (weight._version when packed, packed weight)
+_PACKED = WeakIdKeyDictionary()
+
+
+def available() -> bool:
+    """Whether this torch build has MKL's packed linear ops."""
+    return bool(torch.backends.mkl.is_available()) and hasattr(torch.ops.mkl, "_mkl_linear")
+
+
+def _enabled_by_env() -> bool:
+    return os.environ.get(ENV_FLAG, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _available_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _eligible(module: nn.Module) -> bool:
+    return (
+        type(module) is nn.Linear
+        and "forward" not in module.__dict__
+        and module.weight.device.type == "cpu"
+        and module.weight.dtype == torch.float32
+        and (module.bias is None or module.bias.dtype == torch.float32)
+    )
+
+
+def packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """MKL-packed copy of ``weight`` (`[out, in]` fp32), cached until the weight changes or is freed."""
+    entry = _PACKED.get(weight)
+    if entry is not None and entry[0] == weight._version:
+        return entry[1]
+    with torch.no_grad():
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), 64)
+    _PACKED[weight] = (weight._version, packed)
+    return packed
+
+
+def _packed_forward(module: nn.Linear):
+    weight, bias = module.weight, module.bias
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.dim() else 0
+        if rows < MIN_ROWS or x.dtype != torch.float32 or x.device.type != "cpu" or torch.is_grad_enabled():
+            return F.linear(x, weight, bias)
+        return torch.ops.mkl._mkl_linear(x.contiguous(), packed_weight(weight), weight, bias, rows)
+
+    return forward
+
+
+@contextlib.contextmanager
+def packed_linears(model: nn.Module, enabled: bool | None = None):
+    """Run ``model``'s fp32 CPU `nn.Linear` layers on pre-packed weights inside the block (see the module doc).
+
+    ``enabled=None`` decides by itself (CPU fp32 layers, MKL, ``HF_SPECDEC_PACKED_LINEAR``, free memory); ``False``
+    makes this a no-op; ``True`` skips the memory check. Yields the number of layers patched.
+    """
+    if enabled is False or not available() or (enabled is None and not _enabled_by_env()):
+        yield 0
+        return
+    layers = [m for m in model.modules() if _eligible(m)]
+    if enabled is None and layers:
+        weights = {id(m.weight): m.weight for m in layers}.values()
+        need = sum(w.numel() * w.element_size() for w in weights if w not in _PACKED)
+        free = _available_memory_bytes()
+        if free is not None and need > MEMORY_FRACTION * free:
+            layers = []
+    patched = []
+    try:
+        for m in layers:
+            m.forward = _packed_forward(m)
+            patched.append(m)
+        yield len(patched)
+    finally:
+        for m in patched:
+            m.__dict__.pop("forward", None)
+
+
+def release_packed_weights(model: nn.Module | None = None) -> None:
+    """Free the packed copies of ``model``'s weights (of every model when None)."""
+    if model is None:
+        _PACKED.clear()
+        return
+    for p in model.parameters():
+        _PACKED.pop(p, None)

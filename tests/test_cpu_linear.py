@@ -1,0 +1,126 @@
+"""Pre-packed MKL linears (`kernels.cpu_linear`): same results as `F.linear`, model restored, used by the loop."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hf_specdec
+from hf_specdec.kernels import cpu_linear
+from hf_specdec.kernels.cpu_linear import packed_linears, release_packed_weights
+from hf_specdec.testing import OracleProposer, RandomTreeProposer, assert_same_tokens, left_pad, tiny_causal_lm
+
+pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="this torch build has no MKL packed linear")
+
+
+def _net(bias=True):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(24, 40, bias=bias), nn.GELU(), nn.Linear(40, 16, bias=bias)).eval()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 24), (3, 24), (4, 24), (9, 24), (2, 5, 24), (1, 33, 24)])
+def test_packed_layers_compute_what_f_linear_computes(bias, shape):
+    net = _net(bias)
+    x = torch.randn(*shape)
+    expected = net(x)
+    with torch.no_grad(), packed_linears(net, enabled=True) as patched:
+        assert patched == 2
+        got = net(x)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_path_is_taken_from_min_rows(monkeypatch):
+    net = _net()
+    calls = []
+    real = cpu_linear.packed_weight
+    monkeypatch.setattr(cpu_linear, "packed_weight", lambda w: calls.append(w) or real(w))
+    with torch.no_grad(), packed_linears(net, enabled=True):
+        net(torch.randn(cpu_linear.MIN_ROWS - 1, 24))
+        assert calls == []  # few rows: MKL's matrix-vector path, as in stock decoding
+        net(torch.randn(cpu_linear.MIN_ROWS, 24))
+        assert len(calls) == 2
+
+
+def test_model_is_restored_after_the_block_and_on_errors():
+    net = _net()
+    with pytest.raises(RuntimeError, match="boom"):
+        with torch.no_grad(), packed_linears(net, enabled=True):
+            assert all("forward" in m.__dict__ for m in (net[0], net[2]))
+            raise RuntimeError("boom")
+    assert all("forward" not in m.__dict__ for m in net.modules())
+    x = torch.randn(6, 24)
+    torch.testing.assert_close(
+        net(x), F.linear(F.gelu(F.linear(x, net[0].weight, net[0].bias)), net[2].weight, net[2].bias)
+    )
+
+
+def test_layers_with_their_own_forward_and_other_dtypes_are_left_alone():
+    net = _net()
+    own = lambda x: torch.zeros(x.shape[:-1] + (40,))  # noqa: E731 - a user's (or accelerate's) instance patch
+    net[0].forward = own
+    net[2].to(torch.float64)
+    with torch.no_grad(), packed_linears(net, enabled=True) as patched:
+        assert patched == 0
+    assert net[0].forward is own
+
+
+def test_changed_weights_are_repacked():
+    net = _net()
+    x = torch.randn(8, 24)
+    with torch.no_grad(), packed_linears(net, enabled=True):
+        before = net(x)
+        net[2].weight.mul_(2.0)
+        net[2].bias.zero_()
+        after = net(x)
+    torch.testing.assert_close(after, F.linear(F.gelu(net[0](x)), net[2].weight))
+    assert not torch.allclose(before, after)
+    release_packed_weights(net)
+
+
+def test_autograd_keeps_f_linear():
+    net = _net()
+    x = torch.randn(8, 24, requires_grad=True)
+    with packed_linears(net, enabled=True):
+        y = net(x)
+    y.sum().backward()
+    assert x.grad is not None and net[0].weight.grad is not None
+
+
+def test_off_switches(monkeypatch):
+    net = _net()
+    with packed_linears(net, enabled=False) as patched:
+        assert patched == 0
+    monkeypatch.setenv(cpu_linear.ENV_FLAG, "0")
+    with packed_linears(net) as patched:
+        assert patched == 0
+    monkeypatch.delenv(cpu_linear.ENV_FLAG)
+    release_packed_weights(net)
+    monkeypatch.setattr(cpu_linear, "_available_memory_bytes", lambda: 1024)  # no room for the packed copies
+    with packed_linears(net) as patched:
+        assert patched == 0
+    monkeypatch.setattr(cpu_linear, "_available_memory_bytes", lambda: 1 << 40)
+    with packed_linears(net) as patched:
+        assert patched == 2
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_loop_uses_packed_layers_and_matches_vanilla(monkeypatch, batch):
+    model = tiny_causal_lm("llama", hidden_size=64, num_layers=2)
+    ids, mask = left_pad([[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 5], [9, 9, 8, 7, 6, 5, 4], [12, 13, 12, 13]][:batch])
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
+    packed = []
+    real = cpu_linear.packed_weight
+    monkeypatch.setattr(cpu_linear, "packed_weight", lambda w: packed.append(w) or real(w))
+    for assistant in (OracleProposer(model, depth=3), RandomTreeProposer(model.config.vocab_size, nodes=8)):
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, assistant=assistant)
+        assert_same_tokens(out, expected, f"packed linears, batch {batch}, {type(assistant).__name__}")
+    assert packed, "the speculative loop did not use the packed linears"
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    monkeypatch.setenv(cpu_linear.ENV_FLAG, "0")
+    packed.clear()
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, assistant=OracleProposer(model))
+    assert_same_tokens(out, expected, "packing off")
+    assert not packed
+    assert hf_specdec  # the import installs the generate hook used above
