@@ -504,3 +504,17 @@ def test_draft_model_levels_with_pending_tokens_run_on_triton_and_stay_greedy_ex
     out = model.generate(ids, max_new_tokens=8, do_sample=False, assistant=assistant)
     assert out[0].tolist() == expected[0].tolist()
     assert any(pending), "no forward with pending tokens reached the Triton kernel"
+
+
+def test_the_interpreter_probe_passes_here_and_its_failure_is_a_clear_error(monkeypatch):
+    if tree_attention.INTERPRETED:
+        assert tree_attention._interpreter_runs_scalar_ranges()  # the stack CI installs runs the kernels
+    monkeypatch.setattr(tree_attention, "INTERPRETED", True)
+    monkeypatch.setattr(tree_attention, "_LANG_INTERPRETED", True)
+    monkeypatch.setattr(tree_attention, "_interpreter_runs_scalar_ranges", lambda: False)
+    cache = PagedCache(block_size=4, num_layers=1)
+    (r,) = cache.add_rows(1)
+    plan = build_plan(cache, [r], [2], torch.arange(2), [None], DEVICE)
+    pool = torch.zeros(4, 4, 1, 16)
+    with pytest.raises(RuntimeError, match="numpy<2.4 or a newer triton"):
+        paged_tree_attention(torch.zeros(2, 1, 16), pool, pool, plan, 0.25)

@@ -28,6 +28,7 @@ environment before the process imports triton; setting ``os.environ`` later give
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 
@@ -437,6 +438,28 @@ def _default_num_splits(meta: TreeAttentionMetadata, num_kv_heads: int, device: 
     return split_count(meta.num_tiles * num_kv_heads, meta.max_kv_len, _SM_COUNT[idx])
 
 
+@triton.jit
+def _scalar_range_probe_kernel(X, Out):
+    acc = 0
+    for t in range(0, tl.load(X)):
+        acc += t
+    tl.store(Out, acc)
+
+
+@functools.cache
+def _interpreter_runs_scalar_ranges() -> bool:
+    """Whether this triton's interpreter accepts a loaded scalar as a loop bound, as the kernels need (triton 3.6's
+    interpreter converts it with ``int()`` on a one-element array, which numpy >= 2.4 refuses)."""
+    out = torch.zeros(1, dtype=torch.int32)
+    try:
+        _scalar_range_probe_kernel[(1,)](torch.full((1,), 3, dtype=torch.int32), out)
+    except Exception as exc:  # noqa: BLE001 - any failure means the kernels cannot run here
+        if "0-dimensional" in repr(exc):
+            return False
+        raise
+    return int(out[0]) == 3
+
+
 def _check_runnable(t: torch.Tensor) -> None:
     if INTERPRETED != _LANG_INTERPRETED:
         raise RuntimeError(
@@ -448,6 +471,14 @@ def _check_runnable(t: torch.Tensor) -> None:
         raise RuntimeError(
             f"the Triton kernels got {t.device.type} tensors but were compiled for a GPU; to run them on a CPU start "
             "the process with TRITON_INTERPRET=1 in its environment, or use HF_SPECDEC_ATTENTION=torch"
+        )
+    if INTERPRETED and not _interpreter_runs_scalar_ranges():
+        import numpy
+
+        raise RuntimeError(
+            f"triton {triton.__version__}'s interpreter cannot run hf_specdec's kernels with numpy "
+            f"{numpy.__version__} (it turns loop bounds into Python ints with int() on a one-element array, which "
+            "numpy 2.4 refuses): install numpy<2.4 or a newer triton (3.9 works), or use HF_SPECDEC_ATTENTION=torch"
         )
 
 
