@@ -250,21 +250,44 @@ def test_property_random_trees_and_block_tables_match_the_dense_oracle(data, blo
 
 # ------------------------------------------------------------------------------------------------ commit copy
 @pytest.mark.parametrize("num_moves", [3, 300], ids=["registers", "scratch"])
-def test_move_kv_reads_every_source_before_writing(num_moves):
+@pytest.mark.parametrize(
+    "layout", ["same", "v_dim", "dtypes"], ids=["one-group", "k-and-v-dims-differ", "layers-differ-in-dtype"]
+)
+def test_move_kv_moves_every_layer_and_reads_every_source_before_writing(num_moves, layout):
     gen = torch.Generator().manual_seed(num_moves)
-    k = torch.randn(num_moves + 40, 3, 16, generator=gen).to(DEVICE)
-    v = torch.randn(num_moves + 40, 3, 8, generator=gen).to(DEVICE)
+    slots, layers = num_moves + 40, 3
+    dtypes = [torch.float32, torch.bfloat16, torch.float32] if layout == "dtypes" else [torch.float32] * layers
+    dv = 8 if layout == "v_dim" else 16
+    pools = [
+        (
+            torch.randn(slots, 3, 16, generator=gen).to(DEVICE, dt),
+            torch.randn(slots, 3, dv, generator=gen).to(DEVICE, dt),
+        )
+        for dt in dtypes
+    ]
     # a shift by one: every destination but the first is also a source, and some sources come after it
     src = torch.arange(1, num_moves + 1)
     dst = torch.arange(0, num_moves)
     if num_moves > 3:
         order = torch.randperm(num_moves, generator=gen)
         src, dst = src[order], dst[order]
-    k_ref, v_ref = k.clone(), v.clone()
-    k_ref.index_copy_(0, dst.to(DEVICE), k_ref.index_select(0, src.to(DEVICE)))
-    v_ref.index_copy_(0, dst.to(DEVICE), v_ref.index_select(0, src.to(DEVICE)))
-    move_kv_triton(k, v, src, dst)
-    assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
+    expected = []
+    for k, v in pools:
+        k_ref, v_ref = k.clone(), v.clone()
+        k_ref.index_copy_(0, dst.to(DEVICE), k_ref.index_select(0, src.to(DEVICE)))
+        v_ref.index_copy_(0, dst.to(DEVICE), v_ref.index_select(0, src.to(DEVICE)))
+        expected.append((k_ref, v_ref))
+    launches = move_kv_triton(pools, src, dst)
+    assert launches == {"same": 1, "v_dim": 2, "dtypes": 2}[layout]
+    for i, ((k, v), (k_ref, v_ref)) in enumerate(zip(pools, expected)):
+        assert torch.equal(k, k_ref) and torch.equal(v, v_ref), f"layer {i}"
+
+
+def test_move_kv_rejects_mismatched_moves():
+    k = torch.zeros(8, 1, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="2 sources but 1 destinations"):
+        move_kv_triton([(k, k.clone())], torch.tensor([1, 2]), torch.tensor([0]))
+    assert move_kv_triton([(k, k.clone())], torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long)) == 0
 
 
 @pytest.mark.parametrize("block_size", [1, 4])
@@ -297,7 +320,7 @@ def test_move_kv_dispatches_to_triton_when_requested(monkeypatch):
     kv = torch.arange(8.0, device=DEVICE).view(4, 1, 2)
     cache.layer(0).write(plan.slot_mapping, kv, kv.clone())
     monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
-    move_kv(cache.layer(0), torch.tensor([3]), torch.tensor([0]))
+    move_kv([cache.layer(0)], torch.tensor([3]), torch.tensor([0]))
     assert cache.layer(0).flat()[0][0].tolist() == [[6.0, 7.0]]
 
 
@@ -392,7 +415,14 @@ def test_speculative_generate_on_triton_matches_vanilla_greedy(monkeypatch):
     expected = model.generate(ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False)
     monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
     attention_calls = _count_calls(monkeypatch, "paged_tree_attention")
-    move_calls = _count_calls(monkeypatch, "move_kv_triton")
+    launches = []
+    original_move = tree_attention.move_kv_triton
+
+    def move_counted(pools, src, dst):
+        launches.append((len(pools), original_move(pools, src, dst)))
+        return launches[-1][1]
+
+    monkeypatch.setattr(tree_attention, "move_kv_triton", move_counted)
     out = model.generate(
         ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False, assistant=_OracleTreeProposer(expected)
     )
@@ -400,7 +430,9 @@ def test_speculative_generate_on_triton_matches_vanilla_greedy(monkeypatch):
         got, want = out[b].tolist(), expected[b].tolist()
         first = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), None)
         assert got == want, f"row {b}: first differing token at {first}: {got} vs {want}"
-    assert attention_calls and move_calls, "the speculative loop did not run the Triton kernels"
+    assert attention_calls and launches, "the speculative loop did not run the Triton kernels"
+    # every commit moves K and V of all layers in one launch
+    assert all(layers == model.config.num_hidden_layers and n == 1 for layers, n in launches), launches
 
 
 # ------------------------------------------------------------------------------------------------ benchmark
@@ -464,9 +496,8 @@ attention("fp32", 64, 1, 16, False, 1, 4)    # fp32, block size 1
 compile_kernel(ta._merge_splits_kernel, {"Out": "bf16", "OPart": "fp32", "MPart": "fp32", "LPart": "fp32"},
                dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=32), 4)
 for single in (True, False):
-    compile_kernel(ta._move_kv_kernel, {"K": "bf16", "V": "bf16", "KScratch": "bf16", "VScratch": "bf16",
-                                        "Src": "i64", "Dst": "i64"},
-                   dict(DK=128, DV=128, BLOCK_R=16 if single else 64, BLOCK_C=128, SINGLE_CHUNK=single), 4)
+    compile_kernel(ta._move_kv_kernel, {"Pools": "i64", "Scratch": "bf16", "Src": "i64", "Dst": "i64"},
+                   dict(D=128, DTYPE=ta.tl.bfloat16, BLOCK_R=16 if single else 64, BLOCK_C=128, SINGLE_CHUNK=single), 4)
 print("compiled")
 """
 

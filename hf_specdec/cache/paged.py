@@ -321,10 +321,7 @@ class PagedCache(Cache):
         if src_all:
             from ..kernels.attention import move_kv
 
-            src, dst = torch.cat(src_all), torch.cat(dst_all)
-            for layer in self.layers:
-                if layer.is_initialized:
-                    move_kv(layer, src, dst)
+            move_kv([layer for layer in self.layers if layer.is_initialized], torch.cat(src_all), torch.cat(dst_all))
 
     def memory_bytes(self) -> int:
         """Bytes held by the pools of every layer."""

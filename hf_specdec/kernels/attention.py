@@ -205,17 +205,23 @@ def hf_specdec_attention(
     return out, None  # [1, N, H_q, D]
 
 
-def move_kv(layer: PagedLayer, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """Copy the K/V of pool slots ``src`` `[M]` to slots ``dst`` `[M]` in one layer (reads happen before writes)."""
-    k, v = layer.flat()
-    src, dst = src.to(k.device), dst.to(k.device)
-    if use_triton(k.device):
+def move_kv(layers: Sequence[PagedLayer], src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy the K/V of pool slots ``src`` `[M]` to slots ``dst`` `[M]` in every layer (reads happen before writes).
+
+    On the Triton path all layers move in one kernel launch; the torch path copies layer by layer."""
+    pools = [layer.flat() for layer in layers]
+    if not pools:
+        return
+    device = pools[0][0].device
+    src, dst = src.to(device), dst.to(device)
+    if use_triton(device):
         from .tree_attention import move_kv_triton
 
-        move_kv_triton(k, v, src, dst)
+        move_kv_triton(pools, src, dst)
         return
-    k.index_copy_(0, dst, k.index_select(0, src))
-    v.index_copy_(0, dst, v.index_select(0, src))
+    for k, v in pools:
+        k.index_copy_(0, dst, k.index_select(0, src))
+        v.index_copy_(0, dst, v.index_select(0, src))
 
 
 _PLANNED_FORWARD: contextvars.ContextVar[bool] = contextvars.ContextVar("hf_specdec_planned_forward", default=False)

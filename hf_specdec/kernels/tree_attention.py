@@ -15,9 +15,9 @@ cached in ``plan.extras`` (FlashInfer's plan/run split), so every layer only lau
   range is split over ``num_splits`` programs that write fp32 partials (unnormalised output, running max and sum);
   a second kernel merges them. Online softmax runs in fp32 with base-2 exponentials.
 
-`move_kv_triton` copies K/V rows between slots for `PagedCache.commit_rows` in one launch for K and V. Each program
-owns a slice of the ``H_kv * D`` columns of every moved row and reads all of them before it writes any, so sources
-and destinations may overlap.
+`move_kv_triton` copies K/V rows between slots for `PagedCache.commit_rows` in one launch for K and V of every layer
+(the pools' base addresses come in a pointer table). Each program owns a slice of the ``H_kv * D`` columns of one
+pool's moved rows and reads all of them before it writes any, so sources and destinations may overlap.
 
 The kernels run on CUDA, and on CPU tensors under Triton's interpreter. In triton 3.x ``TRITON_INTERPRET=1`` is read
 when a function is decorated with ``@triton.jit``: for triton's own helpers (``tl.zeros``, ``tl.cdiv``, ...) that is
@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -230,67 +231,54 @@ def _merge_splits_kernel(
 
 @triton.jit(do_not_specialize=["num_moves"])
 def _move_kv_kernel(
-    K,  # [num_slots, H_kv, DK]
-    V,  # [num_slots, H_kv, DV]
-    KScratch,  # [M, H_kv * DK] (multi-chunk only)
-    VScratch,  # [M, H_kv * DV]
+    Pools,  # [T] int64 base addresses of T pools (K and V of every layer), each [num_slots, H_kv, D]
+    Scratch,  # [T, M, H_kv * D] (multi-chunk only)
     Src,  # [M] int64
     Dst,  # [M] int64
     num_moves,
-    cols_k,  # H_kv * DK
-    cols_v,  # H_kv * DV
-    stride_ks,
-    stride_kh,
-    stride_vs,
-    stride_vh,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
+    cols,  # H_kv * D
+    stride_s,  # slot stride of every pool
+    stride_h,  # head stride of every pool
+    D: tl.constexpr,
+    DTYPE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
     SINGLE_CHUNK: tl.constexpr,
 ):
-    # This program owns columns [pid * BLOCK_C, +BLOCK_C) of every moved row of K and of V; no other program touches
+    # Program (c, t) owns columns [c * BLOCK_C, +BLOCK_C) of every moved row of pool t; no other program touches
     # them, so reading all its sources before writing any destination (a CTA barrier between) is enough.
     pid = tl.program_id(0)
-    cols = pid * BLOCK_C + tl.arange(0, BLOCK_C)
-    k_valid = cols < cols_k
-    v_valid = cols < cols_v
-    k_cols = (cols // DK) * stride_kh + cols % DK  # [C] offset inside a slot
-    v_cols = (cols // DV) * stride_vh + cols % DV
+    t = tl.program_id(1)
+    pool = tl.load(Pools + t).to(tl.pointer_type(DTYPE))
+    c = pid * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_valid = c < cols
+    c_off = (c // D) * stride_h + c % D  # [C] offset inside a slot
     offs_r = tl.arange(0, BLOCK_R)
     if SINGLE_CHUNK:  # every move fits in registers: load all, barrier, store all
         r_valid = offs_r < num_moves
         src = tl.load(Src + offs_r, mask=r_valid, other=0)
         dst = tl.load(Dst + offs_r, mask=r_valid, other=0)
-        km = r_valid[:, None] & k_valid[None, :]
-        vm = r_valid[:, None] & v_valid[None, :]
-        k = tl.load(K + src[:, None] * stride_ks + k_cols[None, :], mask=km)
-        v = tl.load(V + src[:, None] * stride_vs + v_cols[None, :], mask=vm)
+        m = r_valid[:, None] & c_valid[None, :]
+        x = tl.load(pool + src[:, None] * stride_s + c_off[None, :], mask=m)
         tl.debug_barrier()
-        tl.store(K + dst[:, None] * stride_ks + k_cols[None, :], k, mask=km)
-        tl.store(V + dst[:, None] * stride_vs + v_cols[None, :], v, mask=vm)
+        tl.store(pool + dst[:, None] * stride_s + c_off[None, :], x, mask=m)
     else:  # stage through scratch: all sources of this column slice first, then all destinations
+        scratch = Scratch + t.to(tl.int64) * num_moves * cols
         for r0 in range(0, num_moves, BLOCK_R):
             rows = r0 + offs_r
             r_valid = rows < num_moves
             src = tl.load(Src + rows, mask=r_valid, other=0)
-            km = r_valid[:, None] & k_valid[None, :]
-            vm = r_valid[:, None] & v_valid[None, :]
-            k = tl.load(K + src[:, None] * stride_ks + k_cols[None, :], mask=km)
-            v = tl.load(V + src[:, None] * stride_vs + v_cols[None, :], mask=vm)
-            tl.store(KScratch + rows.to(tl.int64)[:, None] * cols_k + cols[None, :], k, mask=km)
-            tl.store(VScratch + rows.to(tl.int64)[:, None] * cols_v + cols[None, :], v, mask=vm)
+            m = r_valid[:, None] & c_valid[None, :]
+            x = tl.load(pool + src[:, None] * stride_s + c_off[None, :], mask=m)
+            tl.store(scratch + rows.to(tl.int64)[:, None] * cols + c[None, :], x, mask=m)
         tl.debug_barrier()
         for r0 in range(0, num_moves, BLOCK_R):
             rows = r0 + offs_r
             r_valid = rows < num_moves
             dst = tl.load(Dst + rows, mask=r_valid, other=0)
-            km = r_valid[:, None] & k_valid[None, :]
-            vm = r_valid[:, None] & v_valid[None, :]
-            k = tl.load(KScratch + rows.to(tl.int64)[:, None] * cols_k + cols[None, :], mask=km)
-            v = tl.load(VScratch + rows.to(tl.int64)[:, None] * cols_v + cols[None, :], mask=vm)
-            tl.store(K + dst[:, None] * stride_ks + k_cols[None, :], k, mask=km)
-            tl.store(V + dst[:, None] * stride_vs + v_cols[None, :], v, mask=vm)
+            m = r_valid[:, None] & c_valid[None, :]
+            x = tl.load(scratch + rows.to(tl.int64)[:, None] * cols + c[None, :], mask=m)
+            tl.store(pool + dst[:, None] * stride_s + c_off[None, :], x, mask=m)
 
 
 # ------------------------------------------------------------------------------------------------ metadata
@@ -571,44 +559,60 @@ def _device_guard(device: torch.device):
 
 
 _MOVE_SINGLE_MAX = 256  # moves that fit in one register tile; more go through a scratch buffer
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
-def move_kv_triton(k_flat: torch.Tensor, v_flat: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """Copy K/V rows of slots ``src`` `[M]` to ``dst`` `[M]` in place, one launch for K and V.
+@functools.lru_cache(maxsize=64)
+def _pointer_table(device: torch.device, addresses: tuple[int, ...]) -> torch.Tensor:
+    """`[T]` int64 device tensor of pool base addresses (pools move only when they grow, so this is cached)."""
+    return torch.tensor(addresses, dtype=torch.int64).to(device)
+
+
+def move_kv_triton(pools: Sequence[tuple[torch.Tensor, torch.Tensor]], src: torch.Tensor, dst: torch.Tensor) -> int:
+    """Copy the K/V rows of slots ``src`` `[M]` to ``dst`` `[M]` in place in every layer: one launch for K and V of
+    all layers (one per group of pools that differ in dtype, head count, head dim or strides; one for a plain model).
 
     All reads happen before all writes (as ``index_select`` then ``index_copy``), so sources and destinations may
     interleave; destinations must be distinct.
 
     Args:
-        k_flat: `[num_slots, H_kv, D]` key pool (flattened pages; last dim contiguous).
-        v_flat: `[num_slots, H_kv, Dv]` value pool.
-        src, dst: `[M]` slot ids.
+        pools: per layer ``(k_flat, v_flat)``, each `[num_slots, H_kv, D]` (flattened pages; last dim contiguous).
+        src, dst: `[M]` slot ids, the same for every layer.
+    Returns:
+        the number of kernel launches.
     """
-    _check_runnable(k_flat)
+    tensors = [t for kv in pools for t in kv]
+    if not tensors:
+        return 0
+    _check_runnable(tensors[0])
     num_moves = src.numel()
     if num_moves == 0:
-        return
+        return 0
     if dst.numel() != num_moves:
         raise ValueError(f"move_kv: {num_moves} sources but {dst.numel()} destinations")
-    if k_flat.stride(-1) != 1 or v_flat.stride(-1) != 1:
-        raise ValueError("move_kv: K/V pools must have a contiguous last dimension")
-    src = src.to(device=k_flat.device, dtype=torch.int64).contiguous()
-    dst = dst.to(device=k_flat.device, dtype=torch.int64).contiguous()
-    _, heads, dk = k_flat.shape
-    dv = v_flat.shape[-1]
-    cols_k, cols_v = heads * dk, heads * dv
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        if t.stride(-1) != 1:
+            raise ValueError("move_kv: K/V pools must have a contiguous last dimension")
+        if t.dtype not in _TL_DTYPES:
+            raise ValueError(f"move_kv: unsupported pool dtype {t.dtype}")
+        if t.device != tensors[0].device:
+            raise ValueError(f"move_kv: pools on {t.device} and {tensors[0].device}")
+        groups.setdefault((t.dtype, tuple(t.shape[1:]), t.stride(0), t.stride(1)), []).append(t)
+    device = tensors[0].device
+    src = src.to(device=device, dtype=torch.int64).contiguous()
+    dst = dst.to(device=device, dtype=torch.int64).contiguous()
     single = num_moves <= _MOVE_SINGLE_MAX
     block_r = max(16, _next_pow2(num_moves)) if single else 64
-    block_c = max(16, min(_next_pow2(max(cols_k, cols_v)), 8192 // block_r))
-    if single:
-        k_scratch, v_scratch = k_flat, v_flat  # unused
-    else:
-        k_scratch = torch.empty(num_moves, cols_k, dtype=k_flat.dtype, device=k_flat.device)
-        v_scratch = torch.empty(num_moves, cols_v, dtype=v_flat.dtype, device=v_flat.device)
-    grid = (triton.cdiv(max(cols_k, cols_v), block_c),)
-    with _device_guard(k_flat.device):
-        _move_kv_kernel[grid](
-            k_flat, v_flat, k_scratch, v_scratch, src, dst, num_moves, cols_k, cols_v,
-            k_flat.stride(0), k_flat.stride(1), v_flat.stride(0), v_flat.stride(1),
-            DK=dk, DV=dv, BLOCK_R=block_r, BLOCK_C=block_c, SINGLE_CHUNK=single, num_warps=4,
-        )  # fmt: skip
+    with _device_guard(device):
+        for (dtype, (heads, d), stride_s, stride_h), group in groups.items():
+            cols = heads * d
+            block_c = max(16, min(_next_pow2(cols), 8192 // block_r))
+            table = _pointer_table(device, tuple(t.data_ptr() for t in group))
+            scratch = group[0] if single else torch.empty(len(group), num_moves, cols, dtype=dtype, device=device)
+            grid = (triton.cdiv(cols, block_c), len(group))
+            _move_kv_kernel[grid](
+                table, scratch, src, dst, num_moves, cols, stride_s, stride_h,
+                D=d, DTYPE=_TL_DTYPES[dtype], BLOCK_R=block_r, BLOCK_C=block_c, SINGLE_CHUNK=single, num_warps=4,
+            )  # fmt: skip
+    return len(groups)
