@@ -11,5 +11,5 @@ run() {
   if [ "$rc" -ne 0 ]; then status=$rc; fi
 }
 run python -m pytest -q -p no:cacheprovider tests --ignore=tests/test_tree_attention_triton.py "$@"
-run env TRITON_INTERPRET=1 HF_SPECDEC_ATTENTION=triton python -m pytest -q -p no:cacheprovider tests/test_tree_attention_triton.py
+run env TRITON_INTERPRET=1 python -m pytest -q -p no:cacheprovider tests/test_tree_attention_triton.py
 exit $status

@@ -79,3 +79,22 @@ def test_pending_tokens_are_visible_only_through_the_mask():
     keys, vals = torch.cat([k0, kp, kn]), torch.cat([v0, vp, vn])
     mask = torch.cat([torch.ones(2, 6, dtype=torch.bool), own], 1)
     torch.testing.assert_close(out, dense_tree_attention(q, keys, vals, mask, 0.5), atol=1e-5, rtol=1e-5)
+
+
+def test_dispatch_rule(monkeypatch):
+    """CUDA tensors and CPU tensors under Triton's interpreter take the Triton path; HF_SPECDEC_ATTENTION forces."""
+    from hf_specdec.kernels.attention import use_triton
+
+    pytest.importorskip("triton")
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("HF_SPECDEC_ATTENTION", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not use_triton(cpu)
+    assert use_triton(torch.device("cuda"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert use_triton(cpu)
+    monkeypatch.setenv("HF_SPECDEC_ATTENTION", "torch")
+    assert not use_triton(cpu) and not use_triton(torch.device("cuda"))
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
+    assert use_triton(cpu)

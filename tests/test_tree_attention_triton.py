@@ -413,7 +413,7 @@ def test_speculative_generate_on_triton_matches_vanilla_greedy(monkeypatch):
     ids = torch.tensor([[1, 5, 7, 11, 13, 17, 19], [0, 0, 0, 1, 23, 29, 31]], device=DEVICE)
     attention_mask = (torch.arange(7) >= torch.tensor([[0], [3]])).long().to(DEVICE)
     expected = model.generate(ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False)
-    monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
+    monkeypatch.delenv("HF_SPECDEC_ATTENTION", raising=False)  # the default dispatch: CUDA, or the interpreter
     attention_calls = _count_calls(monkeypatch, "paged_tree_attention")
     launches = []
     original_move = tree_attention.move_kv_triton

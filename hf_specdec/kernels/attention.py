@@ -6,8 +6,9 @@ The plan is built once per forward (FlashInfer's ``plan()``): which cache rows a
 row's new tokens go in the paged pool, and which new tokens each new token may see (a causal chunk, or a tree's
 ancestors). Each layer then only writes its K/V into the pool and attends (``run()``).
 
-Dispatch: CUDA tensors (or ``HF_SPECDEC_ATTENTION=triton``, e.g. with ``TRITON_INTERPRET=1`` on a CPU) use the
-Triton kernels of `tree_attention`; everything else uses the torch reference of `reference`.
+Dispatch: CUDA tensors, and CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``), use the Triton kernels
+of `tree_attention`; everything else uses the torch reference of `reference`. ``HF_SPECDEC_ATTENTION=torch`` or
+``triton`` forces one path.
 Without a plan (an ordinary forward of a model loaded with ``attn_implementation="hf_specdec"``) the function
 falls back to transformers' SDPA attention, so such a model still works everywhere.
 """
@@ -140,13 +141,14 @@ def build_plan(
 
 
 def use_triton(device: torch.device) -> bool:
-    """Whether the Triton kernels serve tensors on ``device``."""
+    """Whether the Triton kernels serve tensors on ``device``: CUDA tensors, and CPU tensors in a process run under
+    Triton's interpreter (``TRITON_INTERPRET=1``); ``HF_SPECDEC_ATTENTION=torch`` / ``triton`` force either path."""
     choice = os.environ.get("HF_SPECDEC_ATTENTION", "auto").lower()
     if choice == "torch":
         return False
     if choice == "triton":
         return True
-    if device.type != "cuda":
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return False
     try:
         import triton  # noqa: F401
