@@ -49,6 +49,14 @@ def _enabled_by_env() -> bool:
 
 
 def _available_memory_bytes() -> int | None:
+    """Memory the OS can give without swapping (Linux ``MemAvailable``: free + reclaimable page cache)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
