@@ -37,6 +37,10 @@ def __getattr__(name):
         from .generation.proposers.medusa import MedusaAssistant
 
         return MedusaAssistant
+    if name == "FallbackAssistant":
+        from .generation.proposers.fallback import FallbackAssistant
+
+        return FallbackAssistant
     if name == "load_default_assistant":
         from .assistants import load_default_assistant
 
@@ -63,6 +67,7 @@ __all__ = [
     "DraftModelAssistant",
     "MedusaHeads",
     "MedusaAssistant",
+    "FallbackAssistant",
     "load_default_model",
     "load_default_assistant",
 ]

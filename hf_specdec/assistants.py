@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .generation.proposers.base import Proposer
 
-_METHODS = ("ngram", "medusa", "eagle", "mlp_speculator")
+_METHODS = ("ngram", "medusa", "ngram+medusa", "eagle", "mlp_speculator")
 ASSETS = Path(__file__).resolve().parent / "assets"
 DEFAULT_MEDUSA_DIR = ASSETS / "medusa-smollm2-135m-instruct"
 
@@ -30,8 +30,10 @@ def load_default_assistant(method: str = "ngram") -> Proposer:
     """The assistant of ``method`` tuned for the default model (SmolLM2-135M-Instruct), ready for ``assistant=``.
 
     Args:
-        method: ``"ngram"`` (prompt lookup over token trees) or ``"medusa"`` (the shipped Medusa-1 heads with their
-            tuned tree); ``"eagle"`` and ``"mlp_speculator"`` raise until trained heads ship inside the package.
+        method: ``"ngram"`` (prompt lookup over token trees), ``"medusa"`` (the shipped Medusa-1 heads with their
+            tuned tree) or ``"ngram+medusa"`` (a `FallbackAssistant`: prompt lookup where it finds a match, the heads
+            for the other rows and steps; the fastest on the default model, docs/results.md); ``"eagle"`` and
+            ``"mlp_speculator"`` raise until trained heads ship inside the package.
     Returns:
         a fresh assistant (a `Proposer`); the Medusa heads themselves are loaded once and shared.
     """
@@ -43,6 +45,10 @@ def load_default_assistant(method: str = "ngram") -> Proposer:
         from .generation.proposers.medusa import MedusaAssistant
 
         return MedusaAssistant(default_medusa_heads())
+    if method == "ngram+medusa":
+        from .generation.proposers.fallback import FallbackAssistant
+
+        return FallbackAssistant(load_default_assistant("ngram"), load_default_assistant("medusa"))
     if method in _METHODS:
         raise NotImplementedError(
             f"no trained {method} heads ship with hf-specdec yet; use load_default_assistant('medusa') or "

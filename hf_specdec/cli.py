@@ -2,6 +2,7 @@
 
 hf-specdec generate "Explain speculative decoding."       # stream an answer, print tokens/s and τ
 hf-specdec generate "..." --assistant medusa            # the shipped Medusa heads
+hf-specdec generate "..." --assistant ngram+medusa      # n-gram where it matches, else the Medusa heads
 hf-specdec generate "..." --assistant draft --draft-layers 8
 hf-specdec bench [--methods ...] [--per-category N] [--batch 4] [--sample] [--out DIR]
 hf-specdec convert                                       # convert the default model now, print its folder
@@ -16,7 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-ASSISTANTS = ("ngram", "medusa", "draft", "none")
+ASSISTANTS = ("ngram", "medusa", "ngram+medusa", "draft", "none")
 
 
 def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,8 +26,9 @@ def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         "--assistant",
         choices=ASSISTANTS,
         default="ngram",
-        help="ngram: hf_specdec.NgramAssistant; medusa: the shipped Medusa heads (default model only); draft: "
-        "layer-skip draft model; none: vanilla generate (default ngram)",
+        help="ngram: hf_specdec.NgramAssistant; medusa: the shipped Medusa heads (default model only); ngram+medusa: "
+        "n-gram where it finds a match, else the Medusa heads; draft: layer-skip draft model; none: vanilla generate "
+        "(default ngram)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=256, help="most tokens to generate (default 256)")
     parser.add_argument("--draft-layers", type=int, default=8, help="layers of the layer-skip draft (default 8)")
@@ -56,8 +58,8 @@ def generate_main(args: argparse.Namespace) -> int:
     kwargs: dict = {"max_new_tokens": args.max_new_tokens, "return_dict_in_generate": True}
     if args.assistant == "ngram":
         kwargs["assistant"] = hf_specdec.NgramAssistant()
-    elif args.assistant == "medusa":
-        kwargs["assistant"] = hf_specdec.load_default_assistant("medusa")  # checked against the model: clear error
+    elif args.assistant in ("medusa", "ngram+medusa"):
+        kwargs["assistant"] = hf_specdec.load_default_assistant(args.assistant)  # checked against the model
     elif args.assistant == "draft":
         kwargs["assistant"] = draft_model_from_layers(model, args.draft_layers)
     if args.do_sample:

@@ -90,6 +90,7 @@ def test_default_model_greedy_equality_on_spec_bench_sample(default_model):
     ngram = hf_specdec.NgramAssistant()
     draft = DraftModelAssistant(model, depth=3)
     medusa = hf_specdec.load_default_assistant("medusa")  # the heads shipped in the package, their tuned tree
+    both = hf_specdec.load_default_assistant("ngram+medusa")
     medusa_tau = []
     for q in questions:
         ids = tok.apply_chat_template(
@@ -99,7 +100,7 @@ def test_default_model_greedy_equality_on_spec_bench_sample(default_model):
             return_dict=True,
         )["input_ids"]
         expected = model.generate(ids, max_new_tokens=48, do_sample=False)
-        for name, assistant in [("ngram", ngram), ("self-draft", draft), ("medusa", medusa)]:
+        for name, assistant in [("ngram", ngram), ("self-draft", draft), ("medusa", medusa), ("ngram+medusa", both)]:
             out = model.generate(
                 ids, max_new_tokens=48, do_sample=False, assistant=assistant, return_dict_in_generate=True
             )
@@ -121,7 +122,7 @@ def test_default_model_batch_of_four_mixed_lengths(default_model):
     ]
     enc = tok(chats, return_tensors="pt", padding=True, add_special_tokens=False)
     expected = model.generate(**enc, max_new_tokens=32, do_sample=False)
-    for name in ("ngram", "medusa"):
+    for name in ("ngram", "medusa", "ngram+medusa"):
         assistant = hf_specdec.load_default_assistant(name)
         out = model.generate(**enc, max_new_tokens=32, do_sample=False, assistant=assistant)
         assert_same_tokens(out, expected, f"default model batch 4, {name}")

@@ -541,3 +541,29 @@ def test_generate_with_a_wrong_verifier_is_caught(e2e_model, monkeypatch):
     counts = _generate_first_tokens(e2e_model, SampledChainProposer(exact, mix=0.0), warpers, E2E_ROWS // 2, exact.pad)
     p_values = chi_square_p_values(counts, exact.joint)
     assert min(p_values.values()) < P_CATCH, f"wrong_correction_from_p was not caught end to end: p-values {p_values}"
+
+
+class _WhereLastTokenIsEven(Proposer):
+    """Drafts with ``inner`` only where the row's last token is even (a function of the context), else nothing."""
+
+    def __init__(self, inner: Proposer):
+        self.inner = inner
+
+    def propose(self, rows):
+        trees = self.inner.propose(rows)
+        return [t if int(r.tokens[-1]) % 2 == 0 else DraftTree.empty() for t, r in zip(trees, rows)]
+
+
+def test_fallback_assistant_mixing_draft_rules_samples_the_target_distribution(e2e_model):
+    """`FallbackAssistant`: per row and step, a deterministic tree or a sampled chain, in one batch: still exact."""
+    from hf_specdec import FallbackAssistant
+
+    warpers = E2E_CONFIGS["top_p"]
+    exact = ExactTarget(e2e_model, warpers)
+    assistant = FallbackAssistant(_WhereLastTokenIsEven(RankedTreeProposer(exact)), SampledChainProposer(exact))
+    counts = _generate_first_tokens(e2e_model, assistant, warpers, E2E_ROWS, exact.pad)
+    p_values = chi_square_p_values(counts, exact.joint)
+    assert min(p_values.values()) > P_PASS, (
+        f"fallback with {warpers}: chi-square p-values {p_values}; first two tokens (observed vs exact): "
+        f"{_describe(counts, exact.joint, 2)}"
+    )

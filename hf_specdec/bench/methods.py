@@ -3,6 +3,7 @@
     vanilla           model.generate(ids)                                      the baseline
     ngram             model.generate(ids, assistant=hf_specdec.NgramAssistant())
     medusa            model.generate(ids, assistant=load_default_assistant("medusa"))   the shipped Medusa heads
+    ngram+medusa      model.generate(ids, assistant=load_default_assistant("ngram+medusa"))   n-gram, else Medusa
     draft             model.generate(ids, assistant=draft_model)             hf_specdec DraftModelAssistant
     null              model.generate(ids, assistant=NullAssistant())         the loop's own overhead: drafts nothing
     hf-prompt-lookup  model.generate(ids, prompt_lookup_num_tokens=10)       transformers' prompt lookup decoding
@@ -78,12 +79,24 @@ def _medusa(ctx: BenchContext) -> dict:
     return {"assistant": load_default_assistant("medusa")}
 
 
+def _ngram_medusa(ctx: BenchContext) -> dict:
+    from ..assistants import load_default_assistant
+
+    return {"assistant": load_default_assistant("ngram+medusa")}
+
+
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
         Method("vanilla", "model.generate (the baseline)", lambda ctx: {}),
         Method("ngram", "hf_specdec NgramAssistant (prompt lookup, token trees)", _ngram, spec_stats=True),
         Method("medusa", "hf_specdec MedusaAssistant with the shipped Medusa-1 heads", _medusa, spec_stats=True),
+        Method(
+            "ngram+medusa",
+            "hf_specdec FallbackAssistant: NgramAssistant where it drafts, else the shipped Medusa heads",
+            _ngram_medusa,
+            spec_stats=True,
+        ),
         Method(
             "draft",
             "hf_specdec DraftModelAssistant with the layer-skip draft",
