@@ -79,6 +79,16 @@ def test_changed_weights_are_repacked():
     release_packed_weights(net)
 
 
+def test_weights_made_in_inference_mode_work():
+    with torch.inference_mode():
+        net = _net()
+        x = torch.randn(8, 24)
+        expected = net(x)
+    with torch.no_grad(), packed_linears(net, enabled=True):
+        torch.testing.assert_close(net(x), expected, rtol=1e-5, atol=1e-5)
+    release_packed_weights(net)
+
+
 def test_autograd_keeps_f_linear():
     net = _net()
     x = torch.randn(8, 24, requires_grad=True)

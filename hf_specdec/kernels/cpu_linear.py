@@ -73,14 +73,22 @@ def _eligible(module: nn.Module) -> bool:
     )
 
 
+def _version(weight: torch.Tensor) -> int:
+    try:
+        return weight._version
+    except RuntimeError:  # an inference-mode tensor: no version counter, and it cannot be changed in place later
+        return 0
+
+
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """MKL-packed copy of ``weight`` (`[out, in]` fp32), cached until the weight changes or is freed."""
     entry = _PACKED.get(weight)
-    if entry is not None and entry[0] == weight._version:
+    version = _version(weight)
+    if entry is not None and entry[0] == version:
         return entry[1]
     with torch.no_grad():
         packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), 64)
-    _PACKED[weight] = (weight._version, packed)
+    _PACKED[weight] = (version, packed)
     return packed
 
 
