@@ -134,3 +134,20 @@ def test_greedy_loop_uses_packed_layers_and_matches_vanilla(monkeypatch, batch):
     assert_same_tokens(out, expected, "packing off")
     assert not packed
     assert hf_specdec  # the import installs the generate hook used above
+
+
+def test_draft_model_linears_are_packed_for_the_call_and_restored(monkeypatch):
+    from hf_specdec import DraftModelAssistant
+
+    model = tiny_causal_lm("llama", seed=0)
+    draft = tiny_causal_lm("llama", seed=7)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 5, 6, 7]])
+    expected = model.generate(ids, max_new_tokens=12, do_sample=False)
+    packed = []
+    real = cpu_linear.packed_weight
+    monkeypatch.setattr(cpu_linear, "packed_weight", lambda w: packed.append(w) or real(w))
+    out = model.generate(ids, max_new_tokens=12, do_sample=False, assistant=DraftModelAssistant(draft, depth=3))
+    assert_same_tokens(out, expected, "draft model with packed linears")
+    draft_weights = {id(p) for p in draft.parameters()}
+    assert any(id(w) in draft_weights for w in packed), "the draft model's forwards did not use the packed linears"
+    assert all("forward" not in m.__dict__ for m in (*model.modules(), *draft.modules()))

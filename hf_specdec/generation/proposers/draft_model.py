@@ -19,6 +19,7 @@ With ``do_sample=True`` children are drawn without replacement from the processe
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -53,6 +54,7 @@ class DraftModelAssistant(Proposer):
         self.top_k = top_k
         self.num_nodes = num_nodes if top_k > 1 else depth
         self.cache: PagedCache | None = None
+        self._packed: contextlib.ExitStack | None = None  # the draft's packed linears, held for one generate call
 
     def validate(self, target) -> None:
         if getattr(self.model.config, "is_encoder_decoder", False):
@@ -73,16 +75,21 @@ class DraftModelAssistant(Proposer):
         self.cached: dict[int, int] = {}  # committed tokens of each row in the draft cache
         self.sample = setup.do_sample
         self.processors = setup.logits_processor if setup.do_sample else None
+        self._packed = contextlib.ExitStack()  # once per call, not per draft forward (patching scans the modules)
+        self._packed.enter_context(packed_linears(self.model))
 
     def finish(self) -> None:
         self.cache = None
+        if self._packed is not None:
+            packed, self._packed = self._packed, None
+            packed.close()
 
     # ------------------------------------------------------------------ drafting
     def _forward(self, tokens, positions, rows, q_lens, masks, pending, keep):
         from ..loop import speculative_attention
 
         plan = build_plan(self.cache, rows, q_lens, positions, masks, tokens.device, pending_lens=pending)
-        with speculative_attention(self.model), packed_linears(self.model), planned_forward():
+        with speculative_attention(self.model), planned_forward():
             out = self.model(
                 input_ids=tokens[None],
                 position_ids=positions[None],
