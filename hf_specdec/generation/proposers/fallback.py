@@ -42,8 +42,8 @@ class FallbackAssistant(Proposer):
         if len(self.proposers) != len(assistants):
             self.proposers = []  # resolved in validate(), once the target is known
         self.hidden_state_layers = self._layers()
-        self._columns: list[list[int] | None] = []
-        self._hidden_size = 0
+        # per assistant: "none" (needs no hidden states), "all" (needs exactly the union) or the union's columns
+        self._hidden_views: list[str | torch.Tensor] = []
 
     def __repr__(self) -> str:
         return f"FallbackAssistant({', '.join(repr(a) for a in (self.proposers or self.assistants))})"
@@ -65,9 +65,16 @@ class FallbackAssistant(Proposer):
             p.validate(target)
         self.hidden_state_layers = self._layers()
         union = self.hidden_state_layers or ()
-        self._columns = [[union.index(layer) for layer in p.hidden_state_layers] if p.hidden_state_layers else None
-                         for p in self.proposers]  # fmt: skip
-        self._hidden_size = int(target.config.get_text_config().hidden_size) if union else 0
+        h = int(target.config.get_text_config().hidden_size) if union else 0
+        self._hidden_views = []
+        for p in self.proposers:
+            if not p.hidden_state_layers:
+                self._hidden_views.append("none")
+            elif tuple(p.hidden_state_layers) == union:
+                self._hidden_views.append("all")
+            else:
+                blocks = [union.index(layer) for layer in p.hidden_state_layers]
+                self._hidden_views.append(torch.cat([torch.arange(b * h, (b + 1) * h) for b in blocks]))
 
     def start(self, setup: ProposerSetup) -> None:
         super().start(setup)
@@ -105,15 +112,14 @@ class FallbackAssistant(Proposer):
         new_tokens: Sequence[torch.Tensor],
         hidden_states: Sequence[torch.Tensor] | None,
     ) -> None:
-        for p, columns in zip(self.proposers, self._columns):
-            p.observe(rows, new_tokens, self._slice(hidden_states, columns))
+        for p, view in zip(self.proposers, self._hidden_views):
+            p.observe(rows, new_tokens, self._view(hidden_states, view))
 
-    def _slice(self, hidden_states, columns: list[int] | None):
-        """The hidden states of one assistant's layers out of the union's `[m, H * len(union)]` per row."""
-        if columns is None or hidden_states is None:
+    @staticmethod
+    def _view(hidden_states, view: str | torch.Tensor):
+        """One assistant's hidden states out of the union's `[m, H * len(union)]` per row."""
+        if isinstance(view, str):
+            return hidden_states if view == "all" else None
+        if hidden_states is None:
             return None
-        if columns == list(range(len(self.hidden_state_layers or ()))):
-            return hidden_states
-        h = self._hidden_size
-        index = torch.cat([torch.arange(c * h, (c + 1) * h) for c in columns])
-        return [None if x is None else x[:, index.to(x.device)] for x in hidden_states]
+        return [None if x is None else x[:, view.to(x.device)] for x in hidden_states]
