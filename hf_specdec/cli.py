@@ -56,9 +56,7 @@ def generate_main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model, tokenizer, name = _load_model(args.model)
     kwargs: dict = {"max_new_tokens": args.max_new_tokens, "return_dict_in_generate": True}
-    if args.assistant == "ngram":
-        kwargs["assistant"] = hf_specdec.NgramAssistant()
-    elif args.assistant in ("medusa", "ngram+medusa"):
+    if args.assistant in ("ngram", "medusa", "ngram+medusa"):
         kwargs["assistant"] = hf_specdec.load_default_assistant(args.assistant)  # checked against the model
     elif args.assistant == "draft":
         kwargs["assistant"] = draft_model_from_layers(model, args.draft_layers)

@@ -67,34 +67,37 @@ class Method:
     needs_draft: bool = False
 
 
-def _ngram(ctx: BenchContext) -> dict:
-    from ..generation.proposers.ngram import NgramAssistant
+def _default_assistant(method: str) -> Callable[[BenchContext], dict]:
+    """The kwargs of ``method``'s ready-made assistant for the default model (`load_default_assistant`)."""
 
-    return {"assistant": NgramAssistant()}
+    def kwargs(ctx: BenchContext) -> dict:
+        from ..assistants import load_default_assistant
 
+        return {"assistant": load_default_assistant(method)}
 
-def _medusa(ctx: BenchContext) -> dict:
-    from ..assistants import load_default_assistant
-
-    return {"assistant": load_default_assistant("medusa")}
-
-
-def _ngram_medusa(ctx: BenchContext) -> dict:
-    from ..assistants import load_default_assistant
-
-    return {"assistant": load_default_assistant("ngram+medusa")}
+    return kwargs
 
 
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
         Method("vanilla", "model.generate (the baseline)", lambda ctx: {}),
-        Method("ngram", "hf_specdec NgramAssistant (prompt lookup, token trees)", _ngram, spec_stats=True),
-        Method("medusa", "hf_specdec MedusaAssistant with the shipped Medusa-1 heads", _medusa, spec_stats=True),
+        Method(
+            "ngram",
+            "hf_specdec NgramAssistant (prompt lookup, token trees)",
+            _default_assistant("ngram"),
+            spec_stats=True,
+        ),
+        Method(
+            "medusa",
+            "hf_specdec MedusaAssistant with the shipped Medusa-1 heads",
+            _default_assistant("medusa"),
+            spec_stats=True,
+        ),
         Method(
             "ngram+medusa",
             "hf_specdec FallbackAssistant: NgramAssistant where it drafts, else the shipped Medusa heads",
-            _ngram_medusa,
+            _default_assistant("ngram+medusa"),
             spec_stats=True,
         ),
         Method(
