@@ -1,57 +1,144 @@
-"""`load_default_assistant`: the ready-made assistant of each method for the default model."""
+"""The registry of ready-made assistants for the default model (SmolLM2-135M-Instruct).
+
+One list, read by `load_default_assistant`, the ``hf-specdec`` CLI (``--assistant`` choices), the benchmark
+(``hf_specdec.bench.methods``) and the demo. A method whose trained head ships inside the package registers itself
+here with `register_default_assistant`; ``requires`` says whether its assets are present, so a broken install shows
+a shorter `available_assistants()` instead of failing later.
+
+    >>> available_assistants()
+    ['ngram+medusa', 'ngram', 'medusa']
+    >>> model.generate(ids, assistant=load_default_assistant("ngram+medusa"))
+"""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from .generation.proposers.base import Proposer
+from .generation.proposers.fallback import FallbackAssistant
+from .generation.proposers.medusa import MedusaAssistant
+from .generation.proposers.ngram import NgramAssistant
+from .heads.medusa import MedusaHeads
 
-_METHODS = ("ngram", "medusa", "ngram+medusa", "eagle", "mlp_speculator")
 ASSETS = Path(__file__).resolve().parent / "assets"
 DEFAULT_MEDUSA_DIR = ASSETS / "medusa-smollm2-135m-instruct"
+DEFAULT_ASSISTANT = "ngram"  # needs no trained weights, so it serves any model, not only the default one
+
+
+@dataclass(frozen=True)
+class _Registered:
+    factory: Callable[[], Proposer]
+    description: str
+    requires: Callable[[], bool] | None
+
+
+_REGISTRY: dict[str, _Registered] = {}  # in preference order: best first
+
+
+def register_default_assistant(
+    name: str,
+    factory: Callable[[], Proposer],
+    *,
+    description: str,
+    requires: Callable[[], bool] | None = None,
+) -> None:
+    """Add a ready-made assistant for the default model under ``name``.
+
+    Registration order is preference order: `available_assistants` lists the names in the order they were
+    registered, so register the best method first.
+
+    Args:
+        name: the method name users pass to `load_default_assistant`, ``hf-specdec generate --assistant`` and
+            ``hf-specdec bench --methods``.
+        factory: builds a fresh assistant (a `Proposer`) on every call; heavy assets may be loaded once and shared.
+        description: one line for ``--help``, the benchmark report and the demo.
+        requires: returns True when the assets the factory needs (e.g. trained heads inside the package) are present;
+            None when it needs none.
+    """
+    if not isinstance(name, str) or not name or "," in name or name != name.strip():
+        raise ValueError(f"assistant names are non-empty strings without commas or outer spaces, got {name!r}")
+    if name in _REGISTRY:
+        raise ValueError(f"a default assistant named {name!r} is already registered; pick another name")
+    if not callable(factory) or (requires is not None and not callable(requires)):
+        raise TypeError(f"register_default_assistant({name!r}): factory and requires must be callables")
+    _REGISTRY[name] = _Registered(factory, description, requires)
+
+
+def available_assistants() -> list[str]:
+    """The names `load_default_assistant` can build now (their assets present), in preference order, best first."""
+    return [name for name, entry in _REGISTRY.items() if entry.requires is None or entry.requires()]
+
+
+def _registered(name: str) -> _Registered:
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        raise ValueError(
+            f"unknown assistant {name!r}; the ready-made assistants are: {', '.join(available_assistants())} "
+            "(hf_specdec.assistants.available_assistants())"
+        )
+    return entry
+
+
+def describe_assistant(name: str) -> str:
+    """The one-line description ``name`` was registered with (ValueError listing the names if unknown)."""
+    return _registered(name).description
+
+
+def load_default_assistant(name: str = DEFAULT_ASSISTANT) -> Proposer:
+    """A fresh ready-made assistant tuned for the default model (SmolLM2-135M-Instruct), ready for ``assistant=``.
+
+    Args:
+        name: one of `available_assistants()`: ``"ngram+medusa"`` (prompt lookup where it finds a match, the shipped
+            Medusa heads elsewhere; the fastest on the default model, docs/results.md), ``"ngram"`` (prompt lookup
+            over token trees) or ``"medusa"`` (the shipped Medusa-1 heads with their tuned tree).
+    Returns:
+        a new `Proposer` for each call (trained heads are loaded once and shared).
+    """
+    entry = _registered(name)
+    if entry.requires is not None and not entry.requires():
+        raise FileNotFoundError(
+            f"the assets of assistant {name!r} ({entry.description}) are missing from this install; reinstall "
+            f"hf-specdec or use one of: {', '.join(available_assistants())}"
+        )
+    assistant = entry.factory()
+    if not isinstance(assistant, Proposer):
+        raise TypeError(f"the factory registered for {name!r} returned {type(assistant).__name__}, not a Proposer")
+    return assistant
+
+
+# ------------------------------------------------------------------------------------ the shipped assistants
+def _medusa_heads_ship() -> bool:
+    return (DEFAULT_MEDUSA_DIR / "config.json").is_file()
 
 
 @functools.lru_cache(maxsize=1)
-def default_medusa_heads():
+def default_medusa_heads() -> MedusaHeads:
     """The Medusa heads trained for the default model that ship inside the package (loaded once, CPU, fp32).
 
     They share the default model's lm_head and carry their tuned tree (``tree_choices``); see the model card in
     ``hf_specdec/assets/medusa-smollm2-135m-instruct/README.md`` for how they were trained and what they reach.
     """
-    from .heads.medusa import MedusaHeads
-
-    if not (DEFAULT_MEDUSA_DIR / "config.json").is_file():
+    if not _medusa_heads_ship():
         raise FileNotFoundError(f"the shipped Medusa heads are missing from {DEFAULT_MEDUSA_DIR} (broken install?)")
     return MedusaHeads.from_pretrained(DEFAULT_MEDUSA_DIR).eval()
 
 
-def load_default_assistant(method: str = "ngram") -> Proposer:
-    """The assistant of ``method`` tuned for the default model (SmolLM2-135M-Instruct), ready for ``assistant=``.
-
-    Args:
-        method: ``"ngram"`` (prompt lookup over token trees), ``"medusa"`` (the shipped Medusa-1 heads with their
-            tuned tree) or ``"ngram+medusa"`` (a `FallbackAssistant`: prompt lookup where it finds a match, the heads
-            for the other rows and steps; the fastest on the default model, docs/results.md); ``"eagle"`` and
-            ``"mlp_speculator"`` raise until trained heads ship inside the package.
-    Returns:
-        a fresh assistant (a `Proposer`); the Medusa heads themselves are loaded once and shared.
-    """
-    if method == "ngram":
-        from .generation.proposers.ngram import NgramAssistant
-
-        return NgramAssistant()
-    if method == "medusa":
-        from .generation.proposers.medusa import MedusaAssistant
-
-        return MedusaAssistant(default_medusa_heads())
-    if method == "ngram+medusa":
-        from .generation.proposers.fallback import FallbackAssistant
-
-        return FallbackAssistant(load_default_assistant("ngram"), load_default_assistant("medusa"))
-    if method in _METHODS:
-        raise NotImplementedError(
-            f"no trained {method} heads ship with hf-specdec yet; use load_default_assistant('medusa') or "
-            "load_default_assistant('ngram')"
-        )
-    raise ValueError(f"unknown method {method!r}; choose one of {', '.join(_METHODS)}")
+register_default_assistant(
+    "ngram+medusa",
+    lambda: FallbackAssistant(NgramAssistant(), MedusaAssistant(default_medusa_heads())),
+    description="FallbackAssistant: prompt lookup (NgramAssistant) where it finds a match, else the shipped Medusa "
+    "heads",
+    requires=_medusa_heads_ship,
+)
+register_default_assistant(
+    "ngram", NgramAssistant, description="NgramAssistant: prompt lookup over token trees (no trained weights)"
+)
+register_default_assistant(
+    "medusa",
+    lambda: MedusaAssistant(default_medusa_heads()),
+    description="MedusaAssistant with the shipped Medusa-1 heads and their tuned tree",
+    requires=_medusa_heads_ship,
+)

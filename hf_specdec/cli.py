@@ -1,8 +1,7 @@
 """The ``hf-specdec`` command line.
 
 hf-specdec generate "Explain speculative decoding."       # stream an answer, print tokens/s and τ
-hf-specdec generate "..." --assistant medusa            # the shipped Medusa heads
-hf-specdec generate "..." --assistant ngram+medusa      # n-gram where it matches, else the Medusa heads
+hf-specdec generate "..." --assistant medusa            # any of hf_specdec.assistants.available_assistants()
 hf-specdec generate "..." --assistant draft --draft-layers 8
 hf-specdec bench [--methods ...] [--per-category N] [--batch 4] [--sample] [--out DIR]
 hf-specdec convert                                       # convert the default model now, print its folder
@@ -17,18 +16,22 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-ASSISTANTS = ("ngram", "medusa", "ngram+medusa", "draft", "none")
+from .assistants import DEFAULT_ASSISTANT, available_assistants, describe_assistant
+
+# besides the ready-made assistants: a draft model built from the target's layers, and vanilla generate
+OTHER_ASSISTANTS = {"draft": "a layer-skip draft model (--draft-layers)", "none": "vanilla generate (no assistant)"}
 
 
 def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("question", help="the user message (one chat turn)")
+    ready_made = {name: describe_assistant(name) for name in available_assistants()}
+    choices = {**ready_made, **OTHER_ASSISTANTS}
     parser.add_argument(
         "--assistant",
-        choices=ASSISTANTS,
-        default="ngram",
-        help="ngram: hf_specdec.NgramAssistant; medusa: the shipped Medusa heads (default model only); ngram+medusa: "
-        "n-gram where it finds a match, else the Medusa heads; draft: layer-skip draft model; none: vanilla generate "
-        "(default ngram)",
+        choices=list(choices),
+        default=DEFAULT_ASSISTANT,
+        help="; ".join(f"{name}: {text}" for name, text in choices.items())
+        + " (ready-made ones are for the default model; default %(default)s)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=256, help="most tokens to generate (default 256)")
     parser.add_argument("--draft-layers", type=int, default=8, help="layers of the layer-skip draft (default 8)")
@@ -56,7 +59,7 @@ def generate_main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model, tokenizer, name = _load_model(args.model)
     kwargs: dict = {"max_new_tokens": args.max_new_tokens, "return_dict_in_generate": True}
-    if args.assistant in ("ngram", "medusa", "ngram+medusa"):
+    if args.assistant not in OTHER_ASSISTANTS:
         kwargs["assistant"] = hf_specdec.load_default_assistant(args.assistant)  # checked against the model
     elif args.assistant == "draft":
         kwargs["assistant"] = draft_model_from_layers(model, args.draft_layers)

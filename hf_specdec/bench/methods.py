@@ -1,9 +1,8 @@
 """The decoding methods the benchmark compares: each is a name plus the extra ``generate()`` keyword arguments it needs.
 
     vanilla           model.generate(ids)                                      the baseline
-    ngram             model.generate(ids, assistant=hf_specdec.NgramAssistant())
-    medusa            model.generate(ids, assistant=load_default_assistant("medusa"))   the shipped Medusa heads
-    ngram+medusa      model.generate(ids, assistant=load_default_assistant("ngram+medusa"))   n-gram, else Medusa
+    NAME              model.generate(ids, assistant=load_default_assistant(NAME))   for each NAME in
+                      hf_specdec.assistants.available_assistants() (ngram+medusa, ngram, medusa, ...)
     draft             model.generate(ids, assistant=draft_model)             hf_specdec DraftModelAssistant
     null              model.generate(ids, assistant=NullAssistant())         the loop's own overhead: drafts nothing
     hf-prompt-lookup  model.generate(ids, prompt_lookup_num_tokens=10)       transformers' prompt lookup decoding
@@ -17,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..assistants import available_assistants, describe_assistant, load_default_assistant
 from ..generation.proposers.base import Proposer, RowState
 from ..generation.tree import DraftTree
 
@@ -67,39 +67,21 @@ class Method:
     needs_draft: bool = False
 
 
-def _default_assistant(method: str) -> Callable[[BenchContext], dict]:
-    """The kwargs of ``method``'s ready-made assistant for the default model (`load_default_assistant`)."""
-
-    def kwargs(ctx: BenchContext) -> dict:
-        from ..assistants import load_default_assistant
-
-        return {"assistant": load_default_assistant(method)}
-
-    return kwargs
+def _default_assistant(name: str) -> Callable[[BenchContext], dict]:
+    """The kwargs of the ready-made assistant ``name`` (`load_default_assistant`), fresh for each call."""
+    return lambda ctx: {"assistant": load_default_assistant(name)}
 
 
-METHODS: dict[str, Method] = {
-    m.name: m
-    for m in (
+def available_methods() -> dict[str, Method]:
+    """Every method the benchmark can run now, by name: vanilla, each of `available_assistants()` in preference
+    order, then the draft-model, loop-overhead and transformers baselines."""
+    ready_made = [
+        Method(name, describe_assistant(name), _default_assistant(name), spec_stats=True)
+        for name in available_assistants()
+    ]
+    methods = (
         Method("vanilla", "model.generate (the baseline)", lambda ctx: {}),
-        Method(
-            "ngram",
-            "hf_specdec NgramAssistant (prompt lookup, token trees)",
-            _default_assistant("ngram"),
-            spec_stats=True,
-        ),
-        Method(
-            "medusa",
-            "hf_specdec MedusaAssistant with the shipped Medusa-1 heads",
-            _default_assistant("medusa"),
-            spec_stats=True,
-        ),
-        Method(
-            "ngram+medusa",
-            "hf_specdec FallbackAssistant: NgramAssistant where it drafts, else the shipped Medusa heads",
-            _default_assistant("ngram+medusa"),
-            spec_stats=True,
-        ),
+        *ready_made,
         Method(
             "draft",
             "hf_specdec DraftModelAssistant with the layer-skip draft",
@@ -125,17 +107,21 @@ METHODS: dict[str, Method] = {
             needs_draft=True,
         ),
     )
-}
+    return {m.name: m for m in methods}
+
+
+METHODS: dict[str, Method] = available_methods()  # as of import; `resolve_methods` re-reads the registry
 
 
 def resolve_methods(names: Sequence[str] | str | None) -> list[Method]:
     """The methods named (comma-separated string or list), vanilla always first (it is every speedup's baseline)."""
+    methods = available_methods()
     if names is None:
-        names = list(METHODS)
+        names = list(methods)
     elif isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
-    unknown = [n for n in names if n not in METHODS]
+    unknown = [n for n in names if n not in methods]
     if unknown:
-        raise ValueError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
+        raise ValueError(f"unknown methods {unknown}; choose from {', '.join(methods)}")
     ordered = ["vanilla"] + [n for n in dict.fromkeys(names) if n != "vanilla"]
-    return [METHODS[n] for n in ordered]
+    return [methods[n] for n in ordered]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .methods import METHODS, BenchContext, Method, resolve_methods
+from .methods import BenchContext, Method, available_methods, resolve_methods
 from .questions import find_questions_file, interleave_categories, load_questions, sample_questions
 from .report import markdown_report, summarize, write_results
 
@@ -294,10 +294,11 @@ def run_bench(
 # ------------------------------------------------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``hf-specdec bench`` options."""
+    methods = ",".join(available_methods())
     parser.add_argument(
         "--methods",
-        default=",".join(METHODS),
-        help=f"comma-separated methods (vanilla is always run as the baseline); default: all of {', '.join(METHODS)}",
+        default=methods,
+        help=f"comma-separated methods (vanilla is always run as the baseline); default: all of {methods}",
     )
     parser.add_argument("--per-category", type=int, default=4, help="questions per Spec-Bench category (default 4)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")

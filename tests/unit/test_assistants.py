@@ -1,6 +1,9 @@
 import pytest
 
 import hf_specdec
+from hf_specdec import assistants
+from hf_specdec.assistants import DEFAULT_ASSISTANT, available_assistants, describe_assistant
+from hf_specdec.generation.proposers.ngram import NgramAssistant
 
 
 def test_default_ngram_assistant_is_ready():
@@ -26,11 +29,71 @@ def test_default_medusa_assistant_is_the_shipped_heads_with_their_tuned_tree():
     assert isinstance(heads, MedusaHeads)
 
 
-def test_methods_without_shipped_heads_say_so():
-    with pytest.raises(NotImplementedError, match="no trained eagle heads"):
-        hf_specdec.load_default_assistant("eagle")
-    with pytest.raises(ValueError, match="unknown method"):
-        hf_specdec.load_default_assistant("beam")
+def test_registry_lists_the_shipped_assistants_best_first():
+    names = available_assistants()
+    # measured on the Spec-Bench sample (docs/results.md): ngram+medusa 1.44x > ngram 1.35x > medusa 1.06x
+    assert names[:3] == ["ngram+medusa", "ngram", "medusa"]
+    assert DEFAULT_ASSISTANT in names
+    assert "Medusa" in describe_assistant("medusa") and "NgramAssistant" in describe_assistant("ngram")
+    assert isinstance(hf_specdec.load_default_assistant(), hf_specdec.NgramAssistant)
+
+
+def test_unknown_assistant_is_a_clear_error_listing_the_names():
+    for call in (hf_specdec.load_default_assistant, describe_assistant):
+        with pytest.raises(ValueError, match=r"unknown assistant 'beam'; .*ngram\+medusa, ngram, medusa"):
+            call("beam")
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """The registry, restored after the test (a test registering names must not leak them into others)."""
+    monkeypatch.setattr(assistants, "_REGISTRY", dict(assistants._REGISTRY))
+    return assistants
+
+
+def test_registered_assistant_is_built_fresh_and_listed_only_while_its_assets_ship(registry):
+    ships = {"now": False}
+    registry.register_default_assistant(
+        "test-ngram4", lambda: NgramAssistant(max_ngram=4), description="4-gram lookup", requires=lambda: ships["now"]
+    )
+    assert "test-ngram4" not in registry.available_assistants()
+    with pytest.raises(FileNotFoundError, match="assets of assistant 'test-ngram4' .* are missing"):
+        registry.load_default_assistant("test-ngram4")
+    ships["now"] = True
+    assert registry.available_assistants()[-1] == "test-ngram4"
+    a, b = registry.load_default_assistant("test-ngram4"), registry.load_default_assistant("test-ngram4")
+    assert isinstance(a, NgramAssistant) and a is not b
+    assert registry.describe_assistant("test-ngram4") == "4-gram lookup"
+
+
+def test_register_refuses_duplicates_bad_names_and_factories_that_build_no_assistant(registry):
+    with pytest.raises(ValueError, match="'ngram' is already registered"):
+        registry.register_default_assistant("ngram", NgramAssistant, description="again")
+    with pytest.raises(ValueError, match="without commas"):
+        registry.register_default_assistant("a,b", NgramAssistant, description="x")
+    with pytest.raises(TypeError, match="must be callables"):
+        registry.register_default_assistant("x", NgramAssistant(), description="x")
+    registry.register_default_assistant("not-an-assistant", dict, description="builds a dict")
+    with pytest.raises(TypeError, match="returned dict, not a Proposer"):
+        registry.load_default_assistant("not-an-assistant")
+
+
+def test_cli_and_bench_offer_exactly_the_registered_assistants(registry):
+    from hf_specdec.bench.methods import resolve_methods
+    from hf_specdec.cli import OTHER_ASSISTANTS, build_parser
+
+    registry.register_default_assistant("test-lookup", NgramAssistant, description="a test registration")
+    parser = build_parser()
+    generate = parser._subparsers._group_actions[0].choices["generate"]
+    (action,) = [a for a in generate._actions if a.dest == "assistant"]
+    assert list(action.choices) == registry.available_assistants() + list(OTHER_ASSISTANTS)
+    assert "test-lookup: a test registration" in action.help
+    assert parser.parse_args(["generate", "hi", "--assistant", "test-lookup"]).assistant == "test-lookup"
+    bench_names = [m.name for m in resolve_methods(None)]
+    assert bench_names[1 : 1 + len(registry.available_assistants())] == registry.available_assistants()
+    (method,) = [m for m in resolve_methods("test-lookup") if m.name == "test-lookup"]
+    assert method.description == "a test registration" and method.spec_stats
+    assert isinstance(method.kwargs(None)["assistant"], NgramAssistant)
 
 
 def test_shipped_medusa_heads_refuse_another_model_and_leave_it_usable():
