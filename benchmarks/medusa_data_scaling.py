@@ -28,11 +28,11 @@ import torch
 from hf_specdec.bench.questions import find_questions_file, load_questions, sample_questions
 from hf_specdec.generation.proposers.medusa import optimal_tree_choices
 from hf_specdec.heads.medusa import MedusaHeads
-from hf_specdec.heads.train import MedusaTrainingConfig, build_distillation_data, load_distillation_data, train_medusa
-from hf_specdec.heads.train.data import DistillationData
-from hf_specdec.heads.train.medusa import head_positions, split_sequences
-from hf_specdec.heads.train.medusa_tree import acceptance_table, guess_matches, tree_tau
 from hf_specdec.models import DEFAULT_MODEL_NAME, chat_prompt_ids, load_default_model
+from hf_specdec.training import MedusaTrainingConfig, build_distillation_data, load_distillation_data, train_medusa
+from hf_specdec.training.data import DistillationData
+from hf_specdec.training.medusa import head_positions, split_sequences
+from hf_specdec.training.medusa_tree import acceptance_table, guess_matches, tree_tau
 
 TREE_SIZES = (2, 16, 64)
 

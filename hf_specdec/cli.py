@@ -150,14 +150,14 @@ def train_medusa_main(args: argparse.Namespace) -> int:
     """``hf-specdec train medusa``: self-distillation data from the default model, then Medusa-1 heads."""
     import torch
 
-    from .heads.train import (
+    from .models import DEFAULT_MODEL_NAME, load_default_model
+    from .training import (
         MedusaTrainingConfig,
         build_default_data,
         load_distillation_data,
         train_medusa,
         tune_and_save_tree,
     )
-    from .models import DEFAULT_MODEL_NAME, load_default_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -1,6 +1,6 @@
 """Medusa-1 training by self-distillation: the base model stays frozen, only the heads learn.
 
-Data comes from `hf_specdec.heads.train.data` (the target's own answers and its cached final hidden states), so a
+Data comes from `hf_specdec.training.data` (the target's own answers and its cached final hidden states), so a
 training step costs the heads' ResBlocks plus the lm_head projection, never a target forward. Head k, applied to the
 hidden state at position t, is trained to predict token t + k + 2 (cross-entropy, weight ``decay ** k``; optionally
 against the target's own distribution for that token, ``softmax(lm_head(hidden[t + k + 1]))``).
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..medusa import MedusaHeads
+from ..heads.medusa import MedusaHeads
 from .data import DistillationData, _write_json, load_distillation_data
 
 IGNORE = -100

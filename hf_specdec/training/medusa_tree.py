@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from ...generation.proposers.medusa import optimal_tree_choices
-from ..medusa import MedusaHeads
+from ..generation.proposers.medusa import optimal_tree_choices
+from ..heads.medusa import MedusaHeads
 from .data import DistillationData, _write_json
 from .medusa import REPORT_NAME, MedusaTrainingConfig, head_positions, medusa_labels, split_sequences
 
@@ -129,7 +129,7 @@ def measure_step_cost(
     on this machine: a forward over ``n + 1`` tokens through the hf_specdec backend over ``context`` committed tokens
     followed by the heads' drafting (with ``n`` > 0), over a plain one-token forward (medians of ``repeats``). The
     heads run right after the target's forward, as in decoding, so their weights are not cache-hot."""
-    from ...bench.kernels import verify_cost_curve
+    from ..bench.kernels import verify_cost_curve
 
     timer = _cpu_timer(repeats)
     device = next(model.parameters()).device

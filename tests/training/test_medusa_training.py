@@ -9,7 +9,8 @@ import torch
 from hf_specdec.bench.questions import find_questions_file
 from hf_specdec.generation.proposers.medusa import MedusaAssistant
 from hf_specdec.heads.medusa import MedusaHeads
-from hf_specdec.heads.train import (
+from hf_specdec.testing import tiny_causal_lm
+from hf_specdec.training import (
     MedusaTrainingConfig,
     acceptance_table,
     build_distillation_data,
@@ -27,9 +28,8 @@ from hf_specdec.heads.train import (
     tune_and_save_tree,
     tune_tree,
 )
-from hf_specdec.heads.train import data as data_mod
-from hf_specdec.heads.train.medusa import head_positions, loss_vocabulary, medusa_labels, split_sequences
-from hf_specdec.testing import tiny_causal_lm
+from hf_specdec.training import data as data_mod
+from hf_specdec.training.medusa import head_positions, loss_vocabulary, medusa_labels, split_sequences
 
 SPEC_BENCH = find_questions_file()  # ../shared/bench, else the copy shipped in the package
 NUM_PROMPTS = 256  # a random tiny model needs this many answers for held-out accuracy to generalise

@@ -1,7 +1,7 @@
 """Training speculative heads by self-distillation: `data` builds and caches the target's answers and hidden states,
 `medusa` trains Medusa-1 heads on them with the base model frozen.
 
-    from hf_specdec.heads.train import build_default_data, train_medusa, MedusaTrainingConfig
+    from hf_specdec.training import build_default_data, train_medusa, MedusaTrainingConfig
 """
 
 from .data import (

@@ -276,7 +276,7 @@ def make_context_prompts(stage1: DistillationData, tokenizer, num_prompts: int, 
 
 def spec_bench_overlap(prompts: Sequence[str], questions_path: str | os.PathLike) -> list[str]:
     """The prompts that equal (whitespace/case-insensitively) or contain a turn of the Spec-Bench file."""
-    from ...bench.questions import load_questions
+    from ..bench.questions import load_questions
 
     def norm(s: str) -> str:
         return " ".join(s.lower().split())
@@ -423,7 +423,7 @@ def build_distillation_data(
     }
     settings = {"generation": generation, "shard_size": int(shard_size), "hidden_dtype": str(hidden_dtype)}
     fingerprint = _fingerprint(prompt_ids, settings)
-    from ..hub import base_model_dims
+    from ..heads.hub import base_model_dims
 
     hidden_size, vocab_size = base_model_dims(model)
     manifest_path = out / MANIFEST_NAME
@@ -518,10 +518,10 @@ def build_default_data(
     Returns:
         the data folders, for `load_distillation_data`.
     """
-    from ...models import chat_prompt_ids
+    from ..models import chat_prompt_ids
 
     try:
-        from ...bench.questions import find_questions_file
+        from ..bench.questions import find_questions_file
 
         questions_file = find_questions_file()
     except FileNotFoundError:
