@@ -1,0 +1,564 @@
+"""IBM's MLP speculator (Wertheimer et al. 2024, "Accelerating Production LLMs with Combined Token/Embedding
+Speculators", arXiv:2404.19124): a chain of small MLP stages on the target's final hidden state, stage i guessing the
+token i + 1 positions after the root from the previous stage's state and the token chosen before it.
+
+Stage i (FORMATS.md, "IBM MLP speculator"), with ``state_0`` the target's final normed hidden state at the last
+committed token (RMS-normalised without parameters and divided by sqrt(2) when ``scale_input``)::
+
+    z       = emb[i](token_i)                      # token_0 = the root, token_i = the token chosen at stage i - 1
+    state   = proj[i](state) * state_weight + z * emb_weight
+    state   = GELU(ln[i](state))                   # ln: RMS norm with weight and bias, eps 1e-6
+    logits  = head[i](state)                       # guesses the token after token_i
+
+with ``state_weight = 0.5 ** (0.5 / n_predict)`` and ``emb_weight = sqrt((1 - state_weight**2) * inner_dim / 2)``.
+With ``tie_weights`` every stage shares one ``emb``, ``head`` and ``ln`` and stages 1.. share ``proj[1]``; the tied
+tensors are stored once (``emb.0.weight``, ``proj.0.weight``, ``proj.1.weight``, ``head.0.weight``, ``ln.0.*``).
+
+`MLPSpeculator.from_pretrained` reads the published "accelerator" layout (``config.json`` with ``model_type:
+"mlp_speculator"``; weights in ``model.safetensors``, a sharded safetensors index or ``pytorch_model.bin``; keys with
+or without the ``speculator.`` prefix; tied copies stored once or repeated) and our own format (``head_type:
+"mlp_speculator"``, the same key names, optionally a truncated draft vocabulary). `save_pretrained` writes our format.
+
+Our format may predict over a truncated vocabulary of ``draft_vocab_size`` tokens (``token_map`` `[V']`: draft index
+-> token id, as vLLM's truncated Medusa heads): ``head`` has V' rows and ``emb`` V' + 1 rows, the last one standing
+for every token outside the draft vocabulary (such tokens can still be the root).
+
+The proposer that turns the stages into a token tree is
+`hf_specdec.generation.proposers.mlp_speculator.MLPSpeculatorAssistant`; ``model.generate(ids, assistant=spec)``
+builds it (after ``import hf_specdec``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from huggingface_hub import ModelCard, ModelHubMixin
+from torch import nn
+
+from .hub import (
+    CARD_NAME,
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    HeadSource,
+    _library_version,
+    base_model_dims,
+    check_base_model,
+    check_reachable,
+    check_shapes,
+    read_sharded_tensors,
+    read_tensors,
+    render_model_card,
+    save_tensors,
+    write_config,
+)
+
+OWNER = "MLPSpeculator"
+HEAD_TYPE = "mlp_speculator"
+PREFIX = "speculator."
+SHARD_INDEX = "model.safetensors.index.json"
+BIN_NAME = "pytorch_model.bin"
+LN_EPS = 1e-6
+
+
+class StageNorm(nn.Module):
+    """The speculator's layer norm: ``x * rsqrt(mean(x**2) + eps) * weight + bias`` (RMS-style, with a shift)."""
+
+    def __init__(self, dim: int, eps: float = LN_EPS):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight + self.bias
+
+
+class MLPSpeculator(
+    nn.Module,
+    ModelHubMixin,
+    library_name="hf-specdec",
+    tags=["speculative-decoding", "mlp-speculator"],
+    paper_url="https://arxiv.org/abs/2404.19124",
+):
+    """An MLP speculator over a base model's final (normed) hidden states.
+
+    Args:
+        emb_dim: the base model's hidden size H.
+        inner_dim: the stages' state size (0 = ``emb_dim``, as upstream).
+        vocab_size: the base model's vocabulary size V.
+        n_predict: number of stages (= deepest draft).
+        top_k_tokens_per_head: children kept per node at each depth when drafting a tree (``n_predict`` entries).
+        n_candidates: upstream's number of candidate paths; sets the default tree width per depth.
+        tie_weights: share ``emb``/``head``/``ln`` across stages and ``proj[1]`` across stages 1..
+        scale_input: RMS-normalise the base state (no parameters) and divide it by sqrt(2) before stage 0.
+        draft_vocab_size: predict only this many tokens, mapped to token ids by the ``token_map`` buffer
+            (None = the full vocabulary).
+        base_model_name_or_path: the base model it was trained for (informational; sizes are checked).
+        tree: tree defaults for the proposer: ``widths`` (nodes kept per depth), ``step_cost`` (``{nodes: cost of a
+            step / a plain decoding step}`` measured on the training machine), ``depth_acceptance``.
+        model_card: facts for the generated model card (``training_data``, ``tau``, ``speedup``, ``measured_on``,
+            ``notes``); saved in config.json.
+    """
+
+    def __init__(
+        self,
+        emb_dim: int,
+        inner_dim: int = 0,
+        vocab_size: int = 32000,
+        n_predict: int = 3,
+        top_k_tokens_per_head: list[int] | None = None,
+        n_candidates: int = 5,
+        tie_weights: bool = False,
+        scale_input: bool = False,
+        draft_vocab_size: int | None = None,
+        base_model_name_or_path: str | None = None,
+        tree: dict | None = None,
+        model_card: dict | None = None,
+    ):
+        super().__init__()
+        inner_dim = int(inner_dim) or int(emb_dim)
+        top_k = [int(k) for k in (top_k_tokens_per_head or [1] * int(n_predict))]
+        if emb_dim < 1 or inner_dim < 1 or vocab_size < 1 or n_predict < 1:
+            raise ValueError(
+                f"invalid MLPSpeculator sizes: emb_dim={emb_dim}, inner_dim={inner_dim}, vocab_size={vocab_size}, "
+                f"n_predict={n_predict}"
+            )
+        if len(top_k) != n_predict or min(top_k) < 1:
+            raise ValueError(
+                f"top_k_tokens_per_head={top_k} must hold n_predict={n_predict} positive counts (one per stage)"
+            )
+        if draft_vocab_size is not None and not 1 <= draft_vocab_size <= vocab_size:
+            raise ValueError(f"draft_vocab_size={draft_vocab_size} must lie in [1, vocab_size={vocab_size}]")
+        self.emb_dim, self.inner_dim, self.vocab_size = int(emb_dim), inner_dim, int(vocab_size)
+        self.n_predict, self.top_k_tokens_per_head, self.n_candidates = int(n_predict), top_k, int(n_candidates)
+        self.tie_weights, self.scale_input = bool(tie_weights), bool(scale_input)
+        self.draft_vocab_size = None if draft_vocab_size is None else int(draft_vocab_size)
+        self.base_model_name_or_path = base_model_name_or_path
+        self.tree = dict(tree or {})
+        self.model_card = dict(model_card or {})
+        self.source = None  # where from_pretrained read it
+        self.source_format = "hf-specdec"
+        self.state_weight = 0.5 ** (0.5 / self.n_predict)
+        self.emb_weight = math.sqrt((1 - self.state_weight**2) * (self.inner_dim / 2))
+
+        out_rows = self.draft_vocab_size or self.vocab_size
+        in_rows = self.vocab_size if self.draft_vocab_size is None else self.draft_vocab_size + 1
+        n_own = 1 if self.tie_weights else self.n_predict
+        n_proj = min(self.n_predict, 2) if self.tie_weights else self.n_predict
+        self.emb = nn.ModuleList(nn.Embedding(in_rows, inner_dim) for _ in range(n_own))
+        self.proj = nn.ModuleList(
+            nn.Linear(self.emb_dim if i == 0 else inner_dim, inner_dim, bias=False) for i in range(n_proj)
+        )
+        self.head = nn.ModuleList(nn.Linear(inner_dim, out_rows, bias=False) for _ in range(n_own))
+        self.ln = nn.ModuleList(StageNorm(inner_dim) for _ in range(n_own))
+        if self.draft_vocab_size is not None:
+            self.register_buffer("token_map", torch.arange(self.draft_vocab_size, dtype=torch.long))  # [V'] -> id
+        else:
+            self.token_map = None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Upstream's initialisation: embeddings and linears ~ N(0, 1 / inner_dim), norms the identity."""
+        std = 1.0 / math.sqrt(self.inner_dim)
+        if self.emb[0].weight.is_meta:
+            return
+        with torch.no_grad():
+            for module in [*self.emb, *self.proj, *self.head]:
+                module.weight.normal_(0.0, std)
+            for ln in self.ln:
+                ln.weight.fill_(1.0)
+                ln.bias.zero_()
+
+    # ------------------------------------------------------------------------------------------ construction
+    @classmethod
+    def for_model(
+        cls,
+        model: nn.Module,
+        inner_dim: int = 0,
+        n_predict: int = 3,
+        token_map: torch.Tensor | None = None,
+        **kwargs,
+    ) -> MLPSpeculator:
+        """A fresh speculator sized for ``model`` (checked against it).
+
+        Args:
+            model: the target.
+            inner_dim: state size (0 = the model's hidden size).
+            n_predict: number of stages.
+            token_map: `[V']` int64 token ids of a truncated draft vocabulary (None = the full vocabulary).
+            kwargs: other `MLPSpeculator` arguments (``tie_weights``, ``scale_input``, ...).
+        """
+        hidden, vocab = base_model_dims(model)
+        name = getattr(getattr(model, "config", None), "_name_or_path", None) or None
+        spec = cls(
+            emb_dim=hidden,
+            inner_dim=inner_dim,
+            vocab_size=vocab,
+            n_predict=n_predict,
+            draft_vocab_size=None if token_map is None else int(token_map.numel()),
+            base_model_name_or_path=kwargs.pop("base_model_name_or_path", name),
+            **kwargs,
+        )
+        if token_map is not None:
+            spec.token_map.copy_(token_map.to(torch.long))
+        spec.check_compatible(model)
+        return spec
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *,
+        base_model: nn.Module | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        local_files_only: bool = False,
+        force_download: bool = False,
+    ) -> MLPSpeculator:
+        """Load an MLP speculator (published "accelerator" layout or our format) from a folder or a Hub repo id.
+
+        Args:
+            pretrained_model_name_or_path: folder or repo id (e.g. ``"ibm-ai-platform/llama3-8b-accelerator"``).
+            base_model: the target model; when given, its hidden size and vocabulary are checked.
+            dtype: cast the weights (default: keep the checkpoint's dtype).
+            device: where to put it (default: CPU).
+            revision / token / cache_dir / local_files_only / force_download: Hub download options.
+        Returns:
+            `MLPSpeculator` in eval mode.
+        """
+        source = HeadSource(
+            pretrained_model_name_or_path,
+            revision=revision,
+            token=token,
+            cache_dir=cache_dir,
+            local_files_only=local_files_only,
+            force_download=force_download,
+        )
+        kwargs, tensors, source_format = read_mlp_speculator_checkpoint(source)
+        with torch.device("meta"):
+            spec = cls(**kwargs)
+        spec.load_state_dict(tensors, strict=True, assign=True)
+        spec.source, spec.source_format = str(source), source_format
+        if dtype is not None:
+            spec.to(dtype=dtype)
+        if device is not None:
+            spec.to(device=device)
+        spec.eval()
+        if base_model is not None:
+            spec.check_compatible(base_model)
+        return spec
+
+    def check_compatible(self, model: nn.Module) -> None:
+        """Refuse a base model whose hidden size or vocabulary differ from this speculator's (naming both)."""
+        owner = OWNER if self.source is None else f"{OWNER} loaded from {self.source}"
+        check_base_model(owner, model, self.emb_dim, self.vocab_size, self.base_model_name_or_path)
+
+    # ------------------------------------------------------------------------------------------ math
+    def _emb(self, i: int) -> nn.Embedding:
+        return self.emb[0 if self.tie_weights else i]
+
+    def _proj(self, i: int) -> nn.Linear:
+        return self.proj[min(i, 1) if self.tie_weights else i]
+
+    def _head(self, i: int) -> nn.Linear:
+        return self.head[0 if self.tie_weights else i]
+
+    def _ln(self, i: int) -> StageNorm:
+        return self.ln[0 if self.tie_weights else i]
+
+    def emb_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """`[...]` int64 rows of ``emb`` for token ids `[...]` (with a truncated vocabulary: the draft index, or the
+        last row for tokens outside it)."""
+        if self.token_map is None:
+            return token_ids
+        m = self.token_map
+        key = (m.data_ptr(), m._version, m.device, self.vocab_size)
+        cached = self.__dict__.get("_emb_rows_cache")
+        if cached is None or cached[0] != key:
+            rows = torch.full((self.vocab_size,), m.numel(), dtype=torch.long, device=m.device)
+            rows[m] = torch.arange(m.numel(), device=m.device)
+            cached = (key, rows)
+            self.__dict__["_emb_rows_cache"] = cached  # plain attribute: never saved, never a buffer
+        return cached[1].to(token_ids.device)[token_ids]
+
+    def draft_to_token(self, index: torch.Tensor) -> torch.Tensor:
+        """Token ids `[...]` of draft-vocabulary indices `[...]` (the identity without a truncated vocabulary)."""
+        return index if self.token_map is None else self.token_map.to(index.device)[index]
+
+    def base_state(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`[..., H]` the stage-0 input state for base hidden states `[..., H]` (``scale_input`` applied)."""
+        x = hidden_states.to(dtype=self.proj[0].weight.dtype, device=self.proj[0].weight.device)
+        if self.scale_input:
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + LN_EPS) / math.sqrt(2.0)
+        return x
+
+    def stage(self, i: int, state: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Stage ``i``'s new state `[..., inner]` from the previous state `[..., H or inner]` and `emb_rows` `[...]`."""
+        z = self._emb(i)(rows.to(state.device))  # [..., inner]
+        state = self._proj(i)(state) * self.state_weight + z * self.emb_weight
+        return F.gelu(self._ln(i)(state))
+
+    def stage_logits(self, i: int, state: torch.Tensor) -> torch.Tensor:
+        """`[..., V']` stage ``i``'s logits over the draft vocabulary from its state `[..., inner]`."""
+        return self._head(i)(state)
+
+    def forward(self, hidden_states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits of the first S stages.
+
+        Args:
+            hidden_states: `[N, H]` the base model's final hidden states at positions t.
+            tokens: `[N, S]` int64, ``tokens[:, i]`` = the token at t + 1 + i (the root, then the tokens the stages
+                are fed), S <= n_predict.
+        Returns:
+            `[S, N, V']` logits; stage i guesses the token at t + 2 + i.
+        """
+        if tokens.shape[-1] > self.n_predict:
+            raise ValueError(f"{tokens.shape[-1]} stages requested from an MLPSpeculator with {self.n_predict}")
+        state = self.base_state(hidden_states)
+        rows = self.emb_rows(tokens)
+        out = []
+        for i in range(tokens.shape[-1]):
+            state = self.stage(i, state, rows[:, i])
+            out.append(self.stage_logits(i, state))
+        return torch.stack(out)
+
+    # ------------------------------------------------------------------------------------------ Hub I/O
+    def default_widths(self) -> list[int]:
+        """Nodes per depth of the default tree: ``tree.widths`` if set, else upstream's n_candidates best paths
+        through the top_k_tokens_per_head product (``min(prod(k[:d + 1]), n_candidates)`` per depth)."""
+        if self.tree.get("widths") is not None:
+            return [int(w) for w in self.tree["widths"]]
+        widths, product = [], 1
+        for k in self.top_k_tokens_per_head:
+            product *= k
+            widths.append(min(product, max(self.n_candidates, 1)))
+        return widths
+
+    def config_dict(self) -> dict:
+        """What ``config.json`` holds (our format)."""
+        return {
+            "head_type": HEAD_TYPE,
+            "hf_specdec_version": _library_version(),
+            "emb_dim": self.emb_dim,
+            "inner_dim": self.inner_dim,
+            "vocab_size": self.vocab_size,
+            "n_predict": self.n_predict,
+            "top_k_tokens_per_head": self.top_k_tokens_per_head,
+            "n_candidates": self.n_candidates,
+            "tie_weights": self.tie_weights,
+            "scale_input": self.scale_input,
+            "draft_vocab_size": self.draft_vocab_size,
+            "base_model_name_or_path": self.base_model_name_or_path,
+            "tree": self.tree,
+            "model_card": self.model_card,
+            "source_format": self.source_format,
+            "dtype": str(self.proj[0].weight.dtype).removeprefix("torch."),
+        }
+
+    def _save_pretrained(self, save_directory: Path) -> None:
+        save_directory = Path(save_directory)
+        state = self.state_dict()
+        expected = expected_shapes(self.init_kwargs())
+        assert set(state) == set(expected), (sorted(state), sorted(expected))
+        save_tensors(state, save_directory / WEIGHTS_NAME)
+        write_config(self.config_dict(), save_directory / CONFIG_NAME)
+        (save_directory / CARD_NAME).unlink(missing_ok=True)  # ModelHubMixin writes the card only when absent
+
+    def init_kwargs(self) -> dict:
+        """`__init__` arguments that rebuild this module."""
+        keys = ("emb_dim", "inner_dim", "vocab_size", "n_predict", "top_k_tokens_per_head", "n_candidates")
+        keys += ("tie_weights", "scale_input", "draft_vocab_size", "base_model_name_or_path", "tree", "model_card")
+        return {k: getattr(self, k) for k in keys}
+
+    def push_to_hub(self, repo_id: str, **kwargs) -> str:
+        """Upload ``config.json``, ``model.safetensors`` and the model card to the Hub repo ``repo_id``
+        (`huggingface_hub.ModelHubMixin.push_to_hub`'s options)."""
+        card_kwargs = {"repo_id": repo_id, **(kwargs.pop("model_card_kwargs", None) or {})}
+        return super().push_to_hub(repo_id, model_card_kwargs=card_kwargs, **kwargs)
+
+    def generate_model_card(self, repo_id: str | None = None, **facts) -> ModelCard:
+        """The README.md model card; ``facts`` add to / override ``self.model_card`` (tau, speedup, ...)."""
+        config = {**self.config_dict(), "hidden_size": self.emb_dim}
+        config["model_card"] = {**self.model_card, **facts}
+        base = self.base_model_name_or_path or "<base model id>"
+        where = repo_id or "<this repo id or folder>"
+        vocab = f" over a truncated vocabulary of {self.draft_vocab_size} tokens" if self.draft_vocab_size else ""
+        description = (
+            f"An MLP speculator ([Wertheimer et al. 2024](https://arxiv.org/abs/2404.19124)) with {self.n_predict} "
+            f"stages (state size {self.inner_dim}{', tied weights' if self.tie_weights else ''}){vocab} for "
+            "speculative decoding with hf-specdec. Stage i reads the previous stage's state and the token chosen "
+            "before it (stage 0: the base model's final hidden state and the root) and guesses the next token; the "
+            "guesses form a token tree that the base model verifies in one forward pass: greedy output is identical "
+            "to the base model's own and sampling stays exact."
+        )
+        usage = f"""
+import hf_specdec
+from hf_specdec.heads.mlp_speculator import MLPSpeculator
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+tok = AutoTokenizer.from_pretrained("{base}")
+model = AutoModelForCausalLM.from_pretrained("{base}")
+spec = MLPSpeculator.from_pretrained("{where}", base_model=model, dtype=model.dtype)
+ids = tok("The capital of France is", return_tensors="pt").input_ids
+out = model.generate(ids, max_new_tokens=128, do_sample=False, assistant=spec)
+print(tok.decode(out[0]))
+"""
+        return render_model_card(
+            head_type=HEAD_TYPE,
+            title=f"MLP speculator for {base}",
+            config=config,
+            usage=usage,
+            description=description,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"emb_dim={self.emb_dim}, inner_dim={self.inner_dim}, vocab_size={self.vocab_size}, "
+            f"n_predict={self.n_predict}, tie_weights={self.tie_weights}, scale_input={self.scale_input}"
+            + (f", draft_vocab_size={self.draft_vocab_size}" if self.draft_vocab_size is not None else "")
+        )
+
+
+# ------------------------------------------------------------------------------------------------- reading
+def expected_shapes(kwargs: Mapping) -> dict[str, tuple[int, ...]]:
+    """Shapes of the stored tensors (tied copies once) for `MLPSpeculator.__init__` arguments ``kwargs``."""
+    h, vocab, n = kwargs["emb_dim"], kwargs["vocab_size"], kwargs["n_predict"]
+    inner = kwargs["inner_dim"] or h
+    draft = kwargs.get("draft_vocab_size")
+    tied = bool(kwargs.get("tie_weights"))
+    in_rows, out_rows = (vocab, vocab) if draft is None else (draft + 1, draft)
+    n_own = 1 if tied else n
+    n_proj = min(n, 2) if tied else n
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in range(n_own):
+        shapes[f"emb.{i}.weight"] = (in_rows, inner)
+        shapes[f"head.{i}.weight"] = (out_rows, inner)
+        shapes[f"ln.{i}.weight"] = (inner,)
+        shapes[f"ln.{i}.bias"] = (inner,)
+    for i in range(n_proj):
+        shapes[f"proj.{i}.weight"] = (inner, h if i == 0 else inner)
+    if draft is not None:
+        shapes["token_map"] = (draft,)
+    return shapes
+
+
+def _read_config(source: HeadSource) -> tuple[dict, str]:
+    """``(config, path)`` of the source's config.json; a missing or unparsable file is an error naming it."""
+    path = source.file(CONFIG_NAME)
+    if path is None:
+        check_reachable(source, False)
+        raise FileNotFoundError(
+            f"{OWNER}: {source.describe_missing([CONFIG_NAME])}; an MLP speculator needs its config"
+        )
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{OWNER}: {path} is not valid JSON ({err}); expected the speculator's config.json") from err
+    if not isinstance(config, dict):
+        raise ValueError(f"{OWNER}: {path} holds a {type(config).__name__}, expected a JSON object")
+    return config, str(path)
+
+
+def _config_kwargs(config: Mapping, where: str) -> tuple[dict, str]:
+    """`MLPSpeculator.__init__` arguments from a config (ours or upstream's) and the format's name."""
+    if config.get("head_type") == HEAD_TYPE:
+        source_format = config.get("source_format", "hf-specdec")
+    elif config.get("model_type") == HEAD_TYPE:
+        source_format = "ibm-accelerator"
+    else:
+        raise ValueError(
+            f"{OWNER}: {where} is not an MLP speculator config: expected model_type 'mlp_speculator' (published "
+            f"accelerators) or head_type 'mlp_speculator' (hf-specdec), got model_type={config.get('model_type')!r}, "
+            f"head_type={config.get('head_type')!r}"
+        )
+    for key in ("emb_dim", "vocab_size", "n_predict"):
+        if not isinstance(config.get(key), int) or isinstance(config.get(key), bool):
+            raise ValueError(f"{OWNER}: {where} lacks an integer {key!r} (got {config.get(key)!r})")
+    n = config["n_predict"]
+    top_k = config.get("top_k_tokens_per_head") or [1] * n
+    if not isinstance(top_k, list) or len(top_k) != n or not all(isinstance(k, int) and k > 0 for k in top_k):
+        raise ValueError(f"{OWNER}: {where} has top_k_tokens_per_head={top_k!r}; expected {n} positive integers")
+    kwargs = dict(
+        emb_dim=config["emb_dim"],
+        inner_dim=int(config.get("inner_dim") or 0) or config["emb_dim"],
+        vocab_size=config["vocab_size"],
+        n_predict=n,
+        top_k_tokens_per_head=top_k,
+        n_candidates=int(config.get("n_candidates") or 5),
+        tie_weights=bool(config.get("tie_weights", False)),
+        scale_input=bool(config.get("scale_input", False)),
+        draft_vocab_size=config.get("draft_vocab_size"),
+        base_model_name_or_path=config.get("base_model_name_or_path") or config.get("base_model"),
+        tree=config.get("tree"),
+        model_card=config.get("model_card"),
+    )
+    return kwargs, source_format
+
+
+def _read_weights(source: HeadSource) -> tuple[dict[str, torch.Tensor], str]:
+    """Every tensor of the source's weights (single file, sharded safetensors or a pickled ``.bin``), prefix-stripped;
+    a file that cannot be read is an error naming it."""
+    for name in (WEIGHTS_NAME, SHARD_INDEX, BIN_NAME):
+        path = source.file(name)
+        if path is None:
+            continue
+        try:
+            if name == SHARD_INDEX:
+                tensors, _ = read_sharded_tensors(source, name, lambda key: True)
+            else:
+                tensors = read_tensors(path)
+        except Exception as err:  # safetensors / pickle errors carry no file name
+            raise ValueError(
+                f"{OWNER}: cannot read the weights file {path}: {type(err).__name__}: {err}. The file is corrupt or "
+                "not a safetensors / torch.save state dict; download it again"
+            ) from err
+        stripped = {(k[len(PREFIX) :] if k.startswith(PREFIX) else k): v for k, v in tensors.items()}
+        return stripped, str(path)
+    check_reachable(source, False)
+    raise FileNotFoundError(f"{OWNER}: {source.describe_missing([WEIGHTS_NAME, SHARD_INDEX, BIN_NAME])}")
+
+
+def _collapse_tied(tensors: dict[str, torch.Tensor], kwargs: Mapping, where: str) -> dict[str, torch.Tensor]:
+    """With ``tie_weights``, keep one copy of each tied group (stage 0's, or ``proj.1``); stored copies must agree."""
+    if not kwargs["tie_weights"]:
+        return tensors
+    groups = {"emb.{}.weight": 0, "head.{}.weight": 0, "ln.{}.weight": 0, "ln.{}.bias": 0, "proj.{}.weight": 1}
+    out = dict(tensors)
+    for pattern, first in groups.items():
+        copies = [pattern.format(i) for i in range(first, kwargs["n_predict"]) if pattern.format(i) in out]
+        if not copies:
+            continue  # check_shapes reports the missing tensor
+        kept = out.pop(copies[0])
+        for other in copies[1:]:
+            copy = out.pop(other)
+            if copy.shape != kept.shape or not torch.equal(copy, kept):
+                raise ValueError(
+                    f"{OWNER}: {where} says tie_weights=true but {other!r} differs from {copies[0]!r} (shapes "
+                    f"{list(copy.shape)} vs {list(kept.shape)}); the checkpoint is not tied: set tie_weights=false"
+                )
+        out[pattern.format(first)] = kept
+    return out
+
+
+def read_mlp_speculator_checkpoint(source: HeadSource) -> tuple[dict, dict[str, torch.Tensor], str]:
+    """``(init kwargs, tensors in our layout, source format)`` of a speculator folder or Hub repo; every shape is
+    checked against the config (errors name the file, the key and both shapes)."""
+    config, config_path = _read_config(source)
+    kwargs, source_format = _config_kwargs(config, config_path)
+    tensors, weights_path = _read_weights(source)
+    tensors = _collapse_tied(tensors, kwargs, weights_path)
+    check_shapes(OWNER, tensors, expected_shapes(kwargs), f"{weights_path} (config {config_path})")
+    return kwargs, tensors, source_format
+
+
+__all__ = ["MLPSpeculator", "StageNorm", "expected_shapes", "read_mlp_speculator_checkpoint"]
