@@ -9,6 +9,7 @@ from .generation.hook import install as _install_generate_hook
 from .generation.logits import register_per_node_processor
 from .generation.loop import generate
 from .generation.proposers import Proposer, ProposerSetup, RowState, register_assistant_resolver
+from .generation.proposers.base import RowFeedback
 from .generation.stats import SpecStats
 from .generation.tree import DraftSampling, DraftTree
 from .kernels.attention import register as _register_attention
@@ -58,6 +59,7 @@ __all__ = [
     "PagedCache",
     "Proposer",
     "ProposerSetup",
+    "RowFeedback",
     "RowState",
     "SpecStats",
     "generate",

@@ -20,14 +20,16 @@ class Recorder(Proposer):
         self.hidden_state_layers = layers
         self.asked: list[list[int]] = []
         self.observed: list[tuple[list[int], list]] = []
+        self.verdicts: list[list] = []
         self.finished = 0
 
     def propose(self, rows):
         self.asked.append([(r.row, r.max_depth) for r in rows])
         return [DraftTree.chain([self.token]) if self.when(r) and r.max_depth else DraftTree.empty() for r in rows]
 
-    def observe(self, rows, new_tokens, hidden_states):
-        self.observed.append(([int(t.numel()) for t in new_tokens], hidden_states))
+    def observe(self, rows, feedback):
+        self.observed.append(([int(fb.new_tokens.numel()) for fb in feedback], [fb.hidden_states for fb in feedback]))
+        self.verdicts.append([(fb.tree, fb.accepted.tolist()) for fb in feedback])
 
     def finish(self):
         self.finished += 1
@@ -47,6 +49,12 @@ def test_each_row_drafts_with_the_first_assistant_that_has_a_draft():
     # both observe every step (prefill + each verification), and both are finished
     assert len(first.observed) == len(second.observed) > 1
     assert first.finished == second.finished == 1
+    # each sees the verdict of its own trees only: a row it was not asked about has no tree and no accepted nodes
+    for step in second.verdicts[1:]:
+        for tree, accepted in step:
+            assert accepted == [] or (tree is not None and tree.num_nodes)
+    assert all(tree is None for tree, _ in first.verdicts[0])  # after prefill
+    assert any(tree is not None and tree.num_nodes for step in first.verdicts[1:] for tree, _ in step)
 
 
 def test_trees_come_from_the_right_assistant():
@@ -73,11 +81,13 @@ def test_hidden_states_are_requested_once_and_each_assistant_gets_its_own_layers
     fb = FallbackAssistant(none, a, b)
     model.generate(ids, max_new_tokens=3, do_sample=False, assistant=fb)
     assert fb.hidden_state_layers == (-1, 0)
-    assert all(h is None for _, h in none.observed)
+    assert all(h is None for _, hs in none.observed for h in hs)
     for rec, layers in [(a, (-1,)), (b, (0, -1))]:
         prefill_alone, prefill_here = alone[layers][0][1][0], rec.observed[0][1][0]
-        assert prefill_here.shape == prefill_alone.shape == (len(PROMPTS[0]), 64 * len(layers))
-        torch.testing.assert_close(prefill_here, prefill_alone)
+        assert sorted(prefill_here) == sorted(prefill_alone) == sorted(layers)
+        for layer in layers:
+            assert prefill_here[layer].shape == (len(PROMPTS[0]), 64)
+            torch.testing.assert_close(prefill_here[layer], prefill_alone[layer])
 
 
 def test_every_assistant_is_finished_even_when_one_fails():

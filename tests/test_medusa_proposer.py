@@ -11,7 +11,7 @@ import torch
 
 import hf_specdec
 from hf_specdec.generation.proposers import resolve_assistant
-from hf_specdec.generation.proposers.base import ProposerSetup, RowState
+from hf_specdec.generation.proposers.base import ProposerSetup, RowFeedback, RowState
 from hf_specdec.generation.proposers.medusa import (
     AdaptiveDepth,
     MedusaAssistant,
@@ -147,6 +147,11 @@ def heads_with_known_logits(scores: torch.Tensor, token_map=None) -> MedusaHeads
     return heads
 
 
+def prefilled(tokens, hidden: torch.Tensor) -> RowFeedback:
+    """Feedback after prefill of ``tokens`` with final hidden states ``hidden`` `[m, H]`."""
+    return RowFeedback(torch.as_tensor(tokens), torch.zeros(0, dtype=torch.long), 0, None, {-1: hidden})
+
+
 def start(proposer, model):
     proposer.validate(model)
     proposer.start(ProposerSetup(target=model, generation_config=model.generation_config))
@@ -167,7 +172,7 @@ def test_proposer_builds_the_static_tree_from_each_rows_last_hidden_state():
         RowState(row=3, tokens=torch.tensor([1, 6]), prompt_len=1, max_depth=10),
     ]
     # row 0's last token entered with hidden e_0, row 3's with e_1; earlier hidden states must not matter
-    proposer.observe(rows, [torch.tensor([1, 5]), torch.tensor([1])], [torch.stack([e[1], e[1], e[0]]), e[1:2]])
+    proposer.observe(rows, [prefilled([1, 5], torch.stack([e[1], e[1], e[0]])), prefilled([1], e[1:2])])
     trees = proposer.propose(rows)
     for tree, j in zip(trees, (0, 1)):
         topk = scores[:, :, j].topk(3, dim=-1).indices  # head d ranks feed depth d + 1
@@ -180,7 +185,7 @@ def test_proposer_cuts_the_tree_to_each_rows_budget():
     proposer = MedusaAssistant(heads_with_known_logits(scores), tree_choices=[[0], [1], [0, 0], [0, 0, 0]])
     start(proposer, tiny_causal_lm("llama", hidden_size=H))
     rows = [RowState(row=b, tokens=torch.tensor([1, 2]), prompt_len=1, max_depth=d) for b, d in enumerate((0, 1, 2))]
-    proposer.observe(rows, [torch.tensor([1])] * 3, [torch.eye(H)[:1]] * 3)
+    proposer.observe(rows, [prefilled([1], torch.eye(H)[:1])] * 3)
     sizes = [t.num_nodes for t in proposer.propose(rows)]
     depths = [t.max_depth for t in proposer.propose(rows)]
     assert sizes == [0, 2, 3] and depths == [0, 1, 2]
@@ -192,7 +197,7 @@ def test_proposer_maps_a_truncated_vocabulary_to_token_ids():
     proposer = MedusaAssistant(heads_with_known_logits(scores, token_map), tree_choices=[[0], [1], [0, 0]])
     start(proposer, tiny_causal_lm("llama", hidden_size=H))
     row = RowState(row=0, tokens=torch.tensor([1, 2]), prompt_len=1, max_depth=5)
-    proposer.observe([row], [torch.tensor([1])], [torch.eye(H)[:1]])
+    proposer.observe([row], [prefilled([1], torch.eye(H)[:1])])
     tree = proposer.propose([row])[0]
     topk = token_map[scores[:, :, 0].topk(2, dim=-1).indices]
     assert_same_tree(tree, DraftTree.from_choices([[0], [1], [0, 0]], topk))

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_specdec.generation.proposers import NgramAssistant
-from hf_specdec.generation.proposers.base import RowState
+from hf_specdec.generation.proposers.base import RowFeedback, RowState
 from hf_specdec.generation.tree import DraftSampling, DraftTree
 
 
@@ -23,11 +23,16 @@ def _state(tokens, row: int = 0, max_depth: int = 100, prompt_len: int | None = 
     )
 
 
+def _prefilled(tokens, next_token: int) -> RowFeedback:
+    """The feedback after prefill: ``tokens`` entered the target's cache, ``next_token`` is the new root."""
+    return RowFeedback(torch.as_tensor(tokens, dtype=torch.long), torch.zeros(0, dtype=torch.long), next_token)
+
+
 def _propose_once(proposer: NgramAssistant, tokens, **kwargs) -> DraftTree:
     """Prefill-observe ``tokens[:-1]`` (the last token is the root), then propose."""
     state = _state(tokens, **kwargs)
     proposer.start(None)
-    proposer.observe([state], [state.tokens[:-1]], None)
+    proposer.observe([state], [_prefilled(state.tokens[:-1], state.root)])
     return proposer.propose([state])[0]
 
 
@@ -55,15 +60,15 @@ def _assert_valid_tree(tree: DraftTree) -> None:
     assert tree.sampling is DraftSampling.DETERMINISTIC and tree.draft_probs is None
 
 
-def _greedy_accepted(tree: DraftTree, future: list[int]) -> int:
-    """How many nodes greedy verification accepts when the target's next tokens are ``future``."""
-    node, k = -1, 0
-    while k < len(future):
-        node = next((i for i in tree.children(node) if int(tree.tokens[i]) == future[k]), None)
+def _greedy_accepted(tree: DraftTree, future: list[int]) -> list[int]:
+    """The nodes greedy verification accepts (in path order) when the target's next tokens are ``future``."""
+    node, path = -1, []
+    while len(path) < len(future):
+        node = next((i for i in tree.children(node) if int(tree.tokens[i]) == future[len(path)]), None)
         if node is None:
             break
-        k += 1
-    return k
+        path.append(node)
+    return path
 
 
 def _simulate(
@@ -83,7 +88,7 @@ def _simulate(
     proposer.start(None)
     pos = {row: 1 for row in streams}  # output[:pos] emitted; output[pos - 1] is the root
     states = [_state(p + o[:1], row=row, prompt_len=len(p)) for row, (p, o) in streams.items()]
-    proposer.observe(states, [torch.tensor(streams[s.row][0]) for s in states], None)
+    proposer.observe(states, [_prefilled(streams[s.row][0], s.root) for s in states])
     log: dict[int, list] = {row: [] for row in streams}
     step = 0
     while steps is None or step < steps:
@@ -96,15 +101,17 @@ def _simulate(
         ]
         trees = proposer.propose(states)
         assert len(trees) == len(states)
-        new_tokens = []
+        feedback = []
         for r, tree in zip(active, trees):
             out = streams[r][1]
-            k = _greedy_accepted(tree, out[pos[r] :])
+            path = _greedy_accepted(tree, out[pos[r] :])
+            k = len(path)
             log[r].append((tree, k))
-            new_tokens.append(torch.tensor(out[pos[r] - 1 : pos[r] + k]))
+            accepted = torch.tensor(path, dtype=torch.long)
+            feedback.append(RowFeedback(torch.tensor(out[pos[r] - 1 : pos[r] + k]), accepted, out[pos[r] + k], tree))
             pos[r] += k + 1
         states = [_state(streams[r][0] + streams[r][1][: pos[r]], row=r) for r in active]
-        proposer.observe(states, new_tokens, None)
+        proposer.observe(states, feedback)
         step += 1
     if finish:
         proposer.finish()
@@ -269,7 +276,7 @@ def test_incremental_index_equals_a_brute_force_scan(seq, chunks, max_ngram, min
     cut.append(len(seq))
     for end in cut:
         state = _state(seq[:end])
-        proposer.observe([state], [state.tokens], None)
+        proposer.observe([state], [_prefilled(state.tokens, state.root)])
         lookup = proposer._rows[0]
         assert lookup.seq == seq[:end]
         for n in range(1, max_ngram + 1):
@@ -339,7 +346,7 @@ def test_propose_is_fast_on_a_long_sequence():
     proposer = NgramAssistant()
     state = _state(seq)
     proposer.start(None)
-    proposer.observe([state], [state.tokens[:-1]], None)
+    proposer.observe([state], [_prefilled(state.tokens[:-1], state.root)])
     times = []
     for _ in range(200):
         t0 = time.perf_counter()

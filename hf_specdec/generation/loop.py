@@ -29,7 +29,7 @@ from ..kernels.attention import ATTENTION_NAME, PLAN_KWARG, build_plan, planned_
 from ..kernels.cpu_linear import packed_linears
 from .logits import NodeScorer
 from .proposers import resolve_assistant
-from .proposers.base import Proposer, ProposerSetup, RowState
+from .proposers.base import Proposer, ProposerSetup, RowFeedback, RowState
 from .stats import SpecStats
 from .tree import DraftTree, pack_trees
 from .verify import Verdict, sample_from_scores, verify_tree
@@ -127,10 +127,17 @@ def speculative_attention(model):
             cfg._attn_implementation = name
 
 
-def _hidden_layers(outputs, layers: Sequence[int]) -> torch.Tensor:
-    """`[N, H * len(layers)]` the requested hidden states of the packed forward."""
+def _hidden_layers(outputs, layers: Sequence[int]) -> dict[int, torch.Tensor]:
+    """Layer -> `[N, H]` the requested hidden states of the packed forward."""
     hs = outputs.hidden_states
-    return torch.cat([hs[i][0] for i in layers], dim=-1)
+    return {layer: hs[layer][0] for layer in layers}
+
+
+def _hidden_at(hidden: dict[int, torch.Tensor] | None, index) -> dict[int, torch.Tensor] | None:
+    """Layer -> `[m, H]`: the packed positions ``index`` (a slice or `[m]` indices) of every requested layer."""
+    if hidden is None:
+        return None
+    return {layer: h[index if isinstance(index, slice) else index.to(h.device)] for layer, h in hidden.items()}
 
 
 def _validate_call(model, input_ids: torch.Tensor, generation_config, model_kwargs: dict) -> None:
@@ -322,17 +329,17 @@ def generate(
             del out
             for r, n in zip(rows, q_lens):
                 cache.allocator.truncate(r.cache_row, n)  # the prompt is committed
-            new_tokens, hidden_rows = [], []
+            feedback = []
+            no_nodes = torch.zeros(0, dtype=torch.long, device=device)
             for b, r in enumerate(rows):
                 scores = scorer(r.context, DraftTree.empty(device), raw[b : b + 1], r.index)
                 tok = int(sample_from_scores(scores, generator)[0]) if do_sample else int(scores[0].argmax())
                 emit(r, [tok], scores if want_scores else None, raw[b : b + 1] if want_logits else None)
-                new_tokens.append(prompts[b])
-                if hidden is not None:
-                    hidden_rows.append(hidden[plan.cu_seqlens[b] : plan.cu_seqlens[b + 1]])
+                span = slice(int(plan.cu_seqlens[b]), int(plan.cu_seqlens[b + 1]))
+                feedback.append(RowFeedback(prompts[b], no_nodes, tok, None, _hidden_at(hidden, span)))
             stats.time_verify += time.perf_counter() - t0
             _release_finished(rows, cache)
-            proposer.observe(_row_states(rows, max_length), new_tokens, hidden_rows if layers else None)
+            proposer.observe(_row_states(rows, max_length), feedback)
 
             # ---- speculative steps
             while True:
@@ -341,12 +348,12 @@ def generate(
                     break
                 states = _row_states(active, max_length)
                 t0 = time.perf_counter()
-                trees = proposer.propose(states)
+                proposed = proposer.propose(states)
                 stats.time_propose += time.perf_counter() - t0
                 t0 = time.perf_counter()
-                trees = [_sanitize(t, s, model) for t, s in zip(trees, states)] if len(trees) == len(active) else None
-                if trees is None:
+                if len(proposed) != len(active):
                     raise RuntimeError(f"{type(proposer).__name__}.propose returned the wrong number of trees")
+                trees, kept = zip(*[_sanitize(t, s, model) for t, s in zip(proposed, states)])
                 verdicts, raw, hidden, plan = _verify_step(
                     model,
                     cache,
@@ -361,7 +368,7 @@ def generate(
                 cache.commit_rows([r.cache_row for r in active], [v.accepted for v in verdicts])
                 t1 = time.perf_counter()
                 stats.time_verify += t1 - t0
-                new_tokens, hidden_rows = [], []
+                feedback = []
                 for b, (r, tree, v) in enumerate(zip(active, trees, verdicts)):
                     stats.record_step(tree.num_nodes, v.num_accepted)
                     acc_nodes = v.accepted[1:] - 1
@@ -375,11 +382,12 @@ def generate(
                         raw[1][sel] if want_scores else None,
                         raw[0][sel] if want_logits else None,
                     )
-                    new_tokens.append(torch.tensor([root] + drafted, dtype=torch.long, device=device))
-                    if hidden is not None:
-                        hidden_rows.append(hidden[(v.accepted + s).to(hidden.device)])
+                    new_tokens = torch.tensor([root] + drafted, dtype=torch.long, device=device)
+                    accepted = acc_nodes if kept[b] is None else kept[b][acc_nodes.to(kept[b].device)]
+                    hidden_rows = _hidden_at(hidden, v.accepted + s)
+                    feedback.append(RowFeedback(new_tokens, accepted, v.next_token, proposed[b], hidden_rows))
                 _release_finished(active, cache)
-                proposer.observe(_row_states(active, max_length), new_tokens, hidden_rows if layers else None)
+                proposer.observe(_row_states(active, max_length), feedback)
                 stats.time_other += time.perf_counter() - t1
     finally:
         proposer.finish()
@@ -419,22 +427,29 @@ def _release_finished(rows: Sequence[_Row], cache: PagedCache) -> None:
             cache.free_row(r.cache_row)
 
 
-def _sanitize(tree: DraftTree, state: RowState, model) -> DraftTree:
-    """Check a proposer's tree and cut it to the row's remaining budget."""
+def _sanitize(tree: DraftTree, state: RowState, model) -> tuple[DraftTree, torch.Tensor | None]:
+    """Check a proposer's tree and cut it to the row's remaining budget.
+
+    Returns:
+        the tree to verify, and `[T']` int64 the proposed tree's index of each of its nodes (None: the same nodes).
+    """
     if not isinstance(tree, DraftTree):
         raise TypeError(f"a proposer must return DraftTree objects, got {type(tree).__name__}")
     if tree.device != state.tokens.device:
         tree = tree.to(state.tokens.device)
+    kept = None
+    if tree.num_nodes and tree.max_depth > state.max_depth:
+        keep = tree.depth <= state.max_depth
+        kept = keep.nonzero().flatten()
+        tree = tree.subtree_keep(keep)
     if tree.num_nodes == 0:
-        return tree
-    if tree.max_depth > state.max_depth:
-        tree = tree.subtree_keep(tree.depth <= state.max_depth)
+        return tree, kept
     vocab = model.config.get_text_config().vocab_size if hasattr(model.config, "get_text_config") else None
     if vocab is not None and tree.num_nodes and (int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0):
         raise ValueError(
             f"the assistant drafted token id {int(tree.tokens.max())} outside the target's vocabulary ({vocab})"
         )
-    return tree
+    return tree, kept
 
 
 def _verify_step(model, cache, active, trees, scorer, layers, **verify_kwargs):

@@ -5,11 +5,11 @@ One generate() call goes:
 
     proposer.validate(target)                      # before anything runs: refuse a wrong head / vocabulary
     proposer.start(setup)                          # once per call
-    proposer.observe(rows, new_tokens, hidden)     # after prefill: new_tokens = each row's prompt
+    proposer.observe(rows, feedback)               # after prefill: feedback[i].new_tokens = row i's prompt
     loop:
         trees = proposer.propose(rows)             # one DraftTree per active row
         ...target verifies...
-        proposer.observe(rows, new_tokens, hidden) # new_tokens = root + accepted nodes (now in the target's KV)
+        proposer.observe(rows, feedback)           # each row's verdict: accepted nodes, new root, hidden states
     proposer.finish()                              # always called, also after an error
 
 ``rows[i].tokens`` always ends with the row's *root*: the last token the target chose, not yet in its KV cache.
@@ -48,6 +48,33 @@ class RowState:
 
 
 @dataclass
+class RowFeedback:
+    """What the target decided for one row, handed to `Proposer.observe` (no proposer reconstructs acceptance).
+
+    Attributes:
+        new_tokens: `[m]` int64 tokens whose K/V the target just committed: the prompt after prefill; after a step
+            the old root followed by the accepted draft tokens.
+        accepted: `[a]` int64 indices into the nodes of ``tree`` accepted this step (parents before children, in
+            path order); empty after prefill.
+        next_token: the new root (the correction or bonus token), equal to the row's ``RowState.root``.
+        tree: the tree this row proposed this step, exactly as `Proposer.propose` returned it (None after prefill).
+        hidden_states: layer index -> `[m, H]` target hidden states at ``new_tokens`` (keys = the proposer's
+            ``hidden_state_layers``), or None when the proposer asked for none.
+    """
+
+    new_tokens: torch.Tensor
+    accepted: torch.Tensor
+    next_token: int
+    tree: DraftTree | None = None
+    hidden_states: dict[int, torch.Tensor] | None = None
+
+    @property
+    def num_accepted(self) -> int:
+        """Accepted draft nodes this step."""
+        return int(self.accepted.numel())
+
+
+@dataclass
 class ProposerSetup:
     """What a proposer may need to know about this generate() call.
 
@@ -76,8 +103,8 @@ class Proposer:
         sampling: how this proposer chooses children (the verifier picks its rule from each tree's own field;
             this is the default a proposer builds its trees with).
         hidden_state_layers: None if the proposer needs no target hidden states; otherwise indices into
-            transformers' ``hidden_states`` tuple (``-1`` = the final, normed hidden state fed to the lm_head). The
-            loop passes them concatenated on the last dimension.
+            transformers' ``hidden_states`` tuple (``-1`` = the final, normed hidden state fed to the lm_head; ``k`` =
+            the residual stream entering decoder layer ``k``). `observe` gets them as a mapping layer -> `[m, H]`.
     """
 
     sampling: DraftSampling = DraftSampling.DETERMINISTIC
@@ -94,20 +121,12 @@ class Proposer:
         """One `DraftTree` per row (an empty tree drafts nothing and costs nothing)."""
         raise NotImplementedError
 
-    def observe(
-        self,
-        rows: Sequence[RowState],
-        new_tokens: Sequence[torch.Tensor],
-        hidden_states: Sequence[torch.Tensor] | None,
-    ) -> None:
-        """Tokens that just entered the target's KV cache, per row, and their hidden states if requested.
+    def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
+        """What the target committed for each row after prefill and after every step.
 
         Args:
             rows: the rows, already updated (``tokens`` ends with the new root).
-            new_tokens: per row `[m]` the tokens whose K/V the target just committed: the prompt after prefill,
-                then the root and the accepted draft nodes after each step (so ``m - 1`` drafts were accepted).
-            hidden_states: per row `[m, H * len(hidden_state_layers)]` the target's hidden states at those tokens,
-                or None when ``hidden_state_layers`` is None.
+            feedback: ``feedback[i]`` is the verdict of ``rows[i]`` (see `RowFeedback`).
         """
 
     def finish(self) -> None:

@@ -7,8 +7,9 @@ the n-gram assistant first and, for the rows where it found no match this step, 
     model.generate(ids, assistant=hf_specdec.FallbackAssistant(hf_specdec.NgramAssistant(), MedusaHeads...))
 
 Every assistant sees every step's accepted tokens (``observe``), so each stays in sync whether or not it drafted;
-only the rows an assistant drafts for reach its ``propose``. Target hidden states are requested once for the union
-of the layers the assistants need and each gets its own columns. Each row's tree keeps its own drafting rule
+only the rows an assistant drafts for reach its ``propose``, and each sees the verdict of the tree *it* proposed (a
+row it was not asked about arrives with ``tree=None``). Target hidden states are requested once for the union of the
+layers the assistants need and each gets the layers it asked for. Each row's tree keeps its own drafting rule
 (``DraftTree.sampling``), so greedy and exact sampling stay exact: which assistant drafts depends only on the
 context, never on the target's answer.
 """
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from ..tree import DraftTree
-from .base import Proposer, ProposerSetup, RowState
+from .base import Proposer, ProposerSetup, RowFeedback, RowState
 
 
 class FallbackAssistant(Proposer):
@@ -42,8 +43,8 @@ class FallbackAssistant(Proposer):
         if len(self.proposers) != len(assistants):
             self.proposers = []  # resolved in validate(), once the target is known
         self.hidden_state_layers = self._layers()
-        # per assistant: "none" (needs no hidden states), "all" (needs exactly the union) or the union's columns
-        self._hidden_views: list[str | torch.Tensor] = []
+        # this step's trees: (assistant index, caller's row) -> the tree that assistant proposed for the row
+        self._proposed: dict[tuple[int, int], DraftTree] = {}
 
     def __repr__(self) -> str:
         return f"FallbackAssistant({', '.join(repr(a) for a in (self.proposers or self.assistants))})"
@@ -64,24 +65,15 @@ class FallbackAssistant(Proposer):
         for p in self.proposers:
             p.validate(target)
         self.hidden_state_layers = self._layers()
-        union = self.hidden_state_layers or ()
-        h = int(target.config.get_text_config().hidden_size) if union else 0
-        self._hidden_views = []
-        for p in self.proposers:
-            if not p.hidden_state_layers:
-                self._hidden_views.append("none")
-            elif tuple(p.hidden_state_layers) == union:
-                self._hidden_views.append("all")
-            else:
-                blocks = [union.index(layer) for layer in p.hidden_state_layers]
-                self._hidden_views.append(torch.cat([torch.arange(b * h, (b + 1) * h) for b in blocks]))
 
     def start(self, setup: ProposerSetup) -> None:
         super().start(setup)
+        self._proposed = {}
         for p in self.proposers:
             p.start(setup)
 
     def finish(self) -> None:
+        self._proposed = {}
         error: BaseException | None = None
         for p in self.proposers:
             try:
@@ -95,10 +87,12 @@ class FallbackAssistant(Proposer):
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
         trees: list[DraftTree | None] = [None] * len(rows)
         waiting = list(range(len(rows)))
-        for p in self.proposers:
+        self._proposed = {}
+        for a, p in enumerate(self.proposers):
             if not waiting:
                 break
             for i, tree in zip(waiting, p.propose([rows[i] for i in waiting])):
+                self._proposed[a, rows[i].row] = tree
                 if tree.num_nodes:
                     trees[i] = tree
             waiting = [i for i in waiting if trees[i] is None]
@@ -106,20 +100,14 @@ class FallbackAssistant(Proposer):
             trees[i] = DraftTree.empty(rows[i].tokens.device)
         return trees
 
-    def observe(
-        self,
-        rows: Sequence[RowState],
-        new_tokens: Sequence[torch.Tensor],
-        hidden_states: Sequence[torch.Tensor] | None,
-    ) -> None:
-        for p, view in zip(self.proposers, self._hidden_views):
-            p.observe(rows, new_tokens, self._view(hidden_states, view))
+    def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
+        for a, p in enumerate(self.proposers):
+            p.observe(rows, [self._feedback_for(a, p, row, fb) for row, fb in zip(rows, feedback)])
 
-    @staticmethod
-    def _view(hidden_states, view: str | torch.Tensor):
-        """One assistant's hidden states out of the union's `[m, H * len(union)]` per row."""
-        if isinstance(view, str):
-            return hidden_states if view == "all" else None
-        if hidden_states is None:
-            return None
-        return [None if x is None else x[:, view.to(x.device)] for x in hidden_states]
+    def _feedback_for(self, a: int, p: Proposer, row: RowState, fb: RowFeedback) -> RowFeedback:
+        """Assistant ``a``'s view of a row's verdict: its own tree (None if not asked) and the layers it asked for."""
+        tree = self._proposed.get((a, row.row)) if fb.tree is not None else None
+        accepted = fb.accepted if tree is fb.tree else fb.accepted[:0]
+        layers = p.hidden_state_layers
+        hidden = None if not layers or fb.hidden_states is None else {k: fb.hidden_states[k] for k in layers}
+        return RowFeedback(fb.new_tokens, accepted, fb.next_token, tree, hidden)

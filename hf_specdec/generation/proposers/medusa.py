@@ -23,7 +23,7 @@ import torch
 
 from ...heads.medusa import MedusaHeads
 from ..tree import DraftSampling, DraftTree
-from .base import Proposer, ProposerSetup, RowState
+from .base import Proposer, ProposerSetup, RowFeedback, RowState
 
 DEFAULT_NUM_NODES = 20  # CPU-sized default tree; GPUs verify ~64 nodes for about the cost of one
 DEFAULT_MAX_DEPTH = 5
@@ -279,7 +279,6 @@ class MedusaAssistant(Proposer):
             raise ValueError(f"the tree uses rank {self.template.k - 1} but the heads predict only {vocab} tokens")
         self._last_hidden: dict[int, torch.Tensor] = {}
         self._lm_head = None
-        self._proposed_depth: dict[int, int] = {}
         self.adaptive = self._adaptive_depth(adaptive, step_cost, tuned_tree)
 
     def _adaptive_depth(self, adaptive, step_cost, tuned_tree: bool) -> AdaptiveDepth | None:
@@ -307,26 +306,20 @@ class MedusaAssistant(Proposer):
     def start(self, setup: ProposerSetup) -> None:
         super().start(setup)
         self._last_hidden = {}
-        self._proposed_depth = {}
         if self.adaptive is not None:
             self.adaptive.reset()
         self._lm_head = setup.target.get_output_embeddings() if self.heads.share_lm_head else None
 
-    def observe(
-        self,
-        rows: Sequence[RowState],
-        new_tokens: Sequence[torch.Tensor],
-        hidden_states: Sequence[torch.Tensor] | None,
-    ) -> None:
-        if hidden_states is None:
-            raise RuntimeError("MedusaAssistant needs the target's hidden states (hidden_state_layers=(-1,))")
-        for row, tokens, hidden in zip(rows, new_tokens, hidden_states):
-            proposed = self._proposed_depth.pop(row.row, None)
-            if self.adaptive is not None and proposed is not None:
-                self.adaptive.record(row.row, proposed, int(tokens.numel()) - 1)
-            if hidden is not None and hidden.shape[0]:
+    def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
+        for row, fb in zip(rows, feedback):
+            if fb.hidden_states is None or -1 not in fb.hidden_states:
+                raise RuntimeError("MedusaAssistant needs the target's hidden states (hidden_state_layers=(-1,))")
+            if self.adaptive is not None and fb.tree is not None:
+                self.adaptive.record(row.row, fb.tree.max_depth if fb.tree.num_nodes else 0, fb.num_accepted)
+            hidden = fb.hidden_states[-1]  # [m, H]
+            if hidden.shape[0]:
                 # [H] the state the target's lm_head turned into the new root; clone frees the step's [N, H] buffer
-                self._last_hidden[row.row] = hidden[-1, : self.heads.hidden_size].detach().clone()
+                self._last_hidden[row.row] = hidden[-1].detach().clone()
 
     @torch.no_grad()
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
@@ -342,7 +335,6 @@ class MedusaAssistant(Proposer):
                 cut = rows[i].max_depth
                 if self.adaptive is not None:
                     cut = self.adaptive.depth(rows[i].row, cut)
-                self._proposed_depth[rows[i].row] = min(cut, tmpl.depth)
                 if cut == 0:
                     continue
                 codes, parent, depth, ancestors = tmpl.cut(cut, device)
@@ -351,7 +343,6 @@ class MedusaAssistant(Proposer):
 
     def finish(self) -> None:
         self._last_hidden = {}
-        self._proposed_depth = {}
         self._lm_head = None
 
 

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import torch
 
 from ..tree import DraftSampling, DraftTree
-from .base import Proposer, ProposerSetup, RowState
+from .base import Proposer, ProposerSetup, RowFeedback, RowState
 
 # Acceptance statistics are kept per effective match length 1 .. _BUCKETS (the last bucket: that many or more).
 _BUCKETS = 8
@@ -55,7 +55,7 @@ class _RowLookup:
     recent first, are ``previous[n - 1][last]``, ``previous[n - 1][that]``, ... without computing any key.
     """
 
-    __slots__ = ("seq", "previous", "_last_end", "hits", "trials", "last_children")
+    __slots__ = ("seq", "previous", "_last_end", "hits", "trials", "level_bucket")
 
     def __init__(self, max_ngram: int) -> None:
         self.seq: list[int] = []
@@ -64,8 +64,8 @@ class _RowLookup:
         self._last_end: list[dict[int, int]] = [{} for _ in range(max_ngram)]
         self.hits = [0.0] * _BUCKETS
         self.trials = [0.0] * _BUCKETS
-        # the last proposed tree as {parent node (-1 = root): [(token, node, bucket), ...] best first}, for `observe`
-        self.last_children: dict[int, list[tuple[int, int, int]]] | None = None
+        # the last proposed tree: parent node (-1 = root) -> bucket of its best child (the level's trial), for `observe`
+        self.level_bucket: dict[int, int] = {}
 
     def extend(self, tokens: list[int]) -> None:
         seq, previous, last_end = self.seq, self.previous, self._last_end
@@ -152,37 +152,30 @@ class NgramAssistant(Proposer):
     def finish(self) -> None:
         self._rows = {}
 
-    def observe(
-        self,
-        rows: Sequence[RowState],
-        new_tokens: Sequence[torch.Tensor],
-        hidden_states: Sequence[torch.Tensor] | None,
-    ) -> None:
-        for b, row in enumerate(rows):
+    def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
+        for row, fb in zip(rows, feedback):
             lookup = self._synced(row)
-            children = lookup.last_children
-            lookup.last_children = None
+            level_bucket = lookup.level_bucket if fb.tree is not None and fb.tree.num_nodes else {}
+            lookup.level_bucket = {}
             if not self.adaptive:
                 continue
             hits, trials = lookup.hits, lookup.trials
             for k in range(_BUCKETS):
                 hits[k] *= self.decay
                 trials[k] *= self.decay
-            if children is None or new_tokens is None:
-                continue
-            # Walk the accepted path down the last tree: every level that offered children is a trial for the
-            # bucket of its best child, and a hit if one of the children was accepted.
-            accepted = new_tokens[b][1:].tolist()
+            # Down the accepted path: every level that offered children is a trial for the bucket of its best child,
+            # and a hit if one of them was accepted.
+            path = fb.accepted.tolist()
             node = -1
-            for tok in accepted + [None]:
-                kids = children.get(node)
-                if not kids:
+            for depth in range(len(path) + 1):
+                bucket = level_bucket.get(node)
+                if bucket is None:
                     break
-                trials[kids[0][2]] += 1.0
-                node = next((i for t, i, _ in kids if t == tok), None)
-                if node is None:
+                trials[bucket] += 1.0
+                if depth == len(path):
                     break
-                hits[kids[0][2]] += 1.0
+                hits[bucket] += 1.0
+                node = path[depth]
 
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
         return [self._propose_row(row) for row in rows]
@@ -247,7 +240,7 @@ class NgramAssistant(Proposer):
         if depth_cap <= 0:
             return DraftTree.empty()
         lookup = self._synced(row)
-        lookup.last_children = None
+        lookup.level_bucket = {}
         seq = lookup.seq
         matches = self.find_matches(lookup)
         if not matches:
@@ -297,12 +290,10 @@ class NgramAssistant(Proposer):
         out_tokens = [tokens[i] for i in keep]
         out_parent = [new_index[parent[i]] if parent[i] >= 0 else -1 for i in keep]
         out_depth: list[int] = []
-        children: dict[int, list[tuple[int, int, int]]] = {}
         for new, old in enumerate(keep):
             p = out_parent[new]
             out_depth.append(1 if p < 0 else out_depth[p] + 1)
-            children.setdefault(p, []).append((tokens[old], new, bucket[old]))
-        lookup.last_children = children
+            lookup.level_bucket.setdefault(p, bucket[old])  # siblings come best first
         return DraftTree(
             torch.tensor(out_tokens, dtype=torch.long),
             torch.tensor(out_parent, dtype=torch.long),
