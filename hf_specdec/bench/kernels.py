@@ -42,6 +42,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..training.step_cost import random_tree_mask, verify_cost_curve
+
 ATTENTION_SHAPES = {  # name: (query heads, KV heads, head dim)
     "llama3-8b": (32, 8, 128),
     "smollm2-135m": (9, 3, 64),
@@ -126,14 +128,6 @@ class _WallTimer:
 
 
 # ---------------------------------------------------------------------------------------------- attention
-def _random_tree_mask(nodes: int, gen: torch.Generator) -> torch.Tensor:
-    """`[nodes, nodes]` ancestor mask of a random tree: a root and ``nodes - 1`` drafts, each under an earlier one."""
-    from ..generation.tree import DraftTree
-
-    parent = [int(torch.randint(-1, i, (1,), generator=gen)) if i else -1 for i in range(nodes - 1)]
-    return DraftTree.from_parents(torch.zeros(nodes - 1, dtype=torch.long), parent).ancestor_mask()
-
-
 def _attention_inputs(heads_q, heads_kv, head_dim, batch, context, tree, block_size, dtype, device, gen):
     """A one-layer PagedCache holding ``batch`` rows of ``context`` committed tokens (pages interleaved across
     rows), a tree plan and a causal plan over the same slots, and queries."""
@@ -153,7 +147,7 @@ def _attention_inputs(heads_q, heads_kv, head_dim, batch, context, tree, block_s
             cache.allocator.reserve(r, min(context, start + chunk))
     for r in rows:
         cache.allocator.lengths[r] = context
-    masks = [_random_tree_mask(tree, gen) for _ in rows]
+    masks = [random_tree_mask(tree, gen) for _ in rows]
     positions = torch.zeros(batch * tree, dtype=torch.long)
     plan = build_plan(cache, rows, [tree] * batch, positions, masks, device)
     layer.ensure_capacity()
@@ -325,100 +319,6 @@ def bench_attention_config(
 
 
 # ---------------------------------------------------------------------------------------------- model curve
-def verify_cost_curve(
-    model,
-    context: int,
-    nodes: Sequence[int],
-    timer: Callable[[Callable[[], object]], float],
-    backends: Sequence[str] = ("hf_specdec", "sdpa"),
-    seed: int = 0,
-    after: Callable[[], object] | None = None,
-) -> tuple[dict[str, dict[int, float]], float | None]:
-    """Forward time (µs) of verifying a random ``n``-node tree over ``context`` committed tokens, per backend, and
-    the largest logit difference between the backends on the largest tree (a check that both verify the same).
-    The ``hf_specdec`` backend runs as the speculative loop runs it (on CPU fp32: pre-packed linear weights,
-    `kernels.cpu_linear`); ``sdpa`` is stock transformers.
-    ``after`` (e.g. a drafter's step) runs after each timed forward and is timed with it: run alone in a loop, a
-    small drafter would keep its weights in cache, which the target's forward evicts in real decoding."""
-    from transformers import DynamicCache
-
-    from ..cache.paged import PagedCache
-    from ..generation.loop import speculative_attention
-    from ..kernels.attention import PLAN_KWARG, build_plan, planned_forward
-    from ..kernels.cpu_linear import packed_linears
-
-    device = next(model.parameters()).device
-    gen = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
-    prompt = torch.randint(3, vocab, (context,), generator=gen).to(device)
-    trees = {n: (_random_tree_mask(n, gen), torch.randint(3, vocab, (n,), generator=gen).to(device)) for n in nodes}
-    depth = {n: mask.sum(1) - 1 for n, (mask, _) in trees.items()}  # [n] depth of each node (root = 0)
-    curves: dict[str, dict[int, float]] = {}
-    last_logits: dict[str, torch.Tensor] = {}  # [n_max, V] per backend
-    with torch.no_grad():
-        if "hf_specdec" in backends:
-            cache = PagedCache(model.config, block_size=16)
-            (row,) = cache.add_rows(1)
-            with speculative_attention(model), packed_linears(model), planned_forward():
-                plan = build_plan(cache, [row], [context], torch.arange(context), [None], device)
-                model(
-                    input_ids=prompt[None],
-                    position_ids=torch.arange(context, device=device)[None],
-                    use_cache=False,
-                    **{PLAN_KWARG: plan},
-                )
-                cache.allocator.truncate(row, context)
-                curve = {}
-                for n, (mask, ids) in trees.items():
-                    positions = (context + depth[n]).to(device)
-
-                    def verify(mask=mask, ids=ids, positions=positions):
-                        p = build_plan(cache, [row], [ids.numel()], positions, [mask], device)
-                        out = model(
-                            input_ids=ids[None], position_ids=positions[None], use_cache=False, **{PLAN_KWARG: p}
-                        )
-                        if after is not None:
-                            after()
-                        return out
-
-                    curve[n] = timer(verify)
-                curves["hf_specdec"] = curve
-                last_logits["hf_specdec"] = verify().logits[0].float()
-        if "sdpa" in backends:
-            saved = model.config._attn_implementation
-            model.config._attn_implementation = "sdpa"
-            try:
-                past = DynamicCache(config=model.config)
-                model(input_ids=prompt[None], past_key_values=past, use_cache=True)
-                curve = {}
-                for n, (mask, ids) in trees.items():
-                    positions = (context + depth[n]).to(device)
-                    full = torch.ones(1, 1, n, context + n, dtype=torch.bool, device=device)
-                    full[0, 0, :, context:] = mask.to(device)
-
-                    def verify(ids=ids, positions=positions, full=full):
-                        out = model(
-                            input_ids=ids[None],
-                            position_ids=positions[None],
-                            attention_mask=full,
-                            past_key_values=past,
-                            use_cache=True,
-                        )
-                        past.crop(-ids.numel())  # drop the tree again (negative = tokens to remove)
-                        return out
-
-                    curve[n] = timer(verify)
-                curves["sdpa"] = curve
-                last_logits["sdpa"] = verify().logits[0].float()
-            finally:
-                model.config._attn_implementation = saved
-    diff = None
-    if len(last_logits) == 2:
-        a, b = last_logits.values()
-        diff = float((a - b).abs().max())
-    return curves, diff
-
-
 def _random_llama(dtype: torch.dtype, device: str, **overrides):
     """A random-weight Llama of real shape (Llama-3.2-1B's by default)."""
     from transformers import AutoModelForCausalLM, LlamaConfig

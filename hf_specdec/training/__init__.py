@@ -1,5 +1,6 @@
 """Training speculative heads by self-distillation: `data` builds and caches the target's answers and hidden states,
-`medusa` trains Medusa-1 heads on them with the base model frozen.
+`medusa` trains Medusa-1 heads on them with the base model frozen, `medusa_tree` picks their static tree from
+held-out acceptance and `step_cost` (what a step with an n-node tree costs on this machine).
 
     from hf_specdec.training import build_default_data, train_medusa, MedusaTrainingConfig
 """
@@ -33,6 +34,7 @@ from .medusa_tree import (
     tune_and_save_tree,
     tune_tree,
 )
+from .step_cost import cpu_timer, random_tree_mask, step_cost_curve, verify_cost_curve
 
 __all__ = [
     "CONTEXT_STAGE_DIR",
@@ -40,6 +42,10 @@ __all__ = [
     "MedusaTrainingConfig",
     "build_default_data",
     "build_distillation_data",
+    "cpu_timer",
+    "random_tree_mask",
+    "step_cost_curve",
+    "verify_cost_curve",
     "TreeTuning",
     "acceptance_table",
     "evaluate_medusa",

@@ -19,9 +19,8 @@ tokens it would accept there — no decoding needed. `tune_tree` then
 from __future__ import annotations
 
 import os
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from ..generation.proposers.medusa import optimal_tree_choices
 from ..heads.medusa import MedusaHeads
 from .data import DistillationData, _write_json
 from .medusa import REPORT_NAME, MedusaTrainingConfig, head_positions, medusa_labels, split_sequences
+from .step_cost import step_cost_curve
 
 DEFAULT_TREE_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 
@@ -104,19 +104,6 @@ def depth_acceptance(choices: Sequence[Sequence[int]], match: torch.Tensor) -> l
     return [float((accepted > k).sum()) / max(1, int((accepted >= k).sum())) for k in range(depth)]
 
 
-def _cpu_timer(repeats: int) -> Callable[[Callable[[], object]], float]:
-    def timer(fn: Callable[[], object]) -> float:
-        fn()  # warm-up
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times) * 1e6
-
-    return timer
-
-
 @torch.no_grad()
 def measure_step_cost(
     model: torch.nn.Module,
@@ -126,28 +113,13 @@ def measure_step_cost(
     repeats: int = 7,
 ) -> dict[int, float]:
     """``cost[n]``: time of one speculative step with an ``n``-node tree relative to one plain decoding forward,
-    on this machine: a forward over ``n + 1`` tokens through the hf_specdec backend over ``context`` committed tokens
-    followed by the heads' drafting (with ``n`` > 0), over a plain one-token forward (medians of ``repeats``). The
-    heads run right after the target's forward, as in decoding, so their weights are not cache-hot."""
-    from ..bench.kernels import verify_cost_curve
-
-    timer = _cpu_timer(repeats)
+    on this machine (`step_cost_curve`), the heads' drafting over one hidden state timed after each verify forward
+    (as in decoding, their weights are not cache-hot)."""
     device = next(model.parameters()).device
-    hidden = torch.randn(1, heads.hidden_size, device=device)
+    hidden = torch.randn(1, heads.hidden_size, device=device)  # [1, H]
     lm_head = model.get_output_embeddings() if heads.share_lm_head else None
     k = max(1, min(8, heads.draft_vocab_size or heads.vocab_size or 8))
-    tokens = sorted({n + 1 for n in sizes if n > 0})
-    plain = verify_cost_curve(model, context, [1], timer, backends=("hf_specdec",))[0]["hf_specdec"]
-    curves, _ = verify_cost_curve(
-        model,
-        context,
-        tokens,
-        timer,
-        backends=("hf_specdec",),
-        after=lambda: heads.topk_tokens(hidden, k, lm_head=lm_head),
-    )
-    with_heads = curves["hf_specdec"]
-    return {n: (with_heads[n + 1] / plain[1] if n else 1.0) for n in sizes}
+    return step_cost_curve(model, sizes, lambda: heads.topk_tokens(hidden, k, lm_head=lm_head), context, repeats)
 
 
 @dataclass
