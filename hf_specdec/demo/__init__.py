@@ -1,0 +1,24 @@
+"""The Gradio demo (``hf-specdec demo``): vanilla `generate` against speculative decoding, side by side.
+
+Needs the ``demo`` extra (``pip install hf-specdec[demo]``): gradio is imported only when the app is built.
+"""
+
+from __future__ import annotations
+
+
+def __getattr__(name):
+    if name in ("build_app", "launch", "main", "add_arguments", "run"):
+        try:
+            import gradio  # noqa: F401
+        except ModuleNotFoundError as exc:
+            raise ModuleNotFoundError(
+                "the hf-specdec demo needs gradio, which is not installed; run `pip install 'hf-specdec[demo]'` "
+                "(or `pip install gradio`)"
+            ) from exc
+        from . import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module 'hf_specdec.demo' has no attribute {name!r}")
+
+
+__all__ = ["build_app", "launch", "main", "add_arguments", "run"]
