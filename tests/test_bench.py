@@ -2,7 +2,6 @@
 
 import json
 import statistics
-from pathlib import Path
 
 import pytest
 import torch
@@ -106,8 +105,8 @@ def test_find_questions_file(tmp_path, questions_file):
 
 
 def test_public_question_file_has_the_spec_bench_categories():
-    path = bq.find_questions_file()  # ../shared/bench, else the copy shipped in the package
-    packaged = Path(bq.__file__).resolve().parent / "data" / bq.QUESTIONS_FILENAME
+    path = bq.find_questions_file()  # the copy shipped in the package
+    packaged = bq.PACKAGED_QUESTIONS
     assert packaged.read_bytes() == path.read_bytes()
     qs = bq.load_questions(path)
     assert len(qs) == 240  # half of Spec-Bench's 480

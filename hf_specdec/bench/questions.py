@@ -1,4 +1,7 @@
-"""The Spec-Bench question set: locating the file, pooling MT-bench's categories, a deterministic sample.
+"""The Spec-Bench question set: pooling MT-bench's categories, a deterministic sample, Spec-Bench's order.
+
+The file itself (shipped in the package) is located and read by `hf_specdec.training.benchmark_questions`, whose
+prompt builders must never train on these questions.
 
 Spec-Bench (Xia et al., 2024, hemingkx/Spec-Bench) reports six task categories; its leaderboard pools MT-bench's
 eight categories into one "multi-turn conversation" category. The prompt is the first turn of each question.
@@ -6,13 +9,12 @@ eight categories into one "multi-turn conversation" category. The prompt is the 
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
-QUESTIONS_FILENAME = "spec_bench_public.jsonl"
+from ..training.benchmark_questions import PACKAGED_QUESTIONS, QUESTIONS_FILENAME, find_questions_file, read_questions
+
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 MULTI_TURN = "multi-turn conversation"
 # Spec-Bench's order: multi-turn conversation, translation, summarization, QA, math reasoning, RAG.
@@ -29,49 +31,9 @@ def category_sort_key(category: str) -> tuple[int, str]:
     return (CATEGORY_ORDER.index(category), "") if category in CATEGORY_ORDER else (len(CATEGORY_ORDER), category)
 
 
-def find_questions_file(explicit: str | os.PathLike | None = None) -> Path:
-    """The Spec-Bench question file: ``explicit`` if given, else ``shared/bench/`` next to the repository root or the
-    current directory (``../shared/bench`` from either, then ``./shared/bench``), else the copy that ships in the
-    package (``hf_specdec/bench/data/``, Apache-2.0, see its NOTICE.md).
-    """
-    if explicit is not None:
-        path = Path(explicit).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"question file {path} does not exist")
-        return path
-    repo_root = Path(__file__).resolve().parents[2]
-    cwd = Path.cwd()
-    candidates = [
-        repo_root.parent / "shared" / "bench" / QUESTIONS_FILENAME,
-        cwd.parent / "shared" / "bench" / QUESTIONS_FILENAME,
-        cwd / "shared" / "bench" / QUESTIONS_FILENAME,
-        repo_root / "shared" / "bench" / QUESTIONS_FILENAME,
-        Path(__file__).resolve().parent / "data" / QUESTIONS_FILENAME,
-    ]
-    for path in candidates:
-        if path.is_file():
-            return path
-    tried = ", ".join(str(p) for p in dict.fromkeys(candidates))
-    raise FileNotFoundError(
-        f"cannot find the Spec-Bench questions ({QUESTIONS_FILENAME}); tried {tried}. Pass --questions PATH "
-        "(a JSONL file with question_id, category and turns per line)"
-    )
-
-
 def load_questions(path: str | os.PathLike) -> list[dict]:
-    """Every question of a Spec-Bench JSONL file, each with an added ``pooled_category`` field."""
-    questions = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            q = json.loads(line)
-            missing = {"question_id", "category", "turns"} - q.keys()
-            if missing or not q["turns"]:
-                raise ValueError(f"{path}:{lineno}: a question needs question_id, category and a non-empty turns list")
-            q["pooled_category"] = pooled_category(q["category"])
-            questions.append(q)
-    return questions
+    """Every question of a Spec-Bench JSONL file (`read_questions`), each with an added ``pooled_category`` field."""
+    return [{**q, "pooled_category": pooled_category(q["category"])} for q in read_questions(path)]
 
 
 def sample_questions(
@@ -128,3 +90,18 @@ def interleave_categories(questions: Sequence[dict]) -> list[dict]:
             if queue:
                 out.append(queue.pop(0))
     return out
+
+
+__all__ = [
+    "CATEGORY_ORDER",
+    "MT_BENCH_CATEGORIES",
+    "MULTI_TURN",
+    "PACKAGED_QUESTIONS",
+    "QUESTIONS_FILENAME",
+    "category_sort_key",
+    "find_questions_file",
+    "interleave_categories",
+    "load_questions",
+    "pooled_category",
+    "sample_questions",
+]

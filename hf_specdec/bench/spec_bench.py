@@ -305,7 +305,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=1, help="prompts per generate() call (mixed lengths, left-padded)")
     parser.add_argument("--sample", action="store_true", help="also time sampling at T=0.7 and T=1.0 with top_p=0.9")
     parser.add_argument("--no-greedy", action="store_true", help="skip the greedy setting (use with --sample)")
-    parser.add_argument("--questions", default=None, help="Spec-Bench JSONL file (default: ../shared/bench/...)")
+    parser.add_argument(
+        "--questions", default=None, help="Spec-Bench JSONL file (default: the 240 questions shipped in the package)"
+    )
     parser.add_argument("--categories", default=None, help="comma-separated pooled categories (default: all)")
     parser.add_argument("--out", default=None, help="directory for results.md, results.json and results.png")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

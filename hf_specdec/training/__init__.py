@@ -5,6 +5,7 @@ held-out acceptance and `step_cost` (what a step with an n-node tree costs on th
     from hf_specdec.training import build_default_data, train_medusa, MedusaTrainingConfig
 """
 
+from .benchmark_questions import find_questions_file, read_questions, spec_bench_overlap
 from .data import (
     CONTEXT_STAGE_DIR,
     DistillationData,
@@ -14,7 +15,6 @@ from .data import (
     make_context_prompts,
     make_prompts,
     prompt_recipe,
-    spec_bench_overlap,
 )
 from .medusa import (
     MedusaTrainingConfig,
@@ -49,6 +49,8 @@ __all__ = [
     "TreeTuning",
     "acceptance_table",
     "evaluate_medusa",
+    "find_questions_file",
+    "read_questions",
     "guess_matches",
     "head_positions",
     "latest_checkpoint",

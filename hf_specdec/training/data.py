@@ -28,6 +28,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .benchmark_questions import find_questions_file, spec_bench_overlap
+
 MANIFEST_NAME = "manifest.json"
 CONTEXT_STAGE_DIR = "context"  # stage-2 data, inside the stage-1 folder
 DATA_FORMAT_VERSION = 1
@@ -274,18 +276,6 @@ def make_context_prompts(stage1: DistillationData, tokenizer, num_prompts: int, 
     return _distinct_prompts(num_prompts, list(CONTEXT_TEMPLATES), make, "context prompts")
 
 
-def spec_bench_overlap(prompts: Sequence[str], questions_path: str | os.PathLike) -> list[str]:
-    """The prompts that equal (whitespace/case-insensitively) or contain a turn of the Spec-Bench file."""
-    from ..bench.questions import load_questions
-
-    def norm(s: str) -> str:
-        return " ".join(s.lower().split())
-
-    turns = {norm(t) for q in load_questions(questions_path) for t in q["turns"]}
-    turns.discard("")
-    return [p for p in prompts if norm(p) in turns or any(t in norm(p) for t in turns if len(t) > 40)]
-
-
 # ---------------------------------------------------------------------------------------------------- target data
 def _generate_answers(
     model, prompts: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int, eos_ids: set[int], gen_kwargs: dict
@@ -513,22 +503,17 @@ def build_default_data(
 
     Stage 1 (``out_dir``): `build_distillation_data` on `make_prompts(num_prompts, seed)`. Stage 2
     (``out_dir/context``, when ``num_context_prompts`` > 0): on `make_context_prompts` built from stage 1's answers.
-    Prompts that coincide with a Spec-Bench question (when the file can be found) are dropped and counted.
+    Prompts that coincide with a Spec-Bench question (the file shipped in the package) are dropped and counted.
 
     Returns:
         the data folders, for `load_distillation_data`.
     """
     from ..models import chat_prompt_ids
 
-    try:
-        from ..bench.questions import find_questions_file
-
-        questions_file = find_questions_file()
-    except FileNotFoundError:
-        questions_file = None
+    questions_file = find_questions_file()
 
     def build(prompts: list[str], recipe: dict, folder: Path) -> None:
-        dropped = set(spec_bench_overlap(prompts, questions_file)) if questions_file is not None else set()
+        dropped = set(spec_bench_overlap(prompts, questions_file))
         prompts = [p for p in prompts if p not in dropped]
         recipe["dropped_spec_bench_overlap"] = len(dropped)
         recipe["chat_template"] = True
@@ -660,5 +645,4 @@ __all__ = [
     "make_context_prompts",
     "make_prompts",
     "prompt_recipe",
-    "spec_bench_overlap",
 ]

@@ -6,7 +6,6 @@ import shutil
 import pytest
 import torch
 
-from hf_specdec.bench.questions import find_questions_file
 from hf_specdec.generation.proposers.medusa import MedusaAssistant
 from hf_specdec.heads.medusa import MedusaHeads
 from hf_specdec.testing import tiny_causal_lm
@@ -15,6 +14,7 @@ from hf_specdec.training import (
     acceptance_table,
     build_distillation_data,
     evaluate_medusa,
+    find_questions_file,
     guess_matches,
     latest_checkpoint,
     load_distillation_data,
@@ -31,7 +31,7 @@ from hf_specdec.training import (
 from hf_specdec.training import data as data_mod
 from hf_specdec.training.medusa import head_positions, loss_vocabulary, medusa_labels, split_sequences
 
-SPEC_BENCH = find_questions_file()  # ../shared/bench, else the copy shipped in the package
+SPEC_BENCH = find_questions_file()  # the copy shipped in the package
 NUM_PROMPTS = 256  # a random tiny model needs this many answers for held-out accuracy to generalise
 
 
