@@ -13,6 +13,7 @@ from .ngram import NgramAssistant as NgramAssistant
 _RESOLVERS: list[tuple[str, str] | Callable] = [
     ("hf_specdec.generation.proposers.draft_model", "draft_model_proposer_for"),
     ("hf_specdec.generation.proposers.medusa", "medusa_proposer_for"),
+    ("hf_specdec.generation.proposers.mlp_speculator", "mlp_speculator_proposer_for"),
 ]
 
 

@@ -1,0 +1,206 @@
+"""MLP speculator proposer: token trees from an `MLPSpeculator`'s stages (Wertheimer et al. 2024, arXiv:2404.19124).
+
+The loop hands the target's final normed hidden states (``hidden_state_layers = (-1,)``) of every token entering its
+KV cache; the proposer keeps the last one per row: the state the target's lm_head turned into the current root. Stage
+0 reads it with the root and guesses depth 1; stage d reads the state stage d - 1 computed at a depth-d node's parent
+and that node's token, and guesses depth d + 1.
+
+The tree is upstream's product tree (each node's ``top_k_tokens_per_head[d]`` best children) trimmed by cumulative
+log-probability, level by level like a beam: at depth d + 1 only the ``widths[d]`` best-scored children of the kept
+depth-d nodes survive (score = the sum of the stages' log-probabilities along the path). Every row of the batch is
+drafted at once: one `[B, w, inner]` stage per depth and one top-k, no per-node Python. Since the number of nodes at
+each depth is fixed, the tree cut at depth d always has ``sum(widths[:d])`` nodes, so `AdaptiveDepth` (shared with the
+Medusa proposer) can cut it per row from the row's measured acceptance and the measured step cost.
+
+Children are the deterministic top-k of the speculator (`DraftSampling.DETERMINISTIC`): greedy verification accepts
+the target's argmax, and exact sampling uses the residual accept-and-remove rule, so sampling stays exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ...heads.mlp_speculator import MLPSpeculator
+from ..tree import DraftSampling, DraftTree
+from .base import Proposer, ProposerSetup, RowFeedback, RowState
+from .medusa import AdaptiveDepth
+
+
+def check_widths(widths: Sequence[int], spec: MLPSpeculator) -> list[int]:
+    """``widths`` as ints, checked: at most ``n_predict`` depths, each at least 1 and reachable (a level cannot hold
+    more nodes than its parents have top-k children, nor more than the draft vocabulary)."""
+    widths = [int(w) for w in widths]
+    if len(widths) > spec.n_predict:
+        raise ValueError(f"widths={widths} is {len(widths)} deep but the speculator has {spec.n_predict} stages")
+    parents = 1
+    for d, w in enumerate(widths):
+        reachable = min(parents * spec.top_k_tokens_per_head[d], spec.draft_vocab_size or spec.vocab_size)
+        if not 1 <= w <= reachable:
+            raise ValueError(
+                f"widths[{d}]={w}: depth {d + 1} can hold 1 to {reachable} nodes ({parents} parent(s) x "
+                f"top_k_tokens_per_head[{d}]={spec.top_k_tokens_per_head[d]})"
+            )
+        parents = w
+    return widths
+
+
+@torch.no_grad()
+def draft_tree_batch(
+    spec: MLPSpeculator, hidden: torch.Tensor, roots: torch.Tensor, widths: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The trimmed product tree of every row at once.
+
+    Args:
+        spec: the speculator.
+        hidden: `[B, H]` the target's final hidden state at each row's last committed token.
+        roots: `[B]` int64 each row's root token.
+        widths: nodes kept per depth (`check_widths`).
+    Returns:
+        ``(tokens, parent, scores)``: `[B, N]` int64 token ids, `[B, N]` int64 parent node indices (-1 = root) and
+        `[B, N]` float32 cumulative log-probabilities, N = ``sum(widths)``, nodes level by level (best first within
+        a level), so the tree cut at depth d is the first ``sum(widths[:d])`` nodes.
+    """
+    b = hidden.shape[0]
+    state = spec.base_state(hidden).unsqueeze(1)  # [B, 1, H]
+    rows = spec.emb_rows(roots.to(state.device)).unsqueeze(1)  # [B, 1] emb rows of the fed tokens
+    score = torch.zeros(b, 1, device=state.device)  # [B, C] cumulative log-probability of the current level
+    tokens, parents, scores = [], [], []
+    level_start = 0  # node index of the first node of the current level (parents of the next)
+    for d, width in enumerate(widths):
+        state = spec.stage(d, state, rows)  # [B, C, inner]
+        logp = spec.stage_logits(d, state).float().log_softmax(-1)  # [B, C, V']
+        k = min(spec.top_k_tokens_per_head[d], width, logp.shape[-1])
+        top = logp.topk(k, dim=-1)  # [B, C, k]
+        best = (score.unsqueeze(-1) + top.values).flatten(1).topk(width, dim=-1)  # [B, w]
+        parent = torch.div(best.indices, k, rounding_mode="floor")  # [B, w] index within the current level
+        rows = top.indices.flatten(1).gather(1, best.indices)  # [B, w] draft index == emb row
+        tokens.append(spec.draft_to_token(rows))
+        parents.append(parent + level_start if d else torch.full_like(parent, -1))
+        scores.append(best.values)
+        if d:
+            level_start += widths[d - 1]
+        state = state.gather(1, parent.unsqueeze(-1).expand(-1, -1, state.shape[-1]))  # [B, w, inner]
+        score = best.values
+    return torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(scores, 1)
+
+
+def ancestor_masks(parent: torch.Tensor, widths: Sequence[int]) -> torch.Tensor:
+    """`[B, N + 1, N + 1]` bool ancestor masks (tree positions, 0 = root) of level-ordered trees `[B, N]`, built one
+    level at a time for the whole batch."""
+    b, n = parent.shape
+    mask = torch.eye(n + 1, dtype=torch.bool, device=parent.device).expand(b, -1, -1).clone()
+    mask[:, :, 0] = True
+    start = 0
+    for width in widths:
+        rows = slice(start + 1, start + width + 1)
+        par_rows = mask.gather(1, (parent[:, start : start + width] + 1).unsqueeze(-1).expand(-1, -1, n + 1))
+        mask[:, rows] |= par_rows
+        start += width
+    return mask
+
+
+class MLPSpeculatorAssistant(Proposer):
+    """Drafts level-trimmed product trees from an `MLPSpeculator` (deterministic top-k children).
+
+    Args:
+        speculator: the speculator.
+        widths: nodes kept per depth; default ``speculator.tree["widths"]`` (chosen at training time from held-out
+            acceptance and the measured step cost), else upstream's n_candidates paths (`default_widths`).
+        adaptive: cut the tree per row and step at the depth that pays (`AdaptiveDepth`, from the row's measured
+            acceptance and the step cost); ``None`` = on when a cost table is known.
+        step_cost: ``{nodes: cost of a step / a plain decoding step}``; default: the speculator's ``tree.step_cost``.
+    """
+
+    sampling = DraftSampling.DETERMINISTIC
+    hidden_state_layers = (-1,)
+
+    def __init__(
+        self,
+        speculator: MLPSpeculator,
+        widths: Sequence[int] | None = None,
+        adaptive: bool | None = None,
+        step_cost: dict[int, float] | None = None,
+    ):
+        if not isinstance(speculator, MLPSpeculator):
+            raise TypeError(f"MLPSpeculatorAssistant needs an MLPSpeculator, got {type(speculator).__name__}")
+        self.speculator = speculator
+        tuned = widths is None and speculator.tree.get("widths") is not None
+        self.widths = check_widths(speculator.default_widths() if widths is None else widths, speculator)
+        self.nodes_at_depth = [sum(self.widths[:d]) for d in range(len(self.widths) + 1)]
+        if step_cost is None and (tuned or widths is None):
+            step_cost = {int(n): float(c) for n, c in (speculator.tree.get("step_cost") or {}).items()} or None
+        if adaptive is True and step_cost is None:
+            raise ValueError("adaptive=True needs step_cost={nodes: cost} (or a speculator whose tree holds one)")
+        self.adaptive = None
+        if adaptive is not False and step_cost is not None:
+            prior = speculator.tree.get("depth_acceptance") if tuned else None
+            self.adaptive = AdaptiveDepth(self.nodes_at_depth, step_cost, prior or [0.5] * len(self.widths))
+        self._last_hidden: dict[int, torch.Tensor] = {}
+
+    def validate(self, target: torch.nn.Module) -> None:
+        self.speculator.check_compatible(target)
+
+    def start(self, setup: ProposerSetup) -> None:
+        super().start(setup)
+        self._last_hidden = {}
+        if self.adaptive is not None:
+            self.adaptive.reset()
+
+    def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
+        for row, fb in zip(rows, feedback):
+            if fb.hidden_states is None or -1 not in fb.hidden_states:
+                raise RuntimeError("MLPSpeculatorAssistant needs the target's final hidden states (layer -1)")
+            if self.adaptive is not None and fb.tree is not None:
+                self.adaptive.record(row.row, fb.tree.max_depth, fb.num_accepted)
+            hidden = fb.hidden_states[-1]  # [m, H]
+            if hidden.shape[0]:
+                # [H] the state the target's lm_head turned into the new root; clone frees the step's [N, H] buffer
+                self._last_hidden[row.row] = hidden[-1].detach().clone()
+
+    def _cut_depths(self, rows: Sequence[RowState]) -> list[int]:
+        """The depth each row's tree is cut at this step (0 = draft nothing)."""
+        cuts = []
+        for r in rows:
+            cut = min(r.max_depth, len(self.widths)) if r.row in self._last_hidden else 0
+            if self.adaptive is not None and cut > 0:
+                cut = self.adaptive.depth(r.row, cut)
+            cuts.append(cut)
+        return cuts
+
+    @torch.no_grad()
+    def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
+        cuts = self._cut_depths(rows)
+        trees = [DraftTree.empty(r.tokens.device) for r in rows]
+        ready = [i for i, c in enumerate(cuts) if c > 0]
+        if not ready:
+            return trees
+        widths = self.widths[: max(cuts[i] for i in ready)]
+        hidden = torch.stack([self._last_hidden[rows[i].row] for i in ready])  # [B, H]
+        roots = torch.tensor([rows[i].root for i in ready], dtype=torch.long)  # [B]
+        tokens, parent, _ = draft_tree_batch(self.speculator, hidden, roots, widths)  # [B, N] each
+        depth = torch.repeat_interleave(torch.arange(1, len(widths) + 1), torch.tensor(widths))  # [N]
+        device = rows[ready[0]].tokens.device
+        tokens, parent, depth = tokens.to(device), parent.to(device), depth.to(device)
+        masks = ancestor_masks(parent, widths)  # [B, N + 1, N + 1]
+        for j, i in enumerate(ready):
+            n = self.nodes_at_depth[cuts[i]]
+            trees[i] = DraftTree(
+                tokens[j, :n],
+                parent[j, :n],
+                depth[:n],
+                DraftSampling.DETERMINISTIC,
+                _ancestors=masks[j, : n + 1, : n + 1],
+            )
+        return trees
+
+    def finish(self) -> None:
+        self._last_hidden = {}
+
+
+def mlp_speculator_proposer_for(obj, target) -> Proposer | None:
+    """``assistant=`` resolver: an `MLPSpeculatorAssistant` when ``obj`` is an `MLPSpeculator`, else None."""
+    if isinstance(obj, MLPSpeculator):
+        return MLPSpeculatorAssistant(obj)
+    return None
