@@ -7,8 +7,8 @@ prompt in the same run::
      "speedup", "steps", "drafted", "accepted", "match", "first_diff", "error"}
 
 ``steps`` / ``drafted`` / ``accepted`` come from ``out.spec_stats`` (None where a method has none); ``match`` is
-whether the method's tokens equal vanilla's (greedy only, None otherwise). Metric definitions follow
-ALGORITHMS.md: speedup = vanilla wall time / method wall time on the same prompt (the median over prompts is
+whether the method's tokens equal vanilla's (greedy only, None otherwise). Metric definitions (as in
+docs/results.md): speedup = vanilla wall time / method wall time on the same prompt (the median over prompts is
 reported; recorded as the ratio of tokens/s, which is the same number whenever both calls emit the same tokens, as
 in greedy decoding, and stays meaningful when sampled answers differ in length), τ = 1 + accepted / steps,
 acceptance rate = accepted / drafted.

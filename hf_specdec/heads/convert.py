@@ -1,4 +1,4 @@
-"""Format detection and conversion: published head checkpoints (FORMATS.md) -> our own tensors and config.
+"""Format detection and conversion: published head checkpoints (docs/formats.md) -> our own tensors and config.
 
 Medusa checkpoints come in five layouts; `read_medusa_checkpoint` finds the files in a folder or Hub repo, detects
 which one it is, checks every shape against the config (errors name the key and both shapes) and returns a
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -48,11 +48,6 @@ OWNER = "MedusaHeads"
 MEDUSA_HEAD_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 FULL_MODEL_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 FULL_MODEL_FILES = ("model.safetensors", "pytorch_model.bin")
-
-_RES_LINEAR = re.compile(r"^(\d+)\.(\d+)\.linear\.(weight|bias)$")
-_RES_LM_HEAD = re.compile(r"^(\d+)\.(\d+)\.weight$")
-_VLLM_BLOCK = re.compile(r"^blocks\.(\d+)\.layers\.(\d+)\.(weight|bias)$")
-_VLLM_LM_HEAD = re.compile(r"^lm_heads\.(\d+)\.weight$")
 
 
 @dataclass
@@ -141,7 +136,72 @@ def medusa_from_ours(config: Mapping, tensors: dict[str, torch.Tensor], where: s
     )
 
 
-# ------------------------------------------------------------------------------------- FasterDecoding layout
+# ------------------------------------------------------------------------------------------- upstream layouts
+@dataclass(frozen=True)
+class MedusaLayout:
+    """How one upstream layout names the heads' tensors; `medusa_from_layout` does the rest for every layout.
+
+    Attributes:
+        name: ``"resblock"`` (FasterDecoding: Medusa-1, version-2 heads, Medusa-2 models) or ``"vllm"``.
+        block / lm_head: patterns of a ResBlock tensor (groups: head, layer, ``weight``/``bias``) and of a
+            per-head lm_head (group 1: head).
+        block_key / lm_head_key: the names, formatted with ``h``, ``layer``, ``kind`` / ``h``, ``L`` (layers).
+        extra: other tensor names the layout may hold.
+        num_heads_config / num_layers_config: config keys that state the head and layer counts (first found wins).
+        hint: what the layout's tensor names look like, for the unexpected-tensor error.
+        lm_heads: the layout's lm_head rules (shared or per head, vocabulary, token map), see `_LmHeads`.
+    """
+
+    name: str
+    block: re.Pattern
+    lm_head: re.Pattern
+    block_key: str
+    lm_head_key: str
+    extra: tuple[str, ...]
+    num_heads_config: tuple[str, ...]
+    num_layers_config: tuple[str, ...]
+    hint: str
+    lm_heads: Callable[[dict[str, torch.Tensor], Mapping, _Found, int, str], _LmHeads]
+
+
+@dataclass
+class _Found:
+    """What the tensor names say: ResBlock layers per head, per-head lm_head keys, whether blocks have biases."""
+
+    blocks: dict[int, set[int]] = field(default_factory=dict)
+    lm_heads: dict[int, str] = field(default_factory=dict)
+    bias: bool = False
+
+    @property
+    def num_heads(self) -> int:
+        return max(set(self.blocks) | set(self.lm_heads)) + 1
+
+    @property
+    def num_layers(self) -> int:
+        return max((len(v) for v in self.blocks.values()), default=0)
+
+
+@dataclass
+class _LmHeads:
+    """A layout's verdict on the output projections.
+
+    Attributes:
+        share: the heads use the base model's lm_head (no per-head weights kept).
+        vocab: the base vocabulary (None = unknown).
+        expected: upstream lm_head/token-map key -> expected shape.
+        keys: per head, the upstream key of its lm_head (empty when shared).
+        draft_vocab: rows of a truncated vocabulary (None = full).
+        token_map: `[draft_vocab]` draft index -> token id, when truncated.
+    """
+
+    share: bool
+    vocab: int | None
+    expected: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    keys: list[str] = field(default_factory=list)
+    draft_vocab: int | None = None
+    token_map: torch.Tensor | None = None
+
+
 def _config_int(config: Mapping, *names: str) -> tuple[str, int] | None:
     for name in names:
         if isinstance(config.get(name), int):
@@ -149,230 +209,174 @@ def _config_int(config: Mapping, *names: str) -> tuple[str, int] | None:
     return None
 
 
-def medusa_from_resblock_layout(
-    tensors: dict[str, torch.Tensor],
-    config: Mapping,
-    where: str,
-    source_format: str,
-) -> MedusaCheckpoint:
-    """FasterDecoding's layout: ``{h}.{l}.linear.weight/bias`` then an optional per-head lm_head ``{h}.{L}.weight``.
-
-    Used by Medusa-1 v0.1 (``medusa_lm_head.pt``), the version-2 ResBlock-only heads and, after stripping the
-    ``medusa_head.`` prefix, Medusa-2 full checkpoints. Head and layer counts come from the keys.
-    """
-    linear: dict[int, set[int]] = {}
-    lm_index: dict[int, int] = {}
-    bias_seen = False
+def _scan(tensors: Mapping[str, torch.Tensor], layout: MedusaLayout, where: str) -> _Found:
+    found = _Found()
     for key in tensors:
-        m = _RES_LINEAR.match(key)
-        if m:
-            linear.setdefault(int(m[1]), set()).add(int(m[2]))
-            bias_seen |= m[3] == "bias"
-            continue
-        m = _RES_LM_HEAD.match(key)
-        if m:
-            lm_index[int(m[1])] = int(m[2])
-            continue
-        raise ValueError(
-            f"{OWNER}: unexpected tensor {key!r} in {where}; Medusa heads hold '{{head}}.{{layer}}.linear.weight', "
-            "'.bias' and '{head}.{num_layers}.weight'"
-        )
-    if not linear and not lm_index:
+        if m := layout.block.match(key):
+            found.blocks.setdefault(int(m[1]), set()).add(int(m[2]))
+            found.bias |= m[3] == "bias"
+        elif m := layout.lm_head.match(key):
+            found.lm_heads[int(m[1])] = key
+        elif key not in layout.extra:
+            raise ValueError(f"{OWNER}: unexpected tensor {key!r} in {where}; {layout.hint}")
+    if not found.blocks and not found.lm_heads:
         raise ValueError(f"{OWNER}: {where} holds no Medusa head tensors")
-    heads = set(linear) | set(lm_index)
-    num_heads = max(heads) + 1
-    num_layers = max((len(v) for v in linear.values()), default=0)
-    share = not lm_index
-    if share and num_layers == 0:
-        raise ValueError(f"{OWNER}: {where} holds neither ResBlocks nor lm_heads")
+    return found
 
-    # config quirks: published head counts are wrong (FORMATS.md); the tensors decide, with a warning.
-    found = _config_int(config, "medusa_num_heads", "num_heads")
-    if found and found[1] != num_heads:
-        warn_config_mismatch(where, found[0], found[1], num_heads)
-    found = _config_int(config, "medusa_num_layers", "num_layers")
-    if found and found[1] != num_layers:
-        warn_config_mismatch(where, found[0], found[1], num_layers)
+
+def _warn_config_counts(config: Mapping, layout: MedusaLayout, found: _Found, where: str) -> None:
+    """Published head counts can be wrong (docs/formats.md): the tensors decide, with a warning."""
+    for names, actual in ((layout.num_heads_config, found.num_heads), (layout.num_layers_config, found.num_layers)):
+        stated = _config_int(config, *names)
+        if stated and stated[1] != actual:
+            warn_config_mismatch(where, stated[0], stated[1], actual)
+
+
+def _resblock_lm_heads(tensors, config: Mapping, found: _Found, hidden: int, where: str) -> _LmHeads:
+    """FasterDecoding: a head has its own lm_head ``{h}.{L}.weight`` or none at all (version 2: the base's)."""
+    share = not found.lm_heads
+    if share and found.num_layers == 0:
+        raise ValueError(f"{OWNER}: {where} holds neither ResBlocks nor lm_heads")
     if str(config.get("version", "")) == "2" and not share:
         warn_config_mismatch(where, "version", '"2" (ResBlocks only, base lm_head)', "per-head lm_heads")
-
-    hidden = config.get("hidden_size") if isinstance(config.get("hidden_size"), int) else None
-    if hidden is None:
-        probe = tensors.get("0.0.linear.weight", tensors.get(f"0.{num_layers}.weight"))
-        if probe is None:
-            probe = next(iter(tensors.values()))
-        hidden = int(probe.shape[-1])
     vocab = config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else None
-    if not share and vocab is None:
-        vocab = int(tensors[f"{min(lm_index)}.{lm_index[min(lm_index)]}.weight"].shape[0])
-
-    expected: dict[str, tuple[int, ...]] = {}
-    for h in range(num_heads):
-        for layer in range(num_layers):
-            expected[f"{h}.{layer}.linear.weight"] = (hidden, hidden)
-            if bias_seen:
-                expected[f"{h}.{layer}.linear.bias"] = (hidden,)
-        if not share:
-            expected[f"{h}.{num_layers}.weight"] = (vocab, hidden)
-    check_shapes(OWNER, tensors, expected, where)
-
-    dtype = tensors[next(iter(expected))].dtype
-    out = {
-        "block_weight": torch.stack(
-            [torch.stack([tensors[f"{h}.{la}.linear.weight"] for la in range(num_layers)]) for h in range(num_heads)]
-        ).to(dtype)
-    }
-    if bias_seen:
-        out["block_bias"] = torch.stack(
-            [torch.stack([tensors[f"{h}.{la}.linear.bias"] for la in range(num_layers)]) for h in range(num_heads)]
-        ).to(dtype)
-    if not share:
-        out["lm_head_weight"] = torch.stack([tensors[f"{h}.{num_layers}.weight"] for h in range(num_heads)]).to(dtype)
-    return MedusaCheckpoint(
-        num_heads=num_heads,
-        num_layers=num_layers,
-        hidden_size=hidden,
-        vocab_size=vocab,
-        share_lm_head=share,
-        block_bias=bias_seen,
-        tensors=out,
-        base_model_name_or_path=config.get("base_model_name_or_path"),
-        source_format=source_format if not (share and source_format == "medusa-1") else "medusa-v2-heads",
-    )
+    if share:
+        return _LmHeads(share=True, vocab=vocab)
+    if vocab is None:
+        vocab = int(tensors[found.lm_heads[min(found.lm_heads)]].shape[0])
+    keys = [f"{h}.{found.num_layers}.weight" for h in range(found.num_heads)]
+    return _LmHeads(share=False, vocab=vocab, expected={k: (vocab, hidden) for k in keys}, keys=keys)
 
 
-# ------------------------------------------------------------------------------------------------ vLLM layout
-def medusa_from_vllm_layout(tensors: dict[str, torch.Tensor], config: Mapping, where: str) -> MedusaCheckpoint:
-    """vLLM's layout (``model_type: "medusa"``); follows vLLM's `Medusa.load_weights` semantics.
-
-    ``token_map`` is used only when ``truncated_vocab_size < vocab_size`` (as in vLLM); full-vocabulary lm_heads are
-    then restricted to the token map's rows. ``original_lm_head`` (a single stored copy of the base lm_head as
-    ``lm_heads.0.weight``) becomes ``share_lm_head``: the base model's own lm_head is used.
-    """
-    blocks: dict[int, set[int]] = {}
-    lm_heads: set[int] = set()
-    bias_seen = False
-    token_map = tensors.get("token_map")
-    for key in tensors:
-        m = _VLLM_BLOCK.match(key)
-        if m:
-            blocks.setdefault(int(m[1]), set()).add(int(m[2]))
-            bias_seen |= m[3] == "bias"
-        elif _VLLM_LM_HEAD.match(key):
-            lm_heads.add(int(_VLLM_LM_HEAD.match(key)[1]))
-        elif key != "token_map":
-            raise ValueError(
-                f"{OWNER}: unexpected tensor {key!r} in {where}; vLLM Medusa heads hold "
-                "'blocks.{head}.layers.{layer}.weight', 'lm_heads.{head}.weight' and 'token_map'"
-            )
-    if not blocks:
-        raise ValueError(f"{OWNER}: {where} holds no 'blocks.*' tensors")
-    num_heads = max(set(blocks) | lm_heads) + 1
-    num_layers = max(len(v) for v in blocks.values())
-    found = _config_int(config, "num_heads", "medusa_num_heads")
-    if found and found[1] != num_heads:
-        warn_config_mismatch(where, found[0], found[1], num_heads)
-    found = _config_int(config, "num_hidden_layers", "medusa_num_layers")
-    if found and found[1] != num_layers:
-        warn_config_mismatch(where, found[0], found[1], num_layers)
-    if bool(config.get("medusa_fc_bias", bias_seen)) != bias_seen:
-        warn_config_mismatch(where, "medusa_fc_bias", config.get("medusa_fc_bias"), bias_seen)
+def _vllm_lm_heads(tensors, config: Mapping, found: _Found, hidden: int, where: str) -> _LmHeads:
+    """vLLM's `Medusa.load_weights` semantics: ``token_map`` only when ``truncated_vocab_size < vocab_size`` (full-
+    vocabulary lm_heads are then cut to its rows); ``original_lm_head`` (one stored copy of the base lm_head as
+    ``lm_heads.0.weight``) means the base model's own lm_head is used."""
+    if bool(config.get("medusa_fc_bias", found.bias)) != found.bias:
+        warn_config_mismatch(where, "medusa_fc_bias", config.get("medusa_fc_bias"), found.bias)
     logit_scale = config.get("logit_scale", 1.0)
     if logit_scale not in (None, 1, 1.0):
         warnings.warn(
             f"{where}: logit_scale={logit_scale} is not applied (a positive scale does not change the heads' top-k)",
-            stacklevel=3,
+            stacklevel=4,
         )
-
-    hidden = config.get("hidden_size")
-    if not isinstance(hidden, int):
-        hidden = int(tensors["blocks.0.layers.0.weight"].shape[-1])
     vocab = config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else None
     truncated = config.get("truncated_vocab_size")
     use_map = isinstance(truncated, int) and vocab is not None and truncated < vocab
+    token_map = tensors.get("token_map")
     if use_map and token_map is None:
         raise ValueError(
             f"{OWNER}: {where} has truncated_vocab_size={truncated} < vocab_size={vocab} but no 'token_map' tensor "
             "(draft index -> token id); add it or drop truncated_vocab_size"
         )
+    draft_vocab = int(truncated) if use_map else None
     share = bool(config.get("original_lm_head", False))
     if not share and vocab is None:
-        vocab = int(tensors["lm_heads.0.weight"].shape[0]) if "lm_heads.0.weight" in tensors else None
-        if vocab is None:
+        if "lm_heads.0.weight" not in tensors:
             raise ValueError(f"{OWNER}: {where} has no config vocab_size and no 'lm_heads.0.weight'")
-
-    expected: dict[str, tuple[int, ...]] = {}
-    for h in range(num_heads):
-        for layer in range(num_layers):
-            expected[f"blocks.{h}.layers.{layer}.weight"] = (hidden, hidden)
-            if bias_seen:
-                expected[f"blocks.{h}.layers.{layer}.bias"] = (hidden,)
-    draft_vocab = int(truncated) if use_map else None
-    lm_rows = {}
-    if share:
-        if "lm_heads.0.weight" in tensors:
-            lm_rows["lm_heads.0.weight"] = (
-                vocab if vocab is not None else tensors["lm_heads.0.weight"].shape[0],
-                hidden,
-            )
-    else:
-        for h in range(num_heads):
-            key = f"lm_heads.{h}.weight"
-            # vLLM accepts full-vocabulary lm_heads with a token map and slices them
-            rows = draft_vocab
-            if use_map and key in tensors and tensors[key].shape[0] == vocab:
-                rows = vocab
-            lm_rows[key] = (rows if rows is not None else vocab, hidden)
-    expected.update(lm_rows)
+        vocab = int(tensors["lm_heads.0.weight"].shape[0])
+    lm = _LmHeads(share=share, vocab=vocab, draft_vocab=draft_vocab)
+    if share and "lm_heads.0.weight" in tensors:
+        lm.expected["lm_heads.0.weight"] = (
+            vocab if vocab is not None else tensors["lm_heads.0.weight"].shape[0],
+            hidden,
+        )
+    if not share:
+        lm.keys = [f"lm_heads.{h}.weight" for h in range(found.num_heads)]
+        for key in lm.keys:  # vLLM also accepts full-vocabulary lm_heads with a token map, and slices them
+            full = use_map and key in tensors and tensors[key].shape[0] == vocab
+            lm.expected[key] = (vocab if full or draft_vocab is None else draft_vocab, hidden)
     if token_map is not None:
-        expected["token_map"] = tuple(token_map.shape)
+        lm.expected["token_map"] = tuple(token_map.shape)
         if use_map and tuple(token_map.shape) != (draft_vocab,):
             raise ValueError(
                 f"{OWNER}: tensor 'token_map' in {where} has shape {list(token_map.shape)}, expected [{draft_vocab}] "
                 "(truncated_vocab_size)"
             )
-    check_shapes(OWNER, tensors, expected, where)
+        lm.token_map = token_map.to(torch.long) if use_map else None
+    return lm
 
-    dtype = tensors["blocks.0.layers.0.weight"].dtype
-    out = {
-        "block_weight": torch.stack(
-            [
-                torch.stack([tensors[f"blocks.{h}.layers.{la}.weight"] for la in range(num_layers)])
-                for h in range(num_heads)
-            ]
-        ).to(dtype)
+
+RESBLOCK_LAYOUT = MedusaLayout(
+    name="resblock",
+    block=re.compile(r"^(\d+)\.(\d+)\.linear\.(weight|bias)$"),
+    lm_head=re.compile(r"^(\d+)\.(\d+)\.weight$"),
+    block_key="{h}.{layer}.linear.{kind}",
+    lm_head_key="{h}.{L}.weight",
+    extra=(),
+    num_heads_config=("medusa_num_heads", "num_heads"),
+    num_layers_config=("medusa_num_layers", "num_layers"),
+    hint="Medusa heads hold '{head}.{layer}.linear.weight', '.bias' and '{head}.{num_layers}.weight'",
+    lm_heads=_resblock_lm_heads,
+)
+VLLM_LAYOUT = MedusaLayout(
+    name="vllm",
+    block=re.compile(r"^blocks\.(\d+)\.layers\.(\d+)\.(weight|bias)$"),
+    lm_head=re.compile(r"^lm_heads\.(\d+)\.weight$"),
+    block_key="blocks.{h}.layers.{layer}.{kind}",
+    lm_head_key="lm_heads.{h}.weight",
+    extra=("token_map",),
+    num_heads_config=("num_heads", "medusa_num_heads"),
+    num_layers_config=("num_hidden_layers", "medusa_num_layers"),
+    hint="vLLM Medusa heads hold 'blocks.{head}.layers.{layer}.weight', 'lm_heads.{head}.weight' and 'token_map'",
+    lm_heads=_vllm_lm_heads,
+)
+
+
+def medusa_from_layout(
+    tensors: dict[str, torch.Tensor], config: Mapping, where: str, layout: MedusaLayout, source_format: str
+) -> MedusaCheckpoint:
+    """Convert upstream tensors named as ``layout`` says: head and layer counts from the names (a config that
+    disagrees is warned about), every shape checked (errors name the key and both shapes), ResBlocks and lm_heads
+    stacked into our layout."""
+    found = _scan(tensors, layout, where)
+    _warn_config_counts(config, layout, found, where)
+    num_heads, num_layers = found.num_heads, found.num_layers
+    hidden = config.get("hidden_size")
+    if not isinstance(hidden, int):
+        probe = tensors.get(layout.block_key.format(h=0, layer=0, kind="weight"))
+        probe = probe if probe is not None else tensors.get(layout.lm_head_key.format(h=0, L=num_layers))
+        hidden = int((probe if probe is not None else next(iter(tensors.values()))).shape[-1])
+    lm = layout.lm_heads(tensors, config, found, hidden, where)
+    kinds = ("weight", "bias") if found.bias else ("weight",)
+    block_keys = {  # kind -> [num_heads][num_layers] upstream keys
+        kind: [
+            [layout.block_key.format(h=h, layer=la, kind=kind) for la in range(num_layers)] for h in range(num_heads)
+        ]
+        for kind in kinds
     }
-    if bias_seen:
-        out["block_bias"] = torch.stack(
-            [
-                torch.stack([tensors[f"blocks.{h}.layers.{la}.bias"] for la in range(num_layers)])
-                for h in range(num_heads)
+    expected = {k: (hidden, hidden) for row in block_keys["weight"] for k in row}
+    expected.update({k: (hidden,) for row in block_keys.get("bias", []) for k in row})
+    expected.update(lm.expected)
+    check_shapes(OWNER, tensors, expected, where)
+    first = tensors[next(iter(expected))]  # its dtype is the checkpoint's
+    out = {}
+    for kind, name, shape in (("weight", "block_weight", (hidden, hidden)), ("bias", "block_bias", (hidden,))):
+        if kind in block_keys:
+            per_head = [
+                torch.stack([tensors[k] for k in row]) if row else first.new_zeros((0, *shape))
+                for row in block_keys[kind]
             ]
-        ).to(dtype)
-    if use_map:
-        tmap = token_map.to(torch.long)
-        if vocab is not None and (int(tmap.max()) >= vocab or int(tmap.min()) < 0):
-            raise ValueError(f"{OWNER}: 'token_map' in {where} holds token ids outside [0, {vocab})")
-        out["token_map"] = tmap
-    if not share:
-        heads_w = []
-        for h in range(num_heads):
-            w = tensors[f"lm_heads.{h}.weight"]
-            if use_map and w.shape[0] == vocab:
-                w = w[out["token_map"]]
-            heads_w.append(w)
-        out["lm_head_weight"] = torch.stack(heads_w).to(dtype)
+            out[name] = torch.stack(per_head).to(first.dtype)  # [num_heads, num_layers, H(, H)]
+    if lm.token_map is not None:
+        if lm.vocab is not None and (int(lm.token_map.max()) >= lm.vocab or int(lm.token_map.min()) < 0):
+            raise ValueError(f"{OWNER}: 'token_map' in {where} holds token ids outside [0, {lm.vocab})")
+        out["token_map"] = lm.token_map
+    if lm.keys:
+        weights = [tensors[k] for k in lm.keys]  # cut full-vocabulary rows to the token map's
+        weights = [w[lm.token_map] if lm.token_map is not None and w.shape[0] != lm.draft_vocab else w for w in weights]
+        out["lm_head_weight"] = torch.stack(weights).to(first.dtype)  # [num_heads, V', H]
     return MedusaCheckpoint(
         num_heads=num_heads,
         num_layers=num_layers,
         hidden_size=hidden,
-        vocab_size=vocab,
-        share_lm_head=share,
-        block_bias=bias_seen,
+        vocab_size=lm.vocab,
+        share_lm_head=lm.share,
+        block_bias=found.bias,
         tensors=out,
-        draft_vocab_size=draft_vocab,
+        draft_vocab_size=lm.draft_vocab,
         base_model_name_or_path=config.get("base_model_name_or_path"),
-        source_format="vllm",
+        source_format=source_format,
     )
 
 
@@ -387,9 +391,9 @@ def detect_medusa_layout(keys) -> str | None:
     if any(k.startswith("medusa_head.") for k in keys):
         return "full"
     stripped = [k.removeprefix("medusa_heads.") for k in keys]
-    if any(_VLLM_BLOCK.match(k) for k in stripped):
+    if any(VLLM_LAYOUT.block.match(k) for k in stripped):
         return "vllm"
-    if any(_RES_LINEAR.match(k) or _RES_LM_HEAD.match(k) for k in keys):
+    if any(RESBLOCK_LAYOUT.block.match(k) or RESBLOCK_LAYOUT.lm_head.match(k) for k in keys):
         return "resblock"
     return None
 
@@ -400,19 +404,20 @@ def medusa_from_tensors(
     """Convert tensors of any upstream layout (detected from their names)."""
     layout = detect_medusa_layout(tensors)
     if layout == "vllm":
-        return medusa_from_vllm_layout(_strip(tensors, "medusa_heads."), config, where)
+        return medusa_from_layout(_strip(tensors, "medusa_heads."), config, where, VLLM_LAYOUT, "vllm")
     if layout == "full":
         heads = {k[len("medusa_head.") :]: v for k, v in tensors.items() if k.startswith("medusa_head.")}
-        ckpt = medusa_from_resblock_layout(heads, config, where, "medusa-2-checkpoint")
-        ckpt.source_format = "medusa-2-checkpoint"
-        return ckpt
+        return medusa_from_layout(heads, config, where, RESBLOCK_LAYOUT, "medusa-2-checkpoint")
     if layout == "resblock":
-        return medusa_from_resblock_layout(tensors, config, where, default_format)
+        ckpt = medusa_from_layout(tensors, config, where, RESBLOCK_LAYOUT, default_format)
+        if ckpt.share_lm_head and default_format == "medusa-1":
+            ckpt.source_format = "medusa-v2-heads"  # ResBlocks only: FasterDecoding's version-2 heads
+        return ckpt
     raise ValueError(f"{OWNER}: {where} holds no Medusa head tensors (first keys: {list(tensors)[:5]})")
 
 
 def read_medusa_checkpoint(source: HeadSource) -> MedusaCheckpoint:
-    """Find, detect and convert the Medusa heads of a folder or Hub repo (any layout of FORMATS.md)."""
+    """Find, detect and convert the Medusa heads of a folder or Hub repo (any layout of docs/formats.md)."""
     config = source.json(CONFIG_NAME) or {}
     head_type = config.get("head_type")
     if head_type is not None:

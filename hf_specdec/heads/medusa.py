@@ -168,7 +168,7 @@ class MedusaHeads(
         local_files_only: bool = False,
         force_download: bool = False,
     ) -> MedusaHeads:
-        """Load Medusa heads from a local folder or a Hub repo id, in any published layout (FORMATS.md).
+        """Load Medusa heads from a local folder or a Hub repo id, in any published layout (docs/formats.md).
 
         Args:
             pretrained_model_name_or_path: folder or repo id (e.g. ``"FasterDecoding/medusa-vicuna-7b-v1.3"``).
