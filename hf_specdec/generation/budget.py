@@ -1,0 +1,393 @@
+"""How many draft nodes each row sends this step: the cut that maximises the batch's expected tokens per second.
+
+Every assistant hands the budgeter a candidate `DraftTree` per row (nodes in topological order) and, when it has
+them, a score per node: its estimate of the probability that the node is accepted (a path probability: a parent
+never scores below its child). The budgeter
+
+1. calibrates the scores online per assistant (``source``), per tree depth and per row (`AcceptanceCalibration`:
+   predicted vs accepted nodes, so over-confident scores shrink the trees they produce),
+2. ranks every row's nodes by calibrated probability and merges the rows: keeping the ``K`` best nodes of the batch
+   is the allocation of ``K`` nodes with the most expected tokens ``E(K) = B + sum of their probabilities``,
+3. predicts each ``K``'s step time from the measured cost curve (`StepCostModel`: verify forward of ``B + K`` packed
+   tokens, the assistant's proposing time, the loop's bookkeeping) and keeps the ``K`` with the best
+   ``E(K) / time(K)``. ``K = 0`` — drafting nothing, a plain decoding step through the same loop — is always an
+   option and wins unless drafting is predicted to be faster by ``margin``,
+4. now and then verifies the next larger size the cost curve has not measured yet, if it is predicted to lose at
+   most ``1 - explore_tolerance`` of the best rate, so that a machine where big trees are cheap (a GPU) finds out,
+5. stops asking for drafts from a row whose drafts stopped paying, when proposing costs something, and asks again
+   after ``probe_every`` steps (doubling after every probe that did not pay, up to ``probe_max``); a probe verifies
+   the row's best node so that its calibration can recover.
+
+Which nodes survive depends only on the scores and on earlier steps, never on the target's answer to this step, so
+greedy output is unchanged. Trees whose children were *sampled* (`DraftSampling.WITHOUT_REPLACEMENT` / ``IID``) are
+ranked by structure only (depth and sibling position, never the drawn tokens' probabilities) and siblings are kept
+as a prefix of their draw order, which keeps exact sampling exact.
+
+    budgeter = TreeBudgeter(cost_model_for(model))
+    cap = budgeter.depth_cap(row, limit)                      # 0 while a row is paused
+    cuts = budgeter.cut([RowCandidates(row, tree, scores, "ngram"), ...])
+    ...verify cuts[i].tree...
+    budgeter.record_verdicts([accepted node indices of cuts[i].tree, ...])
+    budgeter.record_step(tokens, rows, verify_s, propose_s, other_s)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .cost_model import StepCostModel, exploration_ladder
+from .tree import DraftSampling, DraftTree
+
+# Structural prior for nodes without a score: the rank-r child at any depth is accepted with probability
+# _STRUCT_ACCEPT * _STRUCT_SIBLING ** r given its parent was; calibration rescales it per depth.
+_STRUCT_ACCEPT = 0.5
+_STRUCT_SIBLING = 0.5
+_MAX_CALIBRATED_DEPTH = 12  # depths past this share the last depth's calibration
+_EMA = 0.2  # weight of a new sample in the proposing-time mean
+
+
+@dataclass
+class RowCandidates:
+    """One row's candidate nodes.
+
+    Attributes:
+        row: the row's index in the caller's batch (stable for the call).
+        tree: the candidate tree, nodes in topological order (parents before children).
+        scores: `[T]` estimated probability that each node is accepted (path probability), or None for the
+            structural prior. Ignored for sampled trees (see the module docstring).
+        source: which assistant drafted the tree (calibration is kept per source).
+    """
+
+    row: int
+    tree: DraftTree
+    scores: torch.Tensor | Sequence[float] | None = None
+    source: Hashable = "default"
+
+
+@dataclass
+class BudgetCut:
+    """The budgeter's decision for one row.
+
+    Attributes:
+        tree: the tree to verify (the candidate tree, or the subtree of its kept nodes).
+        kept: `[T']` int64 the candidate tree's index of each node of ``tree``, or None when all were kept.
+        probs: the calibrated acceptance probability of each node of ``tree`` (for reports).
+    """
+
+    tree: DraftTree
+    kept: torch.Tensor | None
+    probs: list[float]
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tree.num_nodes
+
+
+class AcceptanceCalibration:
+    """Running ratio of accepted to predicted nodes per (source, depth), and per (source, row, depth) shrunk to it.
+
+    ``factor = (accepted + weight * parent_factor) / (predicted + weight)`` with the source level's parent factor 1:
+    a source's scores start trusted and follow what the target accepts; a row follows its own record once it has
+    ``weight`` predicted nodes' worth of evidence. Old evidence fades by ``decay`` per update.
+    """
+
+    def __init__(self, weight: float = 2.0, decay: float = 0.97):
+        if weight <= 0 or not 0.0 < decay <= 1.0:
+            raise ValueError(f"calibration needs weight > 0 and 0 < decay <= 1, got {weight} and {decay}")
+        self.weight, self.decay = float(weight), float(decay)
+        self._source: dict[Hashable, list[list[float]]] = {}  # source -> [accepted[d], predicted[d]]
+        self._row: dict[tuple[Hashable, int], list[list[float]]] = {}
+
+    def _table(self, store: dict, key) -> list[list[float]]:
+        table = store.get(key)
+        if table is None:
+            table = store[key] = [[0.0] * _MAX_CALIBRATED_DEPTH, [0.0] * _MAX_CALIBRATED_DEPTH]
+        return table
+
+    def factors(self, source: Hashable, row: int) -> list[float]:
+        """``factor[d - 1]``: the multiplier of depth-d scores of ``source`` for ``row``."""
+        w = self.weight
+        src = self._source.get(source)
+        row_t = self._row.get((source, row))
+        out = []
+        for d in range(_MAX_CALIBRATED_DEPTH):
+            c = 1.0 if src is None else (src[0][d] + w) / (src[1][d] + w)
+            if row_t is not None:
+                c = (row_t[0][d] + w * c) / (row_t[1][d] + w)
+            out.append(c)
+        return out
+
+    def update(self, source: Hashable, row: int, depths: Sequence[int], scores: Sequence[float], hits: Sequence[bool]):
+        """One verified tree: each node's depth, its raw score and whether it was accepted."""
+        for table in (self._table(self._source, source), self._table(self._row, (source, row))):
+            acc, pred = table
+            for d in range(_MAX_CALIBRATED_DEPTH):
+                acc[d] *= self.decay
+                pred[d] *= self.decay
+            for depth, s, hit in zip(depths, scores, hits):
+                d = min(depth, _MAX_CALIBRATED_DEPTH) - 1
+                acc[d] += float(hit)
+                pred[d] += s
+
+    def summary(self) -> dict:
+        """``{source: [factor per depth]}`` at the source level."""
+        return {str(s): [round(c, 3) for c in self.factors(s, -1)] for s in self._source}
+
+
+def structural_scores(tree: DraftTree) -> list[float]:
+    """Prior path probability of each node from its position only: the product over its path of
+    ``0.5 * 0.5 ** sibling_rank`` (sibling rank = how many earlier siblings it has)."""
+    parents = tree.parent.tolist()
+    seen_children: Counter[int] = Counter()
+    out: list[float] = []
+    for p in parents:
+        rank = seen_children[p]
+        seen_children[p] += 1
+        out.append((1.0 if p < 0 else out[p]) * _STRUCT_ACCEPT * _STRUCT_SIBLING**rank)
+    return out
+
+
+def calibrated_probs(tree: DraftTree, scores: Sequence[float], factors: Sequence[float]) -> list[float]:
+    """Each node's score times its depth's calibration factor, clipped to [0, 1] and made non-increasing down every
+    path; for sampled trees also non-increasing along each node's children in draw order (so that any best-first
+    prefix of the nodes is a tree whose siblings are a prefix of their draws)."""
+    parents, depths = tree.parent.tolist(), tree.depth.tolist()
+    sampled = tree.sampling != DraftSampling.DETERMINISTIC
+    last_child: dict[int, int] = {}
+    out: list[float] = []
+    for i, (p, d, s) in enumerate(zip(parents, depths, scores)):
+        x = min(1.0, max(0.0, float(s) * factors[min(d, len(factors)) - 1]))
+        if p >= 0:
+            x = min(x, out[p])
+        if sampled and p in last_child:
+            x = min(x, out[last_child[p]])
+        last_child[p] = i
+        out.append(x)
+    return out
+
+
+@dataclass
+class _RowGate:
+    """Whether a row is paused (drafts stopped paying) and when it probes again."""
+
+    paused: bool = False
+    idle: int = 0
+    interval: int = 0
+    probing: bool = False
+
+
+class TreeBudgeter:
+    """Chooses, every step, how many of each row's candidate nodes the target verifies (see the module docstring).
+
+    Args:
+        cost: the target's `StepCostModel` (``cost_model_for(model)``), shared across calls.
+        calibration: acceptance calibration (default: a fresh `AcceptanceCalibration`, i.e. per call).
+        max_nodes_per_row: most nodes one row may send.
+        margin: drafting must be predicted faster than drafting nothing by this fraction.
+        explore_every: steps between two verifications of an unmeasured larger size.
+        explore_tolerance: an exploration may be predicted to reach this fraction of the best rate, no less.
+        explore_samples: a size counts as measured once its cost bucket holds this many samples.
+        probe_every / probe_max: a paused row is asked again after ``probe_every`` steps, doubling per failed probe
+            up to ``probe_max``.
+        pause_fraction: rows are paused only when proposing costs at least this fraction of a plain step (a free
+            proposer, such as prompt lookup, is simply asked every step).
+    """
+
+    def __init__(
+        self,
+        cost: StepCostModel,
+        calibration: AcceptanceCalibration | None = None,
+        max_nodes_per_row: int = 64,
+        margin: float = 0.02,
+        explore_every: int = 16,
+        explore_tolerance: float = 0.85,
+        explore_samples: int = 3,
+        probe_every: int = 4,
+        probe_max: int = 64,
+        pause_fraction: float = 0.02,
+    ):
+        if max_nodes_per_row < 0 or margin < 0 or not 0 < explore_tolerance <= 1:
+            raise ValueError(
+                f"TreeBudgeter needs max_nodes_per_row >= 0, margin >= 0 and 0 < explore_tolerance <= 1, got "
+                f"{max_nodes_per_row}, {margin}, {explore_tolerance}"
+            )
+        if probe_every < 1 or probe_max < probe_every or explore_every < 1:
+            raise ValueError(
+                f"TreeBudgeter needs 1 <= probe_every <= probe_max and explore_every >= 1, got {probe_every}, "
+                f"{probe_max}, {explore_every}"
+            )
+        self.cost = cost
+        self.calibration = calibration or AcceptanceCalibration()
+        self.max_nodes_per_row = max_nodes_per_row
+        self.margin, self.explore_every, self.explore_tolerance = margin, explore_every, explore_tolerance
+        self.explore_samples, self.probe_every, self.probe_max = explore_samples, probe_every, probe_max
+        self.pause_fraction = pause_fraction
+        self.propose_seconds: float | None = None  # running mean of a step's proposing time while drafting
+        self._ladder = exploration_ladder()
+        self._gates: dict[int, _RowGate] = {}
+        self._pending: list[tuple[int, Hashable, list[int], list[float]]] = []  # last cut: row, source, depths, raw
+        self._steps = self._last_explore = 0
+        self._nodes: Counter[int] = Counter()  # nodes per row per step -> how often
+        self._no_candidates = self._paused = self._explorations = self._probes = 0
+
+    # ------------------------------------------------------------------ before proposing
+    def depth_cap(self, row: int, limit: int) -> int:
+        """How deep ``row`` may draft this step: ``limit``, or 0 while the row is paused and not probing."""
+        gate = self._gates.get(row)
+        if gate is None or not gate.paused or limit <= 0:
+            return limit
+        gate.idle += 1
+        gate.probing = gate.idle >= gate.interval
+        return limit if gate.probing else 0
+
+    # ------------------------------------------------------------------ the decision
+    def cut(self, candidates: Sequence[RowCandidates]) -> list[BudgetCut]:
+        """The trees to verify this step, one per row of ``candidates`` (same order)."""
+        self._steps += 1
+        probs, raw = zip(*[self._row_probs(c) for c in candidates]) if candidates else ((), ())
+        order = [sorted(range(len(p)), key=lambda i, p=p: (-p[i], i))[: self.max_nodes_per_row] for p in probs]
+        counts = self._counts(probs, order)
+        cuts, self._pending = [], []
+        for c, p, r, o, k in zip(candidates, probs, raw, order, counts):
+            k = self._gate(c.row, k, has_candidates=bool(o))
+            self._nodes[k] += 1
+            cuts.append(self._cut_row(c, p, r, o[:k]))
+        return cuts
+
+    def _row_probs(self, c: RowCandidates) -> tuple[list[float], list[float]]:
+        tree = c.tree
+        if tree.num_nodes == 0:
+            return [], []
+        if c.scores is None or tree.sampling != DraftSampling.DETERMINISTIC:
+            raw = structural_scores(tree)
+        else:
+            raw = torch.as_tensor(c.scores, dtype=torch.float64).reshape(-1).tolist()
+            if len(raw) != tree.num_nodes:
+                raise ValueError(f"row {c.row}: {len(raw)} scores for a tree of {tree.num_nodes} nodes")
+        return calibrated_probs(tree, raw, self.calibration.factors(c.source, c.row)), raw
+
+    def _counts(self, probs: Sequence[list[float]], order: Sequence[list[int]]) -> list[int]:
+        """Nodes per row: the best ``K`` nodes of the batch for the ``K`` with the best predicted rate."""
+        rows = len(probs)
+        merged = sorted(((probs[b][i], b) for b, o in enumerate(order) for i in o), key=lambda x: -x[0])
+        merged = [m for m in merged if m[0] > 0.0]
+        rate = self.predicted_rates(rows, [p for p, _ in merged])
+        best = max(range(len(rate)), key=lambda k: (rate[k], -k))
+        if best and rate[best] < rate[0] * (1.0 + self.margin):
+            best = 0
+        best = self._explore(rows, best, rate)
+        counts = [0] * rows
+        for _, b in merged[:best]:
+            counts[b] += 1
+        return counts
+
+    def predicted_rates(self, rows: int, gains: Sequence[float]) -> list[float]:
+        """``rate[K]``: predicted tokens per second when the ``K`` nodes with acceptance probabilities ``gains[:K]``
+        are verified together with ``rows`` roots (``rate[0]`` = drafting nothing, no proposing time)."""
+        verify = self.cost.predict_range(rows, rows + len(gains) + 1)
+        other = self.cost.other_seconds(rows)
+        propose = self.propose_seconds or 0.0
+        rates, expected = [rows / (verify[0] + other)], float(rows)
+        for k, g in enumerate(gains, start=1):
+            expected += g
+            rates.append(expected / (verify[k] + other + propose))
+        return rates
+
+    def _explore(self, rows: int, best: int, rate: list[float]) -> int:
+        """Now and then, the next unmeasured size of the exploration ladder above ``best`` if it loses little."""
+        if self._steps - self._last_explore < self.explore_every:
+            return best
+        for n in self._ladder:
+            k = n - rows
+            if k <= best:
+                continue
+            if k >= len(rate):
+                break
+            if self.cost.samples(n) >= self.explore_samples:
+                continue  # measured already: the curve knows it
+            if rate[k] >= self.explore_tolerance * rate[best]:
+                self._last_explore = self._steps
+                self._explorations += 1
+                return k
+            break  # larger sizes only lose more
+        return best
+
+    def _gate(self, row: int, k: int, has_candidates: bool) -> int:
+        """Pause / resume ``row`` after its decision ``k``; a probing row verifies at least its best node."""
+        gate = self._gates.setdefault(row, _RowGate())
+        probing, gate.probing = gate.probing, False
+        if not has_candidates:
+            if gate.paused and not probing:
+                self._paused += 1
+            else:
+                self._no_candidates += 1
+            return 0
+        if k > 0:
+            gate.paused, gate.idle, gate.interval = False, 0, 0
+            return k
+        if probing:
+            self._probes += 1
+            gate.idle, gate.interval = 0, min(self.probe_max, gate.interval * 2)
+            return 1
+        if not gate.paused and self._proposing_counts():
+            gate.paused, gate.idle, gate.interval = True, 0, self.probe_every
+        return 0
+
+    def _proposing_counts(self) -> bool:
+        return self.propose_seconds is not None and self.propose_seconds >= self.pause_fraction * self.cost.predict(1)
+
+    def _cut_row(self, c: RowCandidates, probs: list[float], raw: list[float], keep: list[int]) -> BudgetCut:
+        tree = c.tree
+        keep = sorted(keep)  # parents before children, as in the candidate tree
+        if tree.num_nodes:
+            depths = tree.depth.tolist()
+            self._pending.append((c.row, c.source, [depths[i] for i in keep], [raw[i] for i in keep]))
+        else:
+            self._pending.append((c.row, c.source, [], []))
+        if len(keep) == tree.num_nodes:
+            return BudgetCut(tree, None, probs)
+        mask = torch.zeros(tree.num_nodes, dtype=torch.bool)
+        mask[keep] = True
+        kept = torch.tensor(keep, dtype=torch.long, device=tree.device)
+        return BudgetCut(tree.subtree_keep(mask.to(tree.device)), kept, [probs[i] for i in keep])
+
+    # ------------------------------------------------------------------ after verifying
+    def record_verdicts(self, accepted: Sequence[torch.Tensor | Sequence[int]]) -> None:
+        """The target's verdicts on the last `cut`: ``accepted[i]`` = accepted node indices of ``cuts[i].tree``."""
+        if len(accepted) != len(self._pending):
+            raise ValueError(f"{len(accepted)} verdicts for the {len(self._pending)} rows of the last cut")
+        for (row, source, depths, raw), acc in zip(self._pending, accepted):
+            if not depths:
+                continue
+            hit = set(torch.as_tensor(acc).reshape(-1).tolist())
+            self.calibration.update(source, row, depths, raw, [i in hit for i in range(len(depths))])
+        self._pending = []
+
+    def record_step(self, tokens: int, rows: int, verify_s: float, propose_s: float, other_s: float) -> None:
+        """A step's measured times: verify forward over ``tokens`` packed tokens of ``rows`` rows, proposing (only
+        counted when something was drafted), and the loop's bookkeeping."""
+        self.cost.record_verify(tokens, rows, verify_s)
+        self.cost.record_other(rows, other_s)
+        if tokens > rows and propose_s >= 0:
+            prev = self.propose_seconds
+            self.propose_seconds = propose_s if prev is None else (1 - _EMA) * prev + _EMA * propose_s
+
+    def summary(self) -> dict:
+        """What `spec_stats` reports: the cost curve, nodes per row per step, how often nothing was drafted."""
+        row_steps = sum(self._nodes.values())
+        return {
+            "cost": self.cost.summary(),
+            "steps": self._steps,
+            "nodes_per_row": dict(sorted(self._nodes.items())),
+            "draft_nothing_fraction": self._nodes[0] / row_steps if row_steps else 0.0,
+            "no_candidates": self._no_candidates,
+            "paused": self._paused,
+            "explorations": self._explorations,
+            "probes": self._probes,
+            "propose_s": self.propose_seconds,
+            "calibration": self.calibration.summary(),
+        }

@@ -1,0 +1,286 @@
+"""What a decoding step costs on the machine at hand, learned while decoding: seconds of one target verify forward as
+a function of the packed token count, plus the loop's bookkeeping per row.
+
+The verify cost of n tokens relative to one differs a lot between machines (MKL's fp32 GEMM re-packs weights from 4
+rows on, a GPU verifies 64 tokens for about the price of one), so tree sizes cannot be tuned once and shipped.
+`StepCostModel` starts from a prior curve (a shipped cost table, or ``1 + slope * (n - 1)`` with a conservative
+slope) and lets measurements take over as soon as they exist:
+
+- samples go to buckets: one per n up to 64, then a log-spaced grid of eight points per doubling (a sample between
+  grid points is moved onto the nearest one with the prior's local ratio);
+- each bucket keeps its last ``window`` samples and is summarised by their median (robust to a preempted step);
+- the bucket medians are made non-decreasing in n (weighted isotonic regression, pool-adjacent-violators);
+- between measured buckets the cost is interpolated linearly; below them it is the smallest measured bucket scaled
+  by the prior's ratio; above them it grows with the measured slope (over at least a doubling of n), never slower
+  than a quarter of the prior's. Exploring larger sizes (`TreeBudgeter`) is what confirms that they are cheap.
+
+One model per (target model, device, dtype), shared by every call and every assistant that uses that model:
+`cost_model_for(model)` keeps them in a `weakref.WeakKeyDictionary` keyed by the model (nothing is written into the
+model or its config) and every method takes the model's own lock, so two threads may decode with one model.
+
+    cost = cost_model_for(model)
+    cost.record_verify(tokens=6, rows=1, seconds=0.031)
+    cost.predict(12)              # seconds of a 12-token verify forward, learnt or interpolated
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+import threading
+import weakref
+from collections import deque
+from collections.abc import Mapping, Sequence
+
+import torch
+
+GENERIC_PRIOR_SLOPE = 0.1  # a verify token costs 10% of a decode step: about this CPU's fp32 GEMM; conservative on GPUs
+DEFAULT_WINDOW = 16  # samples kept per bucket (the median of these is the bucket's cost)
+_MIN_SLOPE_FRACTION = 0.25  # extrapolation past the measured sizes grows at least this fraction as fast as the prior
+_EMA = 0.2  # weight of a new sample in the running means (bookkeeping seconds per row)
+
+
+def cost_grid(limit: int = 1 << 16) -> list[int]:
+    """Bucket sizes: every n up to 64, then eight log-spaced points per doubling (72, 80, ..., 128, 144, ...)."""
+    grid = list(range(1, 65))
+    base = 64
+    while base < limit:
+        grid += [base + base * i // 8 for i in range(1, 9)]
+        base *= 2
+    return grid
+
+
+def exploration_ladder(limit: int = 1 << 16) -> list[int]:
+    """Sizes worth measuring when exploring: 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (steps of about 1.5x)."""
+    ladder, n = [1, 2, 3], 4
+    while n <= limit:
+        ladder += [n, n * 3 // 2]
+        n *= 2
+    return ladder
+
+
+_GRID = cost_grid()
+
+
+class PriorCurve:
+    """A relative cost curve ``rel(n)`` (``rel(1) = 1``): piecewise linear through ``points``, extended linearly past
+    the last point with the last segment's slope (never decreasing).
+
+    Args:
+        points: ``{n: cost of an n-token verify step / cost of a 1-token step}``; n >= 1.
+    """
+
+    def __init__(self, points: Mapping[int, float]):
+        if not points:
+            raise ValueError("a prior cost curve needs at least one point {tokens: relative cost}")
+        pts = sorted((int(n), float(c)) for n, c in points.items())
+        if pts[0][0] < 1 or any(c <= 0 or not math.isfinite(c) for _, c in pts):
+            raise ValueError(f"prior cost points must have n >= 1 and finite costs > 0, got {dict(pts)}")
+        ns, cs = [n for n, _ in pts], [c for _, c in pts]
+        for i in range(1, len(cs)):  # a cost table measured once may dip; the prior must not
+            cs[i] = max(cs[i], cs[i - 1])
+        self.ns, self.cs = ns, cs
+
+    @classmethod
+    def linear(cls, slope: float = GENERIC_PRIOR_SLOPE) -> PriorCurve:
+        """``rel(n) = 1 + slope * (n - 1)``."""
+        if slope < 0:
+            raise ValueError(f"a prior slope must be >= 0, got {slope}")
+        return cls({1: 1.0, 2: 1.0 + slope})
+
+    @classmethod
+    def from_node_costs(cls, step_cost: Mapping[int | str, float]) -> PriorCurve:
+        """From a shipped table ``{draft nodes: step cost / plain decoding step}`` (Medusa's model card): n = nodes + 1."""
+        points = {int(k) + 1: float(v) for k, v in step_cost.items()}
+        points.setdefault(1, 1.0)
+        return cls(points)
+
+    def __call__(self, n: float) -> float:
+        ns, cs = self.ns, self.cs
+        if len(ns) == 1:
+            return cs[0]
+        if n <= ns[0]:
+            return cs[0]
+        i = bisect.bisect_left(ns, n)
+        if i >= len(ns):
+            slope = max(0.0, (cs[-1] - cs[-2]) / (ns[-1] - ns[-2]))
+            return cs[-1] + slope * (n - ns[-1])
+        n0, n1, c0, c1 = ns[i - 1], ns[i], cs[i - 1], cs[i]
+        return c0 + (c1 - c0) * (n - n0) / (n1 - n0)
+
+
+def _isotonic(values: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in weighted least squares (pool-adjacent-violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, length]
+    for v, w in zip(values, weights):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, n2 = blocks.pop()
+            v1, w1, n1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    out: list[float] = []
+    for v, _, n in blocks:
+        out += [v] * int(n)
+    return out
+
+
+def _interpolate(grid: list[int], cost: list[float], prior: PriorCurve, n: float) -> float:
+    """The measured ``cost`` at grid points ``grid`` read at ``n``: linear inside, extrapolated outside."""
+    if not grid:
+        return prior(n)
+    if n <= grid[0]:
+        return cost[0] * prior(n) / prior(grid[0])
+    if n >= grid[-1]:
+        return _extrapolate(grid, cost, prior, n)
+    i = bisect.bisect_left(grid, n)
+    n0, n1 = grid[i - 1], grid[i]
+    return cost[i - 1] + (cost[i] - cost[i - 1]) * (n - n0) / (n1 - n0)
+
+
+def _extrapolate(grid: list[int], cost: list[float], prior: PriorCurve, n: float) -> float:
+    """Past the largest measured size: the measured curve's slope (over at least a doubling of n), but at least
+    ``_MIN_SLOPE_FRACTION`` of the prior's, so that a flat stretch of measurements does not promise that every
+    larger size is free; the prior's ratio from there when too little was measured."""
+    top, t_top = grid[-1], cost[-1]
+    by_ratio = t_top * prior(n) / prior(top)
+    low = bisect.bisect_right(grid, top / 2) - 1
+    if low < 0:
+        return by_ratio
+    measured_slope = (t_top - cost[low]) / (top - grid[low])
+    prior_slope = (by_ratio - t_top) / (n - top) if n > top else 0.0
+    return t_top + max(measured_slope, _MIN_SLOPE_FRACTION * prior_slope) * (n - top)
+
+
+class StepCostModel:
+    """Online estimate of a verify forward's seconds vs its packed token count, and of the loop's other seconds.
+
+    Args:
+        prior: the relative curve used before (and around) measurements; default `PriorCurve.linear`.
+        window: samples kept per bucket.
+    """
+
+    def __init__(self, prior: PriorCurve | None = None, window: int = DEFAULT_WINDOW):
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.prior = prior or PriorCurve.linear()
+        self.window = window
+        self._samples: dict[int, deque[float]] = {}
+        self._rows: dict[int, int] = {}  # bucket -> largest row count seen (reported only)
+        self._other_per_row: float | None = None
+        self._curve: tuple[list[int], list[float]] | None = None  # cached (grid points, isotonic seconds)
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ measurements
+    @property
+    def num_samples(self) -> int:
+        with self._lock:
+            return sum(len(s) for s in self._samples.values())
+
+    def set_prior(self, prior: PriorCurve) -> bool:
+        """Use ``prior`` while nothing was measured yet (a shipped table); returns whether it was taken."""
+        with self._lock:
+            if self._samples:
+                return False
+            self.prior = prior
+            self._curve = None
+            return True
+
+    @staticmethod
+    def bucket(n: int) -> int:
+        """The grid point a sample of ``n`` packed tokens is filed under (nearest in log scale)."""
+        if n <= _GRID[0]:
+            return _GRID[0]
+        i = bisect.bisect_left(_GRID, n)
+        if i >= len(_GRID):
+            return _GRID[-1]
+        lo, hi = _GRID[i - 1], _GRID[i]
+        return hi if math.log(n / lo) > math.log(hi / n) else lo
+
+    def record_verify(self, tokens: int, rows: int, seconds: float) -> None:
+        """One verify forward over ``tokens`` packed tokens of ``rows`` rows took ``seconds``."""
+        if tokens < 1 or not (seconds > 0 and math.isfinite(seconds)):
+            return  # nothing verified, or a clock that did not move: no information
+        g = self.bucket(tokens)
+        with self._lock:
+            samples = self._samples.setdefault(g, deque(maxlen=self.window))
+            samples.append(seconds * self.prior(g) / self.prior(tokens))
+            self._rows[g] = max(self._rows.get(g, 0), rows)
+            self._curve = None
+
+    def record_other(self, rows: int, seconds: float) -> None:
+        """The loop's bookkeeping of one step with ``rows`` rows (emit, feedback) took ``seconds``."""
+        if rows < 1 or not (seconds >= 0 and math.isfinite(seconds)):
+            return
+        with self._lock:
+            x = seconds / rows
+            prev = self._other_per_row
+            self._other_per_row = x if prev is None else (1 - _EMA) * prev + _EMA * x
+
+    def samples(self, n: int) -> int:
+        """How many samples the bucket of ``n`` holds."""
+        with self._lock:
+            return len(self._samples.get(self.bucket(n), ()))
+
+    # ------------------------------------------------------------------ predictions
+    def _measured(self) -> tuple[list[int], list[float]]:
+        if self._curve is None:
+            grid = sorted(self._samples)
+            medians = [statistics.median(self._samples[g]) for g in grid]
+            self._curve = grid, _isotonic(medians, [len(self._samples[g]) for g in grid])
+        return self._curve
+
+    def predict(self, n: float) -> float:
+        """Seconds of a verify forward over ``n`` packed tokens (prior units, 1.0 = one token, before any sample)."""
+        with self._lock:
+            grid, cost = self._measured()
+            return _interpolate(grid, cost, self.prior, n)
+
+    def predict_range(self, start: int, stop: int) -> list[float]:
+        """``[predict(n) for n in range(start, stop)]``, under one lock."""
+        with self._lock:
+            grid, cost = self._measured()
+            return [_interpolate(grid, cost, self.prior, n) for n in range(start, stop)]
+
+    def other_seconds(self, rows: int) -> float:
+        """Predicted bookkeeping seconds of a step with ``rows`` rows (0 before any measurement)."""
+        with self._lock:
+            return 0.0 if self._other_per_row is None else self._other_per_row * rows
+
+    def summary(self) -> dict:
+        """The measured curve for reports: ``{"curve": {n: seconds}, "samples": {n: count}, "relative": {n: cost /
+        cost of 1 token}, "max_rows": {n: rows}, "other_s_per_row": s, "prior": {n: rel}}``."""
+        with self._lock:
+            grid, cost = self._measured()
+            one = self.predict(1)
+            return {
+                "curve": {g: c for g, c in zip(grid, cost)},
+                "samples": {g: len(self._samples[g]) for g in grid},
+                "relative": {g: c / one for g, c in zip(grid, cost)} if grid else {},
+                "max_rows": dict(sorted(self._rows.items())),
+                "other_s_per_row": self._other_per_row,
+                "prior": dict(zip(self.prior.ns, self.prior.cs)),
+            }
+
+
+# ---------------------------------------------------------------------------- one model per target model
+_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_MODELS_LOCK = threading.Lock()
+
+
+def cost_model_for(model: torch.nn.Module, prior: PriorCurve | None = None) -> StepCostModel:
+    """The `StepCostModel` of ``model`` on its current device and dtype, created on first use and shared by every
+    later call (also from other threads). ``prior`` applies while nothing was measured for it yet."""
+    param = next(model.parameters(), None)
+    key = (str(param.device), str(param.dtype)) if param is not None else ("cpu", "none")
+    with _MODELS_LOCK:
+        per_model = _MODELS.get(model)
+        if per_model is None:
+            per_model = _MODELS[model] = {}
+        cost = per_model.get(key)
+        if cost is None:
+            cost = per_model[key] = StepCostModel(prior)
+            return cost
+    if prior is not None:
+        cost.set_prior(prior)
+    return cost

@@ -1,0 +1,277 @@
+"""The tree budgeter and the online cost model, on injected cost curves and simulated verdicts (no timing)."""
+
+import gc
+import itertools
+import random
+import threading
+import weakref
+
+import pytest
+import torch
+
+from hf_specdec.generation import cost_model as cost_module
+from hf_specdec.generation.budget import (
+    AcceptanceCalibration,
+    RowCandidates,
+    TreeBudgeter,
+    calibrated_probs,
+    structural_scores,
+)
+from hf_specdec.generation.cost_model import PriorCurve, StepCostModel, cost_model_for
+from hf_specdec.generation.tree import DraftSampling, DraftTree
+
+
+def cpu_curve(n):  # steep: every verified token adds 12% of a decode step
+    return 0.020 * (1 + 0.12 * (n - 1))
+
+
+def gpu_curve(n):  # flat up to 64 tokens, then linear
+    return 0.010 * (1 + 0.002 * (n - 1) + max(0, n - 64) * 0.02)
+
+
+def measured(curve, sizes=range(1, 80), repeats=3) -> StepCostModel:
+    cost = StepCostModel()
+    for _ in range(repeats):
+        for n in sizes:
+            cost.record_verify(n, 1, curve(n))
+    return cost
+
+
+def chain(accept: float, length: int) -> tuple[DraftTree, list[float]]:
+    """A chain whose depth-d node is accepted with probability ``accept ** d`` (and is scored so)."""
+    return DraftTree.chain(list(range(10, 10 + length))), [accept ** (d + 1) for d in range(length)]
+
+
+def quiet_budgeter(cost: StepCostModel, **kwargs) -> TreeBudgeter:
+    """No margin and no exploration: the decision is the predicted optimum, comparable with brute force."""
+    return TreeBudgeter(cost, margin=0.0, explore_every=10**9, **kwargs)
+
+
+@pytest.mark.parametrize("curve", [cpu_curve, gpu_curve], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("accept", [0.2, 0.5, 0.8, 0.95])
+def test_budgeter_picks_the_size_with_the_best_expected_rate(curve, accept):
+    cost = measured(curve)
+    tree, scores = chain(accept, 40)
+    budgeter = quiet_budgeter(cost)
+    budgeter.propose_seconds = 0.001
+    k = budgeter.cut([RowCandidates(0, tree, scores)])[0].num_nodes
+
+    def rate(j):
+        return (1 + sum(scores[:j])) / (curve(1 + j) + (0.001 if j else 0.0))
+
+    best = max(range(41), key=rate)
+    assert rate(k) == pytest.approx(rate(best), rel=1e-3), (k, best)
+
+
+def test_budgeter_drafts_nothing_when_nothing_pays():
+    cost = measured(cpu_curve)
+    tree, scores = chain(0.08, 16)
+    budgeter = TreeBudgeter(cost)
+    cut = budgeter.cut([RowCandidates(0, tree, scores)])[0]
+    assert cut.num_nodes == 0 and cut.kept is not None and cut.kept.numel() == 0
+    assert budgeter.summary()["draft_nothing_fraction"] == 1.0
+
+
+def test_rows_are_budgeted_jointly():
+    cost = measured(cpu_curve)
+    rows = [chain(0.9, 12), chain(0.55, 12), chain(0.3, 12)]
+    budgeter = quiet_budgeter(cost)
+    cuts = budgeter.cut([RowCandidates(b, t, s) for b, (t, s) in enumerate(rows)])
+    chosen = tuple(c.num_nodes for c in cuts)
+
+    def rate(ks):
+        tokens = len(rows) + sum(sum(s[:k]) for (_, s), k in zip(rows, ks))
+        return tokens / cpu_curve(len(rows) + sum(ks))
+
+    best = max(itertools.product(range(13), repeat=len(rows)), key=rate)
+    assert rate(chosen) == pytest.approx(rate(best), rel=1e-6), (chosen, best)
+    assert chosen[0] > chosen[1] > chosen[2]
+
+
+def test_cut_keeps_the_best_nodes_as_a_tree_and_maps_them_back():
+    # root -> a (0.9) -> b (0.5); root -> c (0.3) -> d (0.25)
+    tree = DraftTree.from_parents([5, 6, 7, 8], [-1, 0, -1, 2])
+    cost = measured(lambda n: 0.02 * (1 + 0.3 * (n - 1)))
+    cut = quiet_budgeter(cost).cut([RowCandidates(0, tree, [0.9, 0.5, 0.3, 0.25])])[0]
+    assert cut.num_nodes == 2
+    assert cut.kept.tolist() == [0, 1]
+    assert cut.tree.tokens.tolist() == [5, 6] and cut.tree.parent.tolist() == [-1, 0]
+
+
+def test_sampled_trees_are_cut_by_structure_and_keep_siblings_a_draw_prefix():
+    # root with three sampled children (draw order 0, 1, 2); the scores would favour the last draw
+    q = torch.softmax(torch.randn(4, 20), -1)
+    tree = DraftTree.from_parents([3, 4, 5], [-1, -1, -1], sampling=DraftSampling.WITHOUT_REPLACEMENT, draft_probs=q)
+    probs = calibrated_probs(tree, structural_scores(tree), [1.0] * 12)
+    assert probs == sorted(probs, reverse=True)
+    cost = measured(lambda n: 0.02 * (1 + 0.3 * (n - 1)))
+    cut = quiet_budgeter(cost).cut([RowCandidates(0, tree, [0.01, 0.01, 0.99])])[0]
+    assert 0 < cut.num_nodes < 3
+    assert cut.kept.tolist() == list(range(cut.num_nodes))
+    assert torch.equal(cut.tree.draft_probs, q[: cut.num_nodes + 1])
+
+
+def test_cost_model_converges_to_an_injected_curve_from_noisy_samples():
+    rng = random.Random(0)
+    cost = StepCostModel()
+    sizes = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
+    for _ in range(40):
+        for n in sizes:
+            noise = rng.uniform(0.95, 1.1) * (6.0 if rng.random() < 0.1 else 1.0)  # jitter and preempted steps
+            cost.record_verify(n, 1, cpu_curve(n) * noise)
+    for n in sizes + [5, 10, 20]:  # measured buckets and sizes between them
+        assert cost.predict(n) == pytest.approx(cpu_curve(n), rel=0.1), n
+    curve = cost.predict_range(1, 200)
+    assert all(b >= a for a, b in zip(curve, curve[1:])), "the cost curve must not decrease"
+
+
+def test_cost_model_prior_is_replaced_by_measurements_and_scales_untried_sizes():
+    cost = StepCostModel(PriorCurve.linear(0.1))
+    assert cost.predict(11) == pytest.approx(2.0)  # prior units before any sample
+    for _ in range(3):
+        cost.record_verify(1, 1, 0.010)
+        cost.record_verify(4, 1, 0.010)  # flat where measured
+    assert cost.predict(2) == pytest.approx(0.010)
+    # past the last measured size: the measured (flat) slope, but at least a quarter of the prior's from there
+    by_prior_ratio = 0.010 * 2.1 / 1.3  # rel(12) / rel(4) applied to the measured 4-token cost
+    assert cost.predict(12) == pytest.approx(0.010 + 0.25 * (by_prior_ratio - 0.010))
+    steep = StepCostModel(PriorCurve.linear(0.1))
+    for n in (1, 2, 4):
+        steep.record_verify(n, 1, 0.010 * (1 + 0.5 * (n - 1)))  # steeper than the prior: the measured slope holds
+    assert steep.predict(12) == pytest.approx(0.010 * (1 + 0.5 * 11))
+    assert not cost.set_prior(PriorCurve.linear(0.5)), "a prior must not replace measurements"
+
+
+def test_shipped_node_cost_table_becomes_the_prior():
+    prior = PriorCurve.from_node_costs({"0": 1.0, "1": 1.12, "3": 1.61, "4": 1.57, "8": 1.98})
+    assert prior(1) == 1.0 and prior(2) == pytest.approx(1.12)
+    assert prior(5) >= prior(4), "a dip in a measured table is flattened"
+    assert prior(12) > prior(9)
+
+
+@pytest.mark.parametrize("curve", [cpu_curve, gpu_curve], ids=["cpu", "gpu"])
+def test_exploration_finds_the_best_size_from_a_conservative_prior(curve):
+    cost = StepCostModel()  # conservative CPU-like prior, nothing measured
+    tree, scores = chain(0.93, 80)
+    budgeter = TreeBudgeter(cost, explore_every=4)
+    rng = random.Random(2)
+    sizes = []
+    for _ in range(200):
+        k = budgeter.cut([RowCandidates(0, tree, scores)])[0].num_nodes
+        sizes.append(k)
+        depth = 0
+        while depth < k and rng.random() < 0.93:  # the target accepts as the scores say
+            depth += 1
+        budgeter.record_verdicts([list(range(depth))])
+        budgeter.record_step(1 + k, 1, curve(1 + k), 0.0005, 0.0)
+
+    def rate(j):
+        return (1 + sum(scores[:j])) / (curve(1 + j) + (0.0005 if j else 0.0))
+
+    best = max(range(81), key=rate)
+    assert sizes[0] <= 16
+    assert rate(sizes[-1]) >= 0.97 * rate(best), (sizes[-10:], best)
+    if curve is gpu_curve:
+        assert sizes[-1] >= 40, "a flat (GPU) cost curve must end in big trees"
+        assert budgeter.summary()["explorations"] > 0
+
+
+def test_calibration_shrinks_over_confident_scores():
+    cost = measured(cpu_curve)
+    tree, scores = chain(0.9, 16)  # claims 90% per level
+    budgeter = quiet_budgeter(cost)
+    rng = random.Random(1)
+    sizes = []
+    for _ in range(60):
+        cut = budgeter.cut([RowCandidates(0, tree, scores, source="overconfident")])[0]
+        sizes.append(cut.num_nodes)
+        depth = 0
+        while depth < cut.num_nodes and rng.random() < 0.3:  # the target accepts 30% per level
+            depth += 1
+        budgeter.record_verdicts([list(range(depth))])
+    assert sizes[0] >= 4
+    assert sizes[-1] <= 1, sizes
+    factors = budgeter.calibration.factors("overconfident", 0)
+    assert factors[0] < 0.6
+
+
+def test_calibration_is_per_source_and_row_shrunk_to_the_source():
+    cal = AcceptanceCalibration(weight=2.0, decay=1.0)
+    for _ in range(20):
+        cal.update("a", 0, [1], [0.8], [False])
+    assert cal.factors("a", 0)[0] < 0.15
+    assert cal.factors("a", 1)[0] == pytest.approx(cal.factors("a", -1)[0])  # a new row starts from its source
+    assert cal.factors("b", 0)[0] == 1.0
+
+
+def test_paused_row_probes_again_and_resumes_when_drafts_pay():
+    cost = measured(cpu_curve)
+    tree, scores = chain(0.8, 8)
+    budgeter = TreeBudgeter(cost, probe_every=3, probe_max=12)
+    budgeter.propose_seconds = 0.005  # proposing costs a quarter of a step: pausing pays
+    caps, sizes = [], []
+    for step in range(40):
+        cap = budgeter.depth_cap(0, 10)
+        caps.append(cap)
+        cand = RowCandidates(0, tree if cap else DraftTree.empty(), scores if cap else None)
+        k = budgeter.cut([cand])[0].num_nodes
+        sizes.append(k)
+        accept_now = step >= 20  # rejected for 20 steps, then the text becomes predictable
+        budgeter.record_verdicts([list(range(k)) if accept_now else []])
+    paused = [i for i, c in enumerate(caps[:20]) if c == 0]
+    assert paused, "a row whose drafts are all rejected must be paused"
+    assert any(caps[i] == 10 and sizes[i] == 1 for i in range(paused[0], 20)), "a paused row must probe"
+    assert sizes[-1] >= 3, f"the row must resume once its probes are accepted, got {sizes[-5:]}"
+    assert budgeter.summary()["probes"] >= 1
+
+
+def test_free_proposers_are_never_paused():
+    cost = measured(cpu_curve)
+    budgeter = TreeBudgeter(cost)
+    budgeter.propose_seconds = 1e-6
+    tree, scores = chain(0.05, 4)
+    for _ in range(10):
+        assert budgeter.depth_cap(0, 5) == 5
+        budgeter.cut([RowCandidates(0, tree, scores)])
+        budgeter.record_verdicts([[]])
+
+
+def test_summary_reports_the_curve_and_the_budgets():
+    cost = measured(cpu_curve, sizes=[1, 2, 4])
+    budgeter = quiet_budgeter(cost)
+    tree, scores = chain(0.9, 6)
+    budgeter.cut([RowCandidates(0, tree, scores), RowCandidates(1, DraftTree.empty(), None)])
+    summary = budgeter.summary()
+    assert summary["cost"]["curve"][4] == pytest.approx(cpu_curve(4))
+    assert summary["cost"]["samples"] == {1: 3, 2: 3, 4: 3}
+    assert sum(summary["nodes_per_row"].values()) == 2 and summary["nodes_per_row"][0] == 1
+    assert summary["no_candidates"] == 1
+
+
+def test_cost_model_is_shared_per_model_never_stored_on_it():
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    before = dict(a.__dict__)
+    assert cost_model_for(a) is cost_model_for(a)
+    assert cost_model_for(a) is not cost_model_for(b)
+    assert a.__dict__.keys() == before.keys()
+    ref = weakref.ref(a)
+    del a
+    gc.collect()
+    assert ref() is None
+    assert all(m is not None for m in cost_module._MODELS.keys())
+
+
+def test_cost_model_takes_samples_from_two_threads():
+    cost = StepCostModel(window=10_000)
+
+    def feed():
+        for i in range(2000):
+            cost.record_verify(1 + i % 8, 1, 0.01)
+            cost.predict(5)
+
+    threads = [threading.Thread(target=feed) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert cost.num_samples == 4000
