@@ -1,0 +1,480 @@
+"""MLP speculator training by self-distillation (Wertheimer et al. 2024, arXiv:2404.19124, stage 2 of their recipe:
+the base model frozen, the speculator learning the base model's own outputs).
+
+Data comes from `hf_specdec.training.data`: the target's own answers and its cached final hidden states, so a step
+never runs the target. At a position t, stage 0 reads ``hidden[t]`` and the token at t + 1 (the root); stage k reads
+stage k - 1's state and the token at t + 1 + k (teacher-forced with the target's tokens) and is trained with
+cross-entropy against the token at t + 2 + k, the target's own next token (weight ``decay ** k``). Over a truncated
+draft vocabulary (the ``draft_vocab`` most frequent answer tokens) a label outside it is left out of the loss and
+counts as a miss in the held-out accuracy.
+
+`tune_speculator_tree` then picks the tree: for a few candidate widths per depth it drafts the real trees
+(`draft_tree_batch`, as decoding does) at held-out positions, measures how deep each is accepted along the target's
+continuation and divides the resulting tau by the step cost measured on this machine (`step_cost_curve`).
+
+    spec, report = train_mlp_speculator("out/data", "out", MLPSpeculatorTrainingConfig())
+    tuning = tune_speculator_tree(spec, data, positions, model)
+
+Checkpoints (speculator, optimizer, scheduler, step) go to ``out/checkpoints``; ``resume=True`` continues from the
+latest one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..generation.proposers.mlp_speculator import check_widths, draft_tree_batch
+from ..heads.mlp_speculator import MLPSpeculator
+from .data import DistillationData, _write_json, load_distillation_data
+from .medusa import (
+    IGNORE,
+    REPORT_NAME,
+    _data_description,
+    _lr_lambda,
+    _save_checkpoint,
+    head_positions,
+    latest_checkpoint,
+    loss_vocabulary,
+    medusa_labels,
+    split_sequences,
+)
+from .step_cost import step_cost_curve
+
+# level widths tried by `tune_speculator_tree` (each also cut at every depth by AdaptiveDepth at run time)
+DEFAULT_WIDTH_CANDIDATES = ((1, 1, 1, 1), (2, 2, 2, 2), (3, 2, 2, 2), (3, 3, 3, 3), (4, 4, 4, 4), (6, 6, 6, 6))
+
+
+@dataclass
+class MLPSpeculatorTrainingConfig:
+    """Hyper-parameters of `train_mlp_speculator`.
+
+    Args:
+        inner_dim / n_predict / tie_weights / scale_input / top_k_tokens_per_head: the `MLPSpeculator` shape.
+        draft_vocab: predict over the ``draft_vocab`` most frequent answer tokens only (None: the full vocabulary).
+        epochs: passes over the training positions (fractional allowed); ``max_steps`` caps the steps.
+        positions_per_step: positions per optimizer step (sampled without replacement per epoch).
+        lr / weight_decay / warmup_steps: AdamW, linear warm-up then cosine decay to 10 %.
+        decay: stage k's loss weight is ``decay ** k``.
+        eval_fraction / eval_positions: held-out sequences and how many of their positions are scored.
+        eval_every / checkpoint_every: in steps (0: only at the end).
+        seed: split, sampling order and init.
+        max_grad_norm: gradient clipping (0: none).
+    """
+
+    inner_dim: int = 384
+    n_predict: int = 4
+    tie_weights: bool = True
+    scale_input: bool = True
+    top_k_tokens_per_head: tuple[int, ...] = (4, 3, 2, 2)
+    draft_vocab: int | None = 8192
+    epochs: float = 3.0
+    max_steps: int | None = None
+    positions_per_step: int = 256
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    decay: float = 0.8
+    eval_fraction: float = 0.05
+    eval_positions: int = 2048
+    eval_every: int = 0
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 2
+    seed: int = 0
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self):
+        self.top_k_tokens_per_head = tuple(int(k) for k in self.top_k_tokens_per_head)
+        if len(self.top_k_tokens_per_head) != self.n_predict:
+            raise ValueError(f"top_k_tokens_per_head needs n_predict={self.n_predict} entries")
+        if self.positions_per_step < 1 or self.n_predict < 1:
+            raise ValueError("positions_per_step and n_predict must be at least 1")
+
+
+# ---------------------------------------------------------------------------------------------------- batches
+def stage_inputs(data: DistillationData, positions: torch.Tensor, n: int) -> torch.Tensor:
+    """`[P, n]` int64: the token at t + 1 + k fed to stage k at position t (clamped to the sequence; where it is
+    clamped, stage k's label is ``IGNORE``)."""
+    k = torch.arange(n).unsqueeze(0)  # [1, n]
+    idx = torch.minimum(positions.unsqueeze(1) + 1 + k, data.seq_end[positions].unsqueeze(1) - 1)  # [P, n]
+    return data.input_ids[idx]
+
+
+def speculator_loss(
+    spec: MLPSpeculator, hidden: torch.Tensor, inputs: torch.Tensor, labels: torch.Tensor, decay: float
+) -> tuple[torch.Tensor, ...]:
+    """Teacher-forced loss of every stage.
+
+    Args:
+        spec: the speculator.
+        hidden: `[P, H]` base hidden states at the positions.
+        inputs: `[P, n]` tokens fed to the stages (`stage_inputs`).
+        labels: `[n, P]` token ids each stage must guess (`medusa_labels`: token t + 2 + k), ``IGNORE`` where none.
+        decay: stage k's weight is ``decay ** k``.
+    Returns:
+        ``(loss, per-stage loss [n], per-stage correct top-1 [n], per-stage labelled positions [n], per-stage
+        positions in the cross-entropy [n])``: a label outside the draft vocabulary is a miss, left out of the loss.
+    """
+    n = labels.shape[0]
+    logits = spec(hidden, inputs[:, :n]).float()  # [n, P, V']
+    valid = labels >= 0  # [n, P]
+    target = spec.emb_rows(labels.clamp(min=0))  # [n, P] draft index; V' (the OOV row) outside the draft vocabulary
+    in_vocab = valid & (target < logits.shape[-1])
+    target = torch.where(in_vocab, target, torch.full_like(target, IGNORE))
+    per_pos = F.cross_entropy(logits.transpose(1, 2), target, ignore_index=IGNORE, reduction="none")  # [n, P]
+    per_stage = per_pos.sum(1) / in_vocab.sum(1).clamp(min=1)
+    weights = decay ** torch.arange(n, device=per_stage.device, dtype=per_stage.dtype)
+    correct = ((logits.argmax(-1) == target) & in_vocab).sum(1)
+    return (weights * per_stage).sum(), per_stage.detach(), correct, valid.sum(1), in_vocab.sum(1)
+
+
+def _batch(data: DistillationData, positions: torch.Tensor, n: int, device) -> tuple[torch.Tensor, ...]:
+    hidden = data.hidden[positions].to(device=device, dtype=torch.float32)  # [P, H]
+    return hidden, stage_inputs(data, positions, n).to(device), medusa_labels(data, positions, n).to(device)
+
+
+@torch.no_grad()
+def evaluate_mlp_speculator(
+    spec: MLPSpeculator, data: DistillationData, positions: torch.Tensor, decay: float = 0.8, chunk: int = 256
+) -> dict:
+    """Held-out teacher-forced metrics: per-stage top-1 accuracy (= the top-1 acceptance of stage k given the
+    earlier stages were right), per-stage cross-entropy and the weighted loss.
+
+    Returns:
+        ``{"loss", "loss_per_stage", "top1_per_stage", "positions_per_stage"}`` (plain Python numbers).
+    """
+    was_training = spec.training
+    spec.eval()
+    device = spec.proj[0].weight.device
+    n = spec.n_predict
+    loss_sum, correct, counts, ce_counts = torch.zeros(n, dtype=torch.float64), torch.zeros(n), torch.zeros(n), 0
+    for start in range(0, positions.numel(), chunk):
+        hidden, inputs, labels = _batch(data, positions[start : start + chunk], n, device)
+        _, per_stage, c, m, in_vocab = speculator_loss(spec, hidden, inputs, labels, decay)
+        loss_sum += (per_stage * in_vocab).double().cpu()
+        ce_counts = ce_counts + in_vocab.cpu()
+        correct += c.cpu()
+        counts += m.cpu()
+    spec.train(was_training)
+    per_stage = (loss_sum / torch.as_tensor(ce_counts).clamp(min=1)).tolist()
+    return {
+        "loss": float(sum(decay**k * x for k, x in enumerate(per_stage))),
+        "loss_per_stage": [round(x, 4) for x in per_stage],
+        "top1_per_stage": [round(c / max(1.0, m), 4) for c, m in zip(correct.tolist(), counts.tolist())],
+        "positions_per_stage": [int(m) for m in counts.tolist()],
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- trees
+@torch.no_grad()
+def tree_accepted_depths(
+    spec: MLPSpeculator, data: DistillationData, positions: torch.Tensor, widths: Sequence[int], chunk: int = 256
+) -> torch.Tensor:
+    """`[P]` int64: how many draft tokens greedy verification would accept from the tree drafted at each position.
+
+    At position t the root is the token at t + 1 and the target's continuation is ``input_ids[t + 2 ...]`` (greedy
+    self-distillation data is what greedy decoding verifies); a node matches when its token is the continuation's
+    token at its depth and its parent matches.
+    """
+    widths = check_widths(widths, spec)
+    device = spec.proj[0].weight.device
+    out = []
+    for start in range(0, positions.numel(), chunk):
+        pos = positions[start : start + chunk]
+        roots = data.input_ids[pos + 1].to(device)  # [p]
+        tokens, parent, _ = draft_tree_batch(spec, data.hidden[pos].to(device).float(), roots, widths)  # [p, N]
+        labels = medusa_labels(data, pos, len(widths)).T.to(device)  # [p, D], IGNORE never matches a token
+        match = torch.zeros_like(tokens, dtype=torch.bool)  # [p, N]
+        depth_of = torch.zeros(tokens.shape[1], dtype=torch.long)
+        lo = 0
+        for d, width in enumerate(widths):
+            hi = lo + width
+            hit = tokens[:, lo:hi] == labels[:, d : d + 1]
+            if d:
+                hit &= match.gather(1, parent[:, lo:hi])
+            match[:, lo:hi] = hit
+            depth_of[lo:hi] = d + 1
+            lo = hi
+        out.append((match.long() * depth_of.to(device)).amax(1).cpu() if tokens.shape[1] else torch.zeros(len(pos)))
+    return torch.cat(out).long() if out else torch.zeros(0, dtype=torch.long)
+
+
+def _conditional_acceptance(accepted: torch.Tensor, depth: int) -> list[float]:
+    """``q[k]`` = P(accepted depth > k | accepted depth >= k): the prior `AdaptiveDepth` starts from."""
+    return [round(float((accepted > k).sum()) / max(1, int((accepted >= k).sum())), 4) for k in range(depth)]
+
+
+def tune_speculator_tree(
+    spec: MLPSpeculator,
+    data: DistillationData,
+    positions: torch.Tensor,
+    model: torch.nn.Module | None = None,
+    candidates: Sequence[Sequence[int]] = DEFAULT_WIDTH_CANDIDATES,
+    cost: dict[int, float] | None = None,
+    context: int = 384,
+) -> list[dict]:
+    """Pick the level widths with the best predicted speedup ``tau / cost`` and store them in ``spec.tree``.
+
+    Every candidate is cut at every depth too (AdaptiveDepth does so at run time): a cut at depth c accepts
+    ``min(accepted, c)``. ``cost[n]`` is measured with `step_cost_curve` on ``model`` (the speculator drafting the
+    widest candidate after every verify forward) unless given.
+
+    Returns:
+        one row per (candidate, depth): ``widths``, ``nodes``, ``tau``, ``cost``, ``predicted_speedup``; the chosen
+        one is in ``spec.tree`` (``widths``, ``step_cost``, ``depth_acceptance``, ``held_out_tau``, ...).
+    """
+    candidates = [list(c)[: spec.n_predict] for c in candidates]
+    depths = {tuple(c): tree_accepted_depths(spec, data, positions, c) for c in candidates}
+    sizes = sorted({sum(c[:d]) for c in candidates for d in range(1, len(c) + 1)})
+    if cost is None:
+        if model is None:
+            raise ValueError("tune_speculator_tree needs the target model to measure the step cost (or cost=...)")
+        device = spec.proj[0].weight.device
+        hidden, root = torch.randn(1, spec.emb_dim, device=device), torch.zeros(1, dtype=torch.long)
+        widest = max(candidates, key=sum)
+        cost = step_cost_curve(model, sizes, lambda: draft_tree_batch(spec, hidden, root, widest), context)
+    rows = [{"widths": [], "nodes": 0, "tau": 1.0, "cost": 1.0, "predicted_speedup": 1.0}]
+    for c in candidates:
+        accepted = depths[tuple(c)]
+        for d in range(1, len(c) + 1):
+            tau = 1.0 + float(accepted.clamp(max=d).float().mean()) if accepted.numel() else 1.0
+            c_n = float(cost[sum(c[:d])])
+            rows.append({"widths": c[:d], "nodes": sum(c[:d]), "tau": round(tau, 4), "cost": round(c_n, 4),
+                         "predicted_speedup": round(tau / c_n, 4)})  # fmt: skip
+    best = max(rows, key=lambda r: r["predicted_speedup"])
+    # the full-depth candidate containing the best cut: AdaptiveDepth cuts it per row at run time
+    full = next((c for c in candidates if c[: len(best["widths"])] == best["widths"]), best["widths"]) or [1]
+    spec.tree = {
+        "widths": full,
+        "step_cost": {str(n): round(float(c), 4) for n, c in sorted(cost.items())},
+        "depth_acceptance": _conditional_acceptance(depths.get(tuple(full), torch.zeros(0)), len(full)),
+        "held_out_tau": best["tau"],
+        "best_cut": best["widths"],
+        "predicted_speedup": best["predicted_speedup"],
+        "chosen_by": "held-out tree acceptance x step cost measured on the training machine",
+    }
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------- training
+@dataclass
+class _Split:
+    train_seqs: torch.Tensor  # [S_train] sequence indices
+    eval_seqs: torch.Tensor  # [S_eval]
+    train_pos: torch.Tensor  # [P_train] positions t (stage 0's label t + 2 is an answer token)
+    eval_pos: torch.Tensor  # [P_eval]
+    token_map: torch.Tensor | None  # [V'] draft vocabulary, or None
+    coverage: float  # share of the stage-0 training labels inside the draft vocabulary
+
+
+def _split(data: DistillationData, cfg: MLPSpeculatorTrainingConfig) -> _Split:
+    train_seqs, eval_seqs = split_sequences(data, cfg.eval_fraction, cfg.seed)
+    train_pos = head_positions(data, train_seqs)
+    if train_pos.numel() == 0:
+        raise ValueError("the data holds no answer tokens to train on (every answer is shorter than 2 tokens)")
+    eval_pos = head_positions(data, eval_seqs)
+    if eval_pos.numel() > cfg.eval_positions:
+        pick = torch.randperm(eval_pos.numel(), generator=torch.Generator().manual_seed(cfg.seed + 1))
+        eval_pos = eval_pos[pick[: cfg.eval_positions]].sort().values
+    token_map, coverage = None, 1.0
+    vocab = int(data.manifest["vocab_size"])
+    if cfg.draft_vocab is not None and cfg.draft_vocab < vocab:
+        token_map, coverage = loss_vocabulary(data, train_pos, cfg.draft_vocab)
+    return _Split(train_seqs, eval_seqs, train_pos, eval_pos, token_map, coverage)
+
+
+def _resume_state(out: Path, cfg: MLPSpeculatorTrainingConfig, resume: bool, spec, optimizer, scheduler):
+    """``(step, elapsed, history)`` from the latest checkpoint (loaded into the modules), or a fresh start."""
+    ckpt = latest_checkpoint(out)
+    if ckpt is None:
+        return 0, 0.0, []
+    if not resume:
+        raise FileExistsError(
+            f"{out} already holds training checkpoints ({ckpt.name}); pass resume=True (CLI: --resume) to continue, "
+            "or use another output folder"
+        )
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    saved, now = state["config"], dataclasses.asdict(cfg)
+    for key in ("inner_dim", "n_predict", "tie_weights", "scale_input", "draft_vocab", "positions_per_step", "seed"):
+        if saved.get(key) != now[key]:
+            raise ValueError(
+                f"cannot resume from {ckpt}: it was trained with {key}={saved.get(key)!r}, now {key}={now[key]!r}; "
+                "use the same settings or another output folder"
+            )
+    spec.load_state_dict(state["speculator"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return int(state["step"]), float(state["elapsed"]), json.loads(state["history"])
+
+
+def train_mlp_speculator(
+    data: str | os.PathLike | Sequence[str | os.PathLike] | DistillationData,
+    out_dir: str | os.PathLike,
+    config: MLPSpeculatorTrainingConfig | None = None,
+    *,
+    resume: bool = False,
+    base_model_name_or_path: str | None = None,
+    progress: bool = True,
+    device: str | torch.device = "cpu",
+) -> tuple[MLPSpeculator, dict]:
+    """Train an MLP speculator on cached self-distillation data and save it to ``out_dir`` (`save_pretrained`).
+
+    Args:
+        data: data folder(s) (`build_distillation_data`) or loaded `DistillationData`.
+        out_dir: where the speculator (``config.json``, ``model.safetensors``, ``README.md``),
+            ``training_report.json`` and ``checkpoints/`` go.
+        config: hyper-parameters (default `MLPSpeculatorTrainingConfig()`).
+        resume: continue from the latest checkpoint in ``out_dir`` (refused otherwise when checkpoints exist).
+        base_model_name_or_path: recorded in the config (default: the data manifest's base model).
+        progress: tqdm bar.
+        device: where to train.
+    Returns:
+        ``(speculator, report)``: the trained speculator (CPU, eval mode) and the training report dict.
+    """
+    from tqdm.auto import tqdm
+
+    cfg = config or MLPSpeculatorTrainingConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = data if isinstance(data, DistillationData) else load_distillation_data(data)
+    split = _split(data, cfg)
+    torch.manual_seed(cfg.seed)
+    spec = MLPSpeculator(
+        emb_dim=int(data.hidden.shape[1]),
+        inner_dim=cfg.inner_dim,
+        vocab_size=int(data.manifest["vocab_size"]),
+        n_predict=cfg.n_predict,
+        top_k_tokens_per_head=list(cfg.top_k_tokens_per_head),
+        tie_weights=cfg.tie_weights,
+        scale_input=cfg.scale_input,
+        draft_vocab_size=None if split.token_map is None else int(split.token_map.numel()),
+        base_model_name_or_path=base_model_name_or_path or data.manifest.get("base_model"),
+    )
+    if split.token_map is not None:
+        spec.token_map.copy_(split.token_map)
+    spec.to(device).train()
+    steps_per_epoch = math.ceil(split.train_pos.numel() / cfg.positions_per_step)
+    total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    total = min(total, cfg.max_steps) if cfg.max_steps is not None else total
+    optimizer = torch.optim.AdamW(spec.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg.warmup_steps, total))
+    step, elapsed, history = _resume_state(out, cfg, resume, spec, optimizer, scheduler)
+
+    def evaluate() -> dict:
+        return evaluate_mlp_speculator(spec, data, split.eval_pos, cfg.decay)
+
+    def checkpoint() -> None:
+        state = {"speculator": {k: v.detach().cpu() for k, v in spec.state_dict().items()}, "step": step,
+                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "elapsed": elapsed,
+                 "config": dataclasses.asdict(cfg), "history": json.dumps(history)}  # fmt: skip
+        _save_checkpoint(out, state, cfg.keep_checkpoints)
+
+    before = None
+    if step == 0 and split.eval_pos.numel():
+        before = evaluate()
+        history.append({"step": 0, **before})
+    bar = tqdm(total=total, initial=step, desc="mlp speculator", unit="step", disable=not progress)
+    t_start, losses = time.perf_counter() - elapsed, []
+    order, order_epoch = None, -1
+    while step < total:
+        epoch, index = divmod(step, steps_per_epoch)
+        if epoch != order_epoch:  # the same order after a resume: seeded by (seed, epoch)
+            gen = torch.Generator().manual_seed(cfg.seed * 7919 + epoch)
+            order, order_epoch = split.train_pos[torch.randperm(split.train_pos.numel(), generator=gen)], epoch
+        pos = order[index * cfg.positions_per_step : (index + 1) * cfg.positions_per_step]
+        loss = speculator_loss(spec, *_batch(data, pos, cfg.n_predict, device), cfg.decay)[0]
+        loss.backward()
+        if cfg.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(spec.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step, elapsed = step + 1, time.perf_counter() - t_start
+        losses.append(loss.item())
+        bar.update(1)
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < total and split.eval_pos.numel():
+            history.append({"step": step, **evaluate()})
+            bar.write(f"step {step}: held-out top-1 per stage {history[-1]['top1_per_stage']}")
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+            checkpoint()
+    bar.close()
+    after = evaluate() if split.eval_pos.numel() else None
+    if after is not None:
+        history.append({"step": step, **after})
+    checkpoint()
+    spec = spec.to("cpu").eval()
+    report = _report(spec, data, split, cfg, step, elapsed, losses, before, after, history)
+    spec.save_pretrained(out)
+    _write_json(out / REPORT_NAME, report)
+    return spec, report
+
+
+def _report(spec, data, split: _Split, cfg, step, elapsed, losses, before, after, history) -> dict:
+    """The training report, and the model-card facts it implies (stored in ``spec.model_card``)."""
+    manifest = data.manifest
+    report = {
+        "base_model": spec.base_model_name_or_path,
+        "training_data": _data_description(manifest),
+        "data_dir": str(data.folder) if data.folder is not None else None,
+        "num_sequences": int(data.seq_bounds.shape[0]),
+        "num_tokens": int(data.input_ids.numel()),
+        "train_sequences": int(split.train_seqs.numel()),
+        "eval_sequences": int(split.eval_seqs.numel()),
+        "train_positions": int(split.train_pos.numel()),
+        "eval_positions": int(split.eval_pos.numel()),
+        "generation": manifest.get("generation"),
+        "steps": step,
+        "training_time_s": round(elapsed, 1),
+        "config": dataclasses.asdict(cfg),
+        "draft_vocab_coverage": round(split.coverage, 4) if split.token_map is not None else None,
+        "train_loss_first_steps": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
+        "train_loss_last_steps": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4),
+        "held_out_before": before,
+        "held_out": after,
+        "history": history,
+    }
+    top1 = after["top1_per_stage"] if after else None
+    spec.model_card = {
+        "training_data": report["training_data"],
+        "data_size": {
+            "sequences": report["num_sequences"],
+            "tokens": report["num_tokens"],
+            "answer_tokens": manifest.get("num_answer_tokens"),
+        },  # fmt: skip
+        "training": {
+            "steps": step,
+            "time_s": report["training_time_s"],
+            "lr": cfg.lr,
+            "positions_per_step": cfg.positions_per_step,
+            "draft_vocab": cfg.draft_vocab,
+        },  # fmt: skip
+        "held_out_top1_per_stage": top1,
+        "tau": None,
+        "speedup": None,
+        "notes": f"Held-out teacher-forced top-1 per stage (stage k guesses token t + k + 2): {top1}."
+        if top1
+        else None,
+    }
+    return report
+
+
+__all__ = [
+    "DEFAULT_WIDTH_CANDIDATES",
+    "MLPSpeculatorTrainingConfig",
+    "evaluate_mlp_speculator",
+    "speculator_loss",
+    "stage_inputs",
+    "train_mlp_speculator",
+    "tree_accepted_depths",
+    "tune_speculator_tree",
+]
