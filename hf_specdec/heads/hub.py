@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import torch
-from huggingface_hub import ModelCard, hf_hub_download
+from huggingface_hub import ModelCard, ModelHubMixin, hf_hub_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
     HFValidationError,
@@ -373,6 +373,99 @@ def render_model_card(
         "",
     ]
     return ModelCard("\n".join(lines))
+
+
+# --------------------------------------------------------------------------------------------------- head classes
+class PretrainedHead(ModelHubMixin):
+    """The Hub I/O every head class shares (mixed into an ``nn.Module`` next to `ModelHubMixin`'s class options).
+
+    A head class provides ``head_type``, ``model_card`` / ``base_model_name_or_path`` attributes and:
+
+    - ``_read_checkpoint(source, **options)`` (classmethod): ``(init kwargs, tensors, source format)`` read from a
+      `HeadSource` in any layout it supports, shapes already checked;
+    - ``config_dict()``: what our ``config.json`` holds; ``expected_shapes()``: the name and shape of every tensor
+      our format saves;
+    - ``_card_text(base, where)``: the model card's ``(title, description, import line, load expression)``;
+    - ``check_compatible(model)``: refuse a target whose sizes differ (``bind`` may also remember parts of it).
+
+    Its ``from_pretrained`` documents its options and calls `_load`.
+    """
+
+    head_type: str = ""
+
+    @classmethod
+    def _load(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        hub_options: Mapping,
+        base_model: torch.nn.Module | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        **read_options,
+    ):
+        """Read a head from a folder or Hub repo (``hub_options``: `HeadSource`'s), build it without initialising
+        weights, load the tensors strictly, cast / move it, put it in eval mode and bind it to ``base_model``."""
+        source = HeadSource(pretrained_model_name_or_path, **hub_options)
+        init_kwargs, tensors, source_format = cls._read_checkpoint(source, **read_options)
+        with torch.device("meta"):
+            head = cls(**init_kwargs)
+        head.load_state_dict(tensors, strict=True, assign=True)
+        head.source, head.source_format = str(source), source_format
+        if dtype is not None:
+            head.to(dtype=dtype)
+        if device is not None:
+            head.to(device=device)
+        head.eval()
+        if base_model is not None:
+            head.bind(base_model)
+        return head
+
+    def bind(self, model: torch.nn.Module):
+        """Check ``model`` (`check_compatible`); returns self."""
+        self.check_compatible(model)
+        return self
+
+    def _save_pretrained(self, save_directory: Path) -> None:
+        save_directory = Path(save_directory)
+        state = self.state_dict()
+        expected = self.expected_shapes()
+        if set(state) != set(expected):
+            raise RuntimeError(f"{type(self).__name__} would save {sorted(state)}, its format holds {sorted(expected)}")
+        save_tensors(state, save_directory / WEIGHTS_NAME)
+        write_config(self.config_dict(), save_directory / CONFIG_NAME)
+        # ModelHubMixin writes README.md only when absent: remove a stale card so it is regenerated
+        (save_directory / CARD_NAME).unlink(missing_ok=True)
+
+    def push_to_hub(self, repo_id: str, **kwargs) -> str:
+        """Upload ``config.json``, ``model.safetensors`` and the model card to the Hub repo ``repo_id``.
+
+        Takes `huggingface_hub.ModelHubMixin.push_to_hub`'s options (``private``, ``token``, ``commit_message``,
+        ``branch``, ``create_pr``, ``model_card_kwargs``, ...).
+        """
+        card_kwargs = {"repo_id": repo_id, **(kwargs.pop("model_card_kwargs", None) or {})}
+        return super().push_to_hub(repo_id, model_card_kwargs=card_kwargs, **kwargs)
+
+    def generate_model_card(self, repo_id: str | None = None, **facts) -> ModelCard:
+        """The README.md model card; ``facts`` add to / override ``self.model_card`` (tau, speedup, ...)."""
+        config = self.config_dict()
+        config["model_card"] = {**self.model_card, **facts}
+        base = self.base_model_name_or_path or "<base model id>"
+        title, description, import_line, load = self._card_text(base, repo_id or "<this repo id or folder>")
+        usage = f"""
+import hf_specdec
+{import_line}
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+tok = AutoTokenizer.from_pretrained("{base}")
+model = AutoModelForCausalLM.from_pretrained("{base}")
+assistant = {load}
+ids = tok("The capital of France is", return_tensors="pt").input_ids
+out = model.generate(ids, max_new_tokens=128, do_sample=False, assistant=assistant)
+print(tok.decode(out[0]))
+"""
+        return render_model_card(
+            head_type=self.head_type, title=title, config=config, usage=usage, description=description
+        )
 
 
 def warn_config_mismatch(where: str, what: str, config_value, actual) -> None:

@@ -16,31 +16,24 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from huggingface_hub import ModelCard, ModelHubMixin
 from torch import nn
 
 from .convert import medusa_expected_shapes, read_medusa_checkpoint
 from .hub import (
-    CARD_NAME,
-    CONFIG_NAME,
-    WEIGHTS_NAME,
     HeadSource,
+    PretrainedHead,
     _library_version,
     base_model_dims,
     check_base_model,
-    render_model_card,
-    save_tensors,
-    write_config,
 )
 
 
 class MedusaHeads(
     nn.Module,
-    ModelHubMixin,
+    PretrainedHead,
     library_name="hf-specdec",
     tags=["speculative-decoding", "medusa"],
     paper_url="https://arxiv.org/abs/2401.10774",
@@ -69,6 +62,8 @@ class MedusaHeads(
         model_card: facts for the generated model card (``training_data``, ``tau``, ``speedup``,
             ``measured_on``, ``notes``); saved in config.json.
     """
+
+    head_type = "medusa"
 
     def __init__(
         self,
@@ -180,14 +175,21 @@ class MedusaHeads(
         Returns:
             `MedusaHeads` in eval mode.
         """
-        source = HeadSource(
-            pretrained_model_name_or_path,
+        hub_options = dict(
             revision=revision,
             token=token,
             cache_dir=cache_dir,
             local_files_only=local_files_only,
             force_download=force_download,
         )
+        return cls._load(
+            pretrained_model_name_or_path, hub_options, base_model, dtype=dtype, device=device, num_heads=num_heads
+        )
+
+    @classmethod
+    def _read_checkpoint(cls, source: HeadSource, num_heads: int | None = None) -> tuple[dict, dict, str]:
+        """``(init kwargs, tensors in our layout, source format)`` of the Medusa heads in ``source`` (any layout),
+        cut to the first ``num_heads`` heads when given."""
         ckpt = read_medusa_checkpoint(source)
         tensors = ckpt.tensors
         if num_heads is not None:
@@ -197,19 +199,7 @@ class MedusaHeads(
             ckpt.num_heads = num_heads
             if ckpt.tree_choices is not None:
                 ckpt.tree_choices = [c for c in ckpt.tree_choices if len(c) <= num_heads]
-        with torch.device("meta"):
-            heads = cls(**ckpt.init_kwargs())
-        heads.load_state_dict(tensors, strict=True, assign=True)
-        heads.source = str(source)
-        heads.source_format = ckpt.source_format
-        if dtype is not None:
-            heads.to(dtype=dtype)
-        if device is not None:
-            heads.to(device=device)
-        heads.eval()
-        if base_model is not None:
-            heads.bind(base_model)
-        return heads
+        return ckpt.init_kwargs(), tensors, ckpt.source_format
 
     # ------------------------------------------------------------------------------------------ base model
     def check_compatible(self, model: nn.Module) -> None:
@@ -344,7 +334,7 @@ class MedusaHeads(
     def config_dict(self) -> dict:
         """What ``config.json`` holds (our format)."""
         return {
-            "head_type": "medusa",
+            "head_type": self.head_type,
             "hf_specdec_version": _library_version(),
             "hidden_size": self.hidden_size,
             "num_heads": self.num_heads,
@@ -360,10 +350,9 @@ class MedusaHeads(
             "dtype": str(self.block_weight.dtype).removeprefix("torch."),
         }
 
-    def _save_pretrained(self, save_directory: Path) -> None:
-        save_directory = Path(save_directory)
-        state = {k: v for k, v in self.state_dict().items()}
-        expected = medusa_expected_shapes(
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of every tensor our format saves."""
+        return medusa_expected_shapes(
             self.num_heads,
             self.num_layers,
             self.hidden_size,
@@ -372,33 +361,10 @@ class MedusaHeads(
             self.draft_vocab_size or self.vocab_size,
             self.draft_vocab_size,
         )
-        assert set(state) == set(expected), (sorted(state), sorted(expected))
-        save_tensors(state, save_directory / WEIGHTS_NAME)
-        write_config(self.config_dict(), save_directory / CONFIG_NAME)
-        # ModelHubMixin writes README.md only when absent: remove a stale card so it is regenerated
-        (save_directory / CARD_NAME).unlink(missing_ok=True)
 
-    def push_to_hub(self, repo_id: str, **kwargs) -> str:
-        """Upload ``config.json``, ``model.safetensors`` and the model card to the Hub repo ``repo_id``.
-
-        Takes `huggingface_hub.ModelHubMixin.push_to_hub`'s options (``private``, ``token``, ``commit_message``,
-        ``branch``, ``create_pr``, ``model_card_kwargs``, ...).
-        """
-        card_kwargs = {"repo_id": repo_id, **(kwargs.pop("model_card_kwargs", None) or {})}
-        return super().push_to_hub(repo_id, model_card_kwargs=card_kwargs, **kwargs)
-
-    def generate_model_card(self, repo_id: str | None = None, **facts) -> ModelCard:
-        """The README.md model card; ``facts`` add to / override ``self.model_card`` (tau, speedup, ...)."""
-        config = self.config_dict()
-        config["model_card"] = {**self.model_card, **facts}
-        base = self.base_model_name_or_path or "<base model id>"
-        where = repo_id or "<this repo id or folder>"
+    def _card_text(self, base: str, where: str) -> tuple[str, str, str, str]:
         lm = "the base model's own lm_head" if self.share_lm_head else "its own lm_head"
-        vocab = (
-            f" over a truncated vocabulary of {self.draft_vocab_size} tokens"
-            if self.draft_vocab_size is not None
-            else ""
-        )
+        vocab = f" over a truncated vocabulary of {self.draft_vocab_size} tokens" if self.draft_vocab_size else ""
         description = (
             f"{self.num_heads} Medusa heads ([Cai et al. 2024](https://arxiv.org/abs/2401.10774)) for speculative "
             f"decoding with hf-specdec. Each head is "
@@ -406,25 +372,8 @@ class MedusaHeads(
             f"{lm}{vocab}; head i guesses the token i + 2 positions ahead. The guesses form a static token tree that "
             "the base model verifies in one forward pass: greedy output is identical to the base model's own."
         )
-        usage = f"""
-import hf_specdec
-from hf_specdec import MedusaHeads
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-tok = AutoTokenizer.from_pretrained("{base}")
-model = AutoModelForCausalLM.from_pretrained("{base}")
-heads = MedusaHeads.from_pretrained("{where}", base_model=model)
-ids = tok("The capital of France is", return_tensors="pt").input_ids
-out = model.generate(ids, max_new_tokens=128, do_sample=False, assistant=heads)
-print(tok.decode(out[0]))
-"""
-        return render_model_card(
-            head_type="medusa",
-            title=f"Medusa heads for {base}",
-            config=config,
-            usage=usage,
-            description=description,
-        )
+        load = f'MedusaHeads.from_pretrained("{where}", base_model=model)'
+        return f"Medusa heads for {base}", description, "from hf_specdec import MedusaHeads", load
 
     def extra_repr(self) -> str:
         return (
