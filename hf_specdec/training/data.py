@@ -28,6 +28,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..heads.hub import base_model_dims
+from ..models import chat_prompt_ids
 from .benchmark_questions import find_questions_file, spec_bench_overlap
 
 MANIFEST_NAME = "manifest.json"
@@ -413,8 +415,6 @@ def build_distillation_data(
     }
     settings = {"generation": generation, "shard_size": int(shard_size), "hidden_dtype": str(hidden_dtype)}
     fingerprint = _fingerprint(prompt_ids, settings)
-    from ..heads.hub import base_model_dims
-
     hidden_size, vocab_size = base_model_dims(model)
     manifest_path = out / MANIFEST_NAME
     if manifest_path.is_file():
@@ -508,8 +508,6 @@ def build_default_data(
     Returns:
         the data folders, for `load_distillation_data`.
     """
-    from ..models import chat_prompt_ids
-
     questions_file = find_questions_file()
 
     def build(prompts: list[str], recipe: dict, folder: Path) -> None:
