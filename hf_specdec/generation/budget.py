@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 import torch
 
@@ -157,15 +158,19 @@ def calibrated_probs(tree: DraftTree, scores: Sequence[float], factors: Sequence
     prefix of the nodes is a tree whose siblings are a prefix of their draws)."""
     parents, depths = tree.parent.tolist(), tree.depth.tolist()
     sampled = tree.sampling != DraftSampling.DETERMINISTIC
+    last = len(factors) - 1
     last_child: dict[int, int] = {}
     out: list[float] = []
     for i, (p, d, s) in enumerate(zip(parents, depths, scores)):
-        x = min(1.0, max(0.0, float(s) * factors[min(d, len(factors)) - 1]))
-        if p >= 0:
-            x = min(x, out[p])
-        if sampled and p in last_child:
-            x = min(x, out[last_child[p]])
-        last_child[p] = i
+        x = s * factors[d - 1 if d <= last else last]
+        x = 1.0 if x > 1.0 else (0.0 if x < 0.0 else x)
+        if p >= 0 and out[p] < x:
+            x = out[p]
+        if sampled:
+            prev = last_child.get(p)
+            if prev is not None and out[prev] < x:
+                x = out[prev]
+            last_child[p] = i
         out.append(x)
     return out
 
@@ -249,7 +254,8 @@ class TreeBudgeter:
         """The trees to verify this step, one per row of ``candidates`` (same order)."""
         self._steps += 1
         probs, raw = zip(*[self._row_probs(c) for c in candidates]) if candidates else ((), ())
-        order = [sorted(range(len(p)), key=lambda i, p=p: (-p[i], i))[: self.max_nodes_per_row] for p in probs]
+        # best first, ties in node order (a stable sort): parents before their children
+        order = [sorted(range(len(p)), key=p.__getitem__, reverse=True)[: self.max_nodes_per_row] for p in probs]
         counts = self._counts(probs, order)
         cuts, self._pending = [], []
         for c, p, r, o, k in zip(candidates, probs, raw, order, counts):
@@ -273,9 +279,9 @@ class TreeBudgeter:
     def _counts(self, probs: Sequence[list[float]], order: Sequence[list[int]]) -> list[int]:
         """Nodes per row: the best ``K`` nodes of the batch for the ``K`` with the best predicted rate."""
         rows = len(probs)
-        merged = sorted(((probs[b][i], b) for b, o in enumerate(order) for i in o), key=lambda x: -x[0])
+        merged = sorted(((probs[b][i], b) for b, o in enumerate(order) for i in o), key=itemgetter(0), reverse=True)
         merged = [m for m in merged if m[0] > 0.0]
-        rate = self.predicted_rates(rows, [p for p, _ in merged])
+        rate = self.predicted_rates(rows, [p for p, _ in merged], stop_below=0.75 * self.explore_tolerance)
         best = max(range(len(rate)), key=lambda k: (rate[k], -k))
         if best and rate[best] < rate[0] * (1.0 + self.margin):
             best = 0
@@ -285,16 +291,23 @@ class TreeBudgeter:
             counts[b] += 1
         return counts
 
-    def predicted_rates(self, rows: int, gains: Sequence[float]) -> list[float]:
+    def predicted_rates(self, rows: int, gains: Sequence[float], stop_below: float = 0.0) -> list[float]:
         """``rate[K]``: predicted tokens per second when the ``K`` nodes with acceptance probabilities ``gains[:K]``
-        are verified together with ``rows`` roots (``rate[0]`` = drafting nothing, no proposing time)."""
-        verify = self.cost.predict_range(rows, rows + len(gains) + 1)
+        are verified together with ``rows`` roots (``rate[0]`` = drafting nothing, no proposing time). With
+        ``stop_below`` > 0 the list ends once the rate falls below that fraction of the best so far (``gains`` are
+        non-increasing and the cost grows, so larger ``K`` only lose more)."""
+        curve = self.cost.curve()
         other = self.cost.other_seconds(rows)
         propose = self.propose_seconds or 0.0
-        rates, expected = [rows / (verify[0] + other)], float(rows)
+        rates = [rows / (curve(rows) + other)]
+        best, expected = rates[0], float(rows)
         for k, g in enumerate(gains, start=1):
             expected += g
-            rates.append(expected / (verify[k] + other + propose))
+            rate = expected / (curve(rows + k) + other + propose)
+            rates.append(rate)
+            best = max(best, rate)
+            if rate < stop_below * best:
+                break
         return rates
 
     def _explore(self, rows: int, best: int, rate: list[float]) -> int:
@@ -343,17 +356,16 @@ class TreeBudgeter:
     def _cut_row(self, c: RowCandidates, probs: list[float], raw: list[float], keep: list[int]) -> BudgetCut:
         tree = c.tree
         keep = sorted(keep)  # parents before children, as in the candidate tree
-        if tree.num_nodes:
-            depths = tree.depth.tolist()
-            self._pending.append((c.row, c.source, [depths[i] for i in keep], [raw[i] for i in keep]))
-        else:
-            self._pending.append((c.row, c.source, [], []))
+        depths = tree.depth.tolist() if keep else []
+        self._pending.append((c.row, c.source, [depths[i] for i in keep], [raw[i] for i in keep]))
         if len(keep) == tree.num_nodes:
             return BudgetCut(tree, None, probs)
-        mask = torch.zeros(tree.num_nodes, dtype=torch.bool)
-        mask[keep] = True
         kept = torch.tensor(keep, dtype=torch.long, device=tree.device)
-        return BudgetCut(tree.subtree_keep(mask.to(tree.device)), kept, [probs[i] for i in keep])
+        if not keep:
+            return BudgetCut(DraftTree.empty(tree.device), kept, [])
+        mask = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
+        mask[kept] = True
+        return BudgetCut(tree.subtree_keep(mask), kept, [probs[i] for i in keep])
 
     # ------------------------------------------------------------------ after verifying
     def record_verdicts(self, accepted: Sequence[torch.Tensor | Sequence[int]]) -> None:

@@ -100,6 +100,8 @@ class PriorCurve:
         ns, cs = self.ns, self.cs
         if len(ns) == 1:
             return cs[0]
+        if len(ns) == 2 and n >= ns[0]:
+            return cs[0] + (cs[1] - cs[0]) * (n - ns[0]) / (ns[1] - ns[0])
         if n <= ns[0]:
             return cs[0]
         i = bisect.bisect_left(ns, n)
@@ -125,31 +127,43 @@ def _isotonic(values: Sequence[float], weights: Sequence[float]) -> list[float]:
     return out
 
 
-def _interpolate(grid: list[int], cost: list[float], prior: PriorCurve, n: float) -> float:
-    """The measured ``cost`` at grid points ``grid`` read at ``n``: linear inside, extrapolated outside."""
-    if not grid:
-        return prior(n)
-    if n <= grid[0]:
-        return cost[0] * prior(n) / prior(grid[0])
-    if n >= grid[-1]:
-        return _extrapolate(grid, cost, prior, n)
-    i = bisect.bisect_left(grid, n)
-    n0, n1 = grid[i - 1], grid[i]
-    return cost[i - 1] + (cost[i] - cost[i - 1]) * (n - n0) / (n1 - n0)
+class CostCurve:
+    """A snapshot of the learnt curve: verify seconds at any n from the measured (isotonic) bucket costs.
 
+    Linear between measured sizes; below the smallest, that one scaled by the prior's ratio; above the largest, the
+    measured slope (over at least a doubling of n) but at least ``_MIN_SLOPE_FRACTION`` of the prior's, so that a flat
+    stretch of measurements does not promise that every larger size is free (the prior's ratio when too little was
+    measured). Before any measurement: the prior itself (units of one 1-token step).
 
-def _extrapolate(grid: list[int], cost: list[float], prior: PriorCurve, n: float) -> float:
-    """Past the largest measured size: the measured curve's slope (over at least a doubling of n), but at least
-    ``_MIN_SLOPE_FRACTION`` of the prior's, so that a flat stretch of measurements does not promise that every
-    larger size is free; the prior's ratio from there when too little was measured."""
-    top, t_top = grid[-1], cost[-1]
-    by_ratio = t_top * prior(n) / prior(top)
-    low = bisect.bisect_right(grid, top / 2) - 1
-    if low < 0:
-        return by_ratio
-    measured_slope = (t_top - cost[low]) / (top - grid[low])
-    prior_slope = (by_ratio - t_top) / (n - top) if n > top else 0.0
-    return t_top + max(measured_slope, _MIN_SLOPE_FRACTION * prior_slope) * (n - top)
+    Args:
+        grid: measured sizes, increasing.
+        cost: `len(grid)` non-decreasing seconds.
+        prior: the relative prior curve.
+    """
+
+    def __init__(self, grid: list[int], cost: list[float], prior: PriorCurve):
+        self.grid, self.cost, self.prior = grid, cost, prior
+        if grid:
+            top = grid[-1]
+            self._prior_low, self._prior_top = prior(grid[0]), prior(top)
+            low = bisect.bisect_right(grid, top / 2) - 1
+            self._slope = None if low < 0 else (cost[-1] - cost[low]) / (top - grid[low])
+
+    def __call__(self, n: float) -> float:
+        grid, cost = self.grid, self.cost
+        if not grid:
+            return self.prior(n)
+        if n <= grid[0]:
+            return cost[0] * self.prior(n) / self._prior_low
+        top, t_top = grid[-1], cost[-1]
+        if n >= top:
+            by_ratio = t_top * self.prior(n) / self._prior_top
+            if self._slope is None:
+                return by_ratio
+            return t_top + max(self._slope * (n - top), _MIN_SLOPE_FRACTION * (by_ratio - t_top))
+        i = bisect.bisect_left(grid, n)
+        n0, n1 = grid[i - 1], grid[i]
+        return cost[i - 1] + (cost[i] - cost[i - 1]) * (n - n0) / (n1 - n0)
 
 
 class StepCostModel:
@@ -166,6 +180,7 @@ class StepCostModel:
         self.prior = prior or PriorCurve.linear()
         self.window = window
         self._samples: dict[int, deque[float]] = {}
+        self._medians: dict[int, float] = {}  # bucket -> median of its samples
         self._rows: dict[int, int] = {}  # bucket -> largest row count seen (reported only)
         self._other_per_row: float | None = None
         self._curve: tuple[list[int], list[float]] | None = None  # cached (grid points, isotonic seconds)
@@ -205,6 +220,7 @@ class StepCostModel:
         with self._lock:
             samples = self._samples.setdefault(g, deque(maxlen=self.window))
             samples.append(seconds * self.prior(g) / self.prior(tokens))
+            self._medians[g] = statistics.median(samples)
             self._rows[g] = max(self._rows.get(g, 0), rows)
             self._curve = None
 
@@ -226,21 +242,24 @@ class StepCostModel:
     def _measured(self) -> tuple[list[int], list[float]]:
         if self._curve is None:
             grid = sorted(self._samples)
-            medians = [statistics.median(self._samples[g]) for g in grid]
+            medians = [self._medians[g] for g in grid]
             self._curve = grid, _isotonic(medians, [len(self._samples[g]) for g in grid])
         return self._curve
 
+    def curve(self) -> CostCurve:
+        """A snapshot of the current curve (cheap to evaluate at many n; later samples do not change it)."""
+        with self._lock:
+            grid, cost = self._measured()
+            return CostCurve(grid, cost, self.prior)
+
     def predict(self, n: float) -> float:
         """Seconds of a verify forward over ``n`` packed tokens (prior units, 1.0 = one token, before any sample)."""
-        with self._lock:
-            grid, cost = self._measured()
-            return _interpolate(grid, cost, self.prior, n)
+        return self.curve()(n)
 
     def predict_range(self, start: int, stop: int) -> list[float]:
-        """``[predict(n) for n in range(start, stop)]``, under one lock."""
-        with self._lock:
-            grid, cost = self._measured()
-            return [_interpolate(grid, cost, self.prior, n) for n in range(start, stop)]
+        """``[predict(n) for n in range(start, stop)]``."""
+        curve = self.curve()
+        return [curve(n) for n in range(start, stop)]
 
     def other_seconds(self, rows: int) -> float:
         """Predicted bookkeeping seconds of a step with ``rows`` rows (0 before any measurement)."""
