@@ -264,6 +264,23 @@ class TreeBudgeter:
             cuts.append(self._cut_row(c, p, r, o[:k]))
         return cuts
 
+    def cut_trees(self, rows: Sequence[int], trees: Sequence[DraftTree]) -> list[BudgetCut]:
+        """`cut` for trees that carry their own ``scores`` / ``source`` attributes (None / "default" if absent)."""
+        return self.cut(
+            [
+                RowCandidates(row, tree, getattr(tree, "scores", None), getattr(tree, "source", None) or "default")
+                for row, tree in zip(rows, trees)
+            ]
+        )
+
+    def speedup(self, candidates: RowCandidates) -> float:
+        """Predicted speedup over a plain step of verifying the best cut of one row's candidates on their own (1.0:
+        drafting does not pay); lets a caller choose between two assistants' trees for a row."""
+        probs, _ = self._row_probs(candidates)
+        gains = [g for g in sorted(probs, reverse=True)[: self.max_nodes_per_row] if g > 0.0]
+        rates = self.predicted_rates(1, gains, stop_below=0.5)
+        return max(rates) / rates[0]
+
     def _row_probs(self, c: RowCandidates) -> tuple[list[float], list[float]]:
         tree = c.tree
         if tree.num_nodes == 0:

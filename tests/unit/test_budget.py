@@ -88,6 +88,15 @@ def test_rows_are_budgeted_jointly():
     assert chosen[0] > chosen[1] > chosen[2]
 
 
+def test_speedup_ranks_two_assistants_trees_for_a_row():
+    cost = measured(cpu_curve)
+    budgeter = quiet_budgeter(cost)
+    strong, weak = chain(0.9, 8), chain(0.1, 8)
+    s_strong = budgeter.speedup(RowCandidates(0, *strong))
+    s_weak = budgeter.speedup(RowCandidates(0, *weak))
+    assert s_strong > 1.5 and s_weak == 1.0
+
+
 def test_cut_keeps_the_best_nodes_as_a_tree_and_maps_them_back():
     # root -> a (0.9) -> b (0.5); root -> c (0.3) -> d (0.25)
     tree = DraftTree.from_parents([5, 6, 7, 8], [-1, 0, -1, 2])
