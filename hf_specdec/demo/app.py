@@ -4,8 +4,11 @@
     python -m hf_specdec.demo --port 8000 --concurrency 2
     python demo/app.py                     # the same, Spaces-style
 
-One model is loaded and shared by every user; each request builds its own assistant, so requests of several users
-run at the same time (up to ``concurrency``; the others wait in Gradio's queue).
+One model is loaded and shared by every user; each request builds its own assistant. Up to ``concurrency`` requests
+are served at once (the others wait in Gradio's queue); their generate() calls take turns on the model, so every
+tokens/s is measured without another generation competing for the CPU. ``parallel=True`` (``--parallel``) lets the
+calls run at the same time instead (transformers' generate and hf_specdec's are then called from several threads
+on one model object).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ EXAMPLES = [
     "What is the capital of France? Answer in one sentence.",
 ]
 
+DEFAULT_CONCURRENCY = 4
+
 INTRO = """# hf-specdec: speculative decoding inside `model.generate()`
 The same prompt runs through vanilla `generate` (left) and through speculative decoding with the chosen assistant
 (right), one after the other on this machine's CPU. Greedy output is token-for-token identical; the speedup comes
@@ -39,9 +44,10 @@ from the target model verifying several drafted tokens per forward pass."""
 class DemoServer:
     """The shared model and the per-session Stop switches behind the app's event handlers."""
 
-    def __init__(self, model, tokenizer):
+    def __init__(self, model, tokenizer, parallel: bool = False):
         self.model = model
         self.tokenizer = tokenizer
+        self.generation_lock = None if parallel else threading.Lock()  # one generate() at a time unless parallel
         self._lock = threading.Lock()
         self._cancels: dict[str, set[threading.Event]] = {}
 
@@ -79,7 +85,7 @@ class DemoServer:
         key, cancel = self._register(request)
         view = None
         try:
-            for view in compare(self.model, self.tokenizer, req, cancel):
+            for view in compare(self.model, self.tokenizer, req, cancel, self.generation_lock):
                 yield view.outputs()
         except Exception as exc:  # noqa: BLE001 - every failure is shown in the page, the app stays up
             raise gr.Error(f"{type(exc).__name__}: {exc}") from exc
@@ -91,7 +97,14 @@ class DemoServer:
         key, cancel = self._register(request)
         try:
             yield from run_category(
-                self.model, self.tokenizer, category, list(methods or []), per_category, max_new_tokens, cancel
+                self.model,
+                self.tokenizer,
+                category,
+                list(methods or []),
+                per_category,
+                max_new_tokens,
+                cancel,
+                self.generation_lock,
             )
         except Exception as exc:  # noqa: BLE001
             raise gr.Error(f"{type(exc).__name__}: {exc}") from exc
@@ -177,15 +190,19 @@ def _bench_tab(server: DemoServer) -> None:
     stop.click(server.stop, cancels=[event], api_name="stop_bench", queue=False)
 
 
-def build_app(model=None, tokenizer=None, concurrency: int = 2, warmup: bool = True) -> gr.Blocks:
+def build_app(
+    model=None, tokenizer=None, concurrency: int = DEFAULT_CONCURRENCY, warmup: bool = True, parallel: bool = False
+) -> gr.Blocks:
     """The demo's `gr.Blocks` (queue enabled), on ``model`` or the default model.
 
     Args:
         model / tokenizer: the causal LM to demo; both None: `hf_specdec.load_default_model()` (the ready-made
             assistants are trained for it).
-        concurrency: generations that may run at once (they share the model; the others queue).
+        concurrency: requests served at once (the others wait in the queue).
         warmup: run each method once on a short prompt first (loads the heads, prepares the packed weights), so
             the first user's timings are not the one-time setup.
+        parallel: let the generate() calls of concurrent requests run at the same time on the shared model (default:
+            they take turns, and each tokens/s is measured without competition for the CPU).
     """
     import hf_specdec  # noqa: F401  (routes model.generate(assistant=...))
 
@@ -197,7 +214,7 @@ def build_app(model=None, tokenizer=None, concurrency: int = 2, warmup: bool = T
         model, tokenizer = hf_specdec.load_default_model()
     if warmup:
         warm_up(model, tokenizer)
-    server = DemoServer(model, tokenizer)
+    server = DemoServer(model, tokenizer, parallel=parallel)
     with gr.Blocks(title="hf-specdec demo", analytics_enabled=False) as app:
         gr.Markdown(INTRO)
         with gr.Tab("Compare"):
@@ -218,7 +235,7 @@ def launch(host: str | None = None, port: int | None = None, share: bool = False
         share: open a public gradio.live link (needs the internet; off by default).
         app: an app from `build_app`.
         block: wait until the server stops (False: return right after it started, e.g. in tests).
-        build_kwargs: passed to `build_app` (``model``, ``tokenizer``, ``concurrency``, ``warmup``).
+        build_kwargs: passed to `build_app` (``model``, ``tokenizer``, ``concurrency``, ``warmup``, ``parallel``).
     Returns:
         the app (``app.local_url`` is where it listens).
     """
@@ -241,7 +258,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; 0.0.0.0 for all)")
     parser.add_argument("--port", type=int, default=None, help="port (default: 7860 or the next free one)")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
-    parser.add_argument("--concurrency", type=int, default=2, help="generations running at once (default 2)")
+    parser.add_argument(
+        "--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="requests served at once (default %(default)s)"
+    )
+    parser.add_argument(
+        "--parallel",
+        action="store_true",
+        help="run the generate() calls of concurrent requests at the same time (default: they take turns, so each "
+        "tokens/s is measured on an otherwise idle CPU)",
+    )
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up run of each method at start")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
@@ -256,7 +281,14 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.concurrency < 1:
         raise SystemExit(f"--concurrency must be at least 1, got {args.concurrency}")
-    launch(args.host, args.port, args.share, concurrency=args.concurrency, warmup=not args.no_warmup)
+    launch(
+        args.host,
+        args.port,
+        args.share,
+        concurrency=args.concurrency,
+        warmup=not args.no_warmup,
+        parallel=args.parallel,
+    )
     return 0
 
 

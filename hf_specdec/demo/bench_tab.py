@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -41,7 +42,14 @@ def _check(category: str, methods: Sequence[str], per_category: int, max_new_tok
 
 
 def run_category(
-    model, tokenizer, category: str, methods: Sequence[str], per_category: int, max_new_tokens: int, cancel
+    model,
+    tokenizer,
+    category: str,
+    methods: Sequence[str],
+    per_category: int,
+    max_new_tokens: int,
+    cancel,
+    lock=None,
 ) -> Iterator[tuple[str, str, object]]:
     """Benchmark ``methods`` against vanilla on ``per_category`` questions of ``category`` (greedy, batch 1).
 
@@ -52,6 +60,7 @@ def run_category(
         per_category: questions to run.
         max_new_tokens: budget per answer.
         cancel: a `threading.Event`; once set the run stops after the current prompt.
+        lock: held for the whole run (the demo's one-generation-at-a-time lock), or None.
     Yields:
         (log text, Markdown results table, matplotlib figure or None) after every prompt; the last has the table
         and the speedup / τ chart.
@@ -69,14 +78,15 @@ def run_category(
 
     def work() -> None:
         try:
-            result["records"] = run_bench(
-                model,
-                prompts,
-                resolve_methods(["vanilla", *methods]),
-                settings_for(sample=False),
-                max_new_tokens=int(max_new_tokens),
-                log=log,
-            )
+            with lock if lock is not None else contextlib.nullcontext():
+                result["records"] = run_bench(
+                    model,
+                    prompts,
+                    resolve_methods(["vanilla", *methods]),
+                    settings_for(sample=False),
+                    max_new_tokens=int(max_new_tokens),
+                    log=log,
+                )
         except BaseException as exc:  # noqa: BLE001 - shown in the page
             result["error"] = exc
         lines.put(None)

@@ -7,6 +7,7 @@ both calls run without streaming (transformers' streamers take one row) and repo
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -75,14 +76,14 @@ class View:
         return self.vanilla_html, self.speculative_html, self.summary, self.depth_figure, self.details
 
 
-def _streamed(model, tokenizer, inputs: dict, kwargs: dict, seed: int, cancel) -> Iterator[tuple[Progress, list]]:
+def _streamed(model, tokenizer, inputs: dict, kwargs: dict, seed: int, cancel, lock) -> Iterator[tuple[Progress, list]]:
     """Follow one streamed call; yields (progress, token pieces) at most every `REFRESH_S` and once when done."""
     text = IncrementalText(tokenizer)
     torch.manual_seed(seed)
     last = 0.0
-    for progress in follow_generate(model, inputs, kwargs, cancel):
+    for progress in follow_generate(model, inputs, kwargs, cancel, lock):
         text.extend(progress.tokens[len(text.ids) :])
-        if progress.done or progress.elapsed - last >= REFRESH_S:
+        if progress.done or not progress.started or progress.elapsed - last >= REFRESH_S:
             last = progress.elapsed
             yield progress, text.pieces
     if progress.error is not None:
@@ -94,25 +95,29 @@ def _side(progress: Progress, text: str, extra: dict | None = None) -> dict:
             "tokens_per_s": progress.tokens_per_s, **(extra or {})}  # fmt: skip
 
 
-def compare_one(model, tokenizer, req: Request, cancel: threading.Event) -> Iterator[View]:
+def _head(progress: Progress, extra: str = "") -> str:
+    if not progress.started:
+        return "waiting for the model (another generation is running)…"
+    return speed_line(len(progress.tokens), progress.elapsed, progress.done, extra)
+
+
+def compare_one(model, tokenizer, req: Request, cancel: threading.Event, lock=None) -> Iterator[View]:
     """Stream vanilla then speculative generation of ``req.prompts[0]``; yields the page after each update."""
     ids = chat_prompt_ids(tokenizer, req.prompts[0])  # [1, W]
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     kwargs = req.generate_kwargs()
     view = View(summary="Running vanilla `generate`…")
-    for van, pieces in _streamed(model, tokenizer, inputs, kwargs, req.seed, cancel):
-        view.vanilla_html = pane(
-            "vanilla generate", speed_line(len(van.tokens), van.elapsed, van.done), pieces, elem_class="hfsd-vanilla"
-        )
+    for van, pieces in _streamed(model, tokenizer, inputs, kwargs, req.seed, cancel, lock):
+        view.vanilla_html = pane("vanilla generate", _head(van), pieces, elem_class="hfsd-vanilla")
         yield view
     vanilla_text = "".join(pieces)
     view.summary = f"Running speculative decoding with `{req.method}`…"
     spec_kwargs = {**kwargs, "assistant": load_default_assistant(req.method)}  # one assistant per request
-    for spec, pieces in _streamed(model, tokenizer, inputs, spec_kwargs, req.seed, cancel):
+    for spec, pieces in _streamed(model, tokenizer, inputs, spec_kwargs, req.seed, cancel, lock):
         stats = getattr(spec.output, "spec_stats", None)
         origins = mark_origins(spec.steps, True, stats.accepted_tokens if stats is not None else None)
         drafted, own = origin_counts(origins)
-        head = speed_line(len(spec.tokens), spec.elapsed, spec.done, f" · {drafted} drafted + {own} own")
+        head = _head(spec, f" · {drafted} drafted + {own} own")
         view.speculative_html = pane(f"speculative · {req.method}", head, pieces, origins, "hfsd-spec")
         yield view
     if stats is None:
@@ -164,7 +169,7 @@ def summary_markdown(details: dict) -> str:
     return "\n".join(lines)
 
 
-def compare_batch(model, tokenizer, req: Request, cancel: threading.Event) -> Iterator[View]:
+def compare_batch(model, tokenizer, req: Request, cancel: threading.Event, lock=None) -> Iterator[View]:
     """Vanilla then speculative generation of all of ``req.prompts`` as one left-padded batch (no streaming)."""
     rows = [chat_prompt_ids(tokenizer, p)[0] for p in req.prompts]
     pad = model.generation_config.pad_token_id
@@ -176,10 +181,11 @@ def compare_batch(model, tokenizer, req: Request, cancel: threading.Event) -> It
     yield view
     outs = {}
     for name, extra in (("vanilla", {}), ("speculative", {"assistant": load_default_assistant(req.method)})):
-        torch.manual_seed(req.seed)
-        t0 = time.perf_counter()
-        out = model.generate(input_ids=ids, attention_mask=mask, **kwargs, **extra)
-        outs[name] = (out, time.perf_counter() - t0)
+        with lock if lock is not None else contextlib.nullcontext():
+            torch.manual_seed(req.seed)
+            t0 = time.perf_counter()
+            out = model.generate(input_ids=ids, attention_mask=mask, **kwargs, **extra)
+            outs[name] = (out, time.perf_counter() - t0)
         texts = _batch_texts(tokenizer, out.sequences[:, ids.shape[1] :], pad)
         n = sum(len(t) for t in texts)
         html_text = [
@@ -230,12 +236,21 @@ def _batch_details(req: Request, outs: dict, width: int, tokenizer, pad: int, ca
     }
 
 
-def compare(model, tokenizer, req: Request, cancel: threading.Event | None = None) -> Iterator[View]:
-    """The Compare tab's run: one prompt streamed, or several as a batch. Raises ValueError on bad input."""
+def compare(model, tokenizer, req: Request, cancel: threading.Event | None = None, lock=None) -> Iterator[View]:
+    """The Compare tab's run: one prompt streamed, or several as a batch. Raises ValueError on bad input.
+
+    Args:
+        model / tokenizer: the shared model.
+        req: the request.
+        cancel: set it to stop the run within one decoding step.
+        lock: held around each generate() call (the demo's one-generation-at-a-time lock), or None.
+    Yields:
+        the page (`View`) after each update.
+    """
     req.check()
     cancel = cancel if cancel is not None else threading.Event()
     run = compare_one if len(req.prompts) == 1 else compare_batch
-    yield from run(model, tokenizer, req, cancel)
+    yield from run(model, tokenizer, req, cancel, lock)
 
 
 def warm_up(model, tokenizer) -> None:

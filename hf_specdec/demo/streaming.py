@@ -14,6 +14,7 @@ tokens; `mark_origins` resolves that last step from ``spec_stats`` (accepted dra
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -26,6 +27,7 @@ from transformers.generation.streamers import BaseStreamer
 
 DRAFTED = "drafted"
 TARGET = "target"
+WAIT_REPORT_S = 0.5
 
 
 class CancelCriteria(StoppingCriteria):
@@ -67,7 +69,8 @@ class Progress:
     Attributes:
         tokens: generated token ids so far (prompt excluded).
         steps: the groups of tokens as emitted, one list per decoding step.
-        elapsed: seconds since the call started.
+        elapsed: seconds since the call started (once it holds the lock).
+        started: whether the call started (it may wait for the lock first).
         done: whether `generate` returned (or raised).
         output: what `generate` returned, once done.
         error: the exception `generate` raised, if any.
@@ -76,6 +79,7 @@ class Progress:
     tokens: list[int] = field(default_factory=list)
     steps: list[list[int]] = field(default_factory=list)
     elapsed: float = 0.0
+    started: bool = False
     done: bool = False
     output: object | None = None
     error: BaseException | None = None
@@ -85,7 +89,9 @@ class Progress:
         return len(self.tokens) / self.elapsed if self.elapsed > 0 else 0.0
 
 
-def follow_generate(model, inputs: dict, kwargs: dict, cancel: threading.Event | None = None) -> Iterator[Progress]:
+def follow_generate(
+    model, inputs: dict, kwargs: dict, cancel: threading.Event | None = None, lock=None
+) -> Iterator[Progress]:
     """Run ``model.generate(**inputs, **kwargs, streamer=...)`` in a thread and yield its `Progress` after each step.
 
     Args:
@@ -95,8 +101,11 @@ def follow_generate(model, inputs: dict, kwargs: dict, cancel: threading.Event |
         cancel: when set, generation stops after the current step; it is also set when the consumer stops
             iterating before the end (e.g. a cancelled Gradio event), so an abandoned call does not keep the CPU
             busy.
+        lock: held around the call (e.g. one lock per model so that calls sharing it run one at a time); the clock
+            starts once it is acquired.
     Yields:
-        the same `Progress` object, updated; the last one has ``done=True``.
+        the same `Progress` object, updated; the last one has ``done=True``. While the call waits for ``lock`` it is
+        yielded every `WAIT_REPORT_S` seconds with ``started=False``.
     """
     cancel = cancel if cancel is not None else threading.Event()
     sink: queue.Queue = queue.Queue()
@@ -106,23 +115,32 @@ def follow_generate(model, inputs: dict, kwargs: dict, cancel: threading.Event |
 
     def work() -> None:
         try:
-            out = model.generate(**inputs, **call)
+            with lock if lock is not None else contextlib.nullcontext():
+                sink.put(("start", None, time.perf_counter()))
+                out = model.generate(**inputs, **call)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which shows it
             sink.put(("error", exc, time.perf_counter()))
         else:
             sink.put(("done", out, time.perf_counter()))
 
     progress = Progress()
-    t0 = time.perf_counter()
+    t0 = None
     threading.Thread(target=work, name="hf-specdec-demo-generate", daemon=True).start()
     try:
         while not progress.done:
-            kind, value, t = sink.get()
+            try:
+                kind, value, t = sink.get(timeout=WAIT_REPORT_S)
+            except queue.Empty:
+                if not progress.started:
+                    yield progress  # still waiting for the lock
+                continue
+            t0 = t if t0 is None else t0
             progress.elapsed = t - t0
+            progress.started = True
             if kind == "tokens":
                 progress.steps.append(value)
                 progress.tokens.extend(value)
-            else:
+            elif kind != "start":
                 progress.done = True
                 progress.output, progress.error = (value, None) if kind == "done" else (None, value)
             yield progress

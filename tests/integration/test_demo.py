@@ -1,0 +1,129 @@
+"""The Gradio demo launched in-process on 127.0.0.1 and driven through gradio_client, as a remote user would."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+import torch
+
+gradio_client = pytest.importorskip("gradio_client", reason="the demo extra is not installed (pip install .[demo])")
+
+from hf_specdec.assistants import available_assistants  # noqa: E402
+from hf_specdec.models import chat_prompt_ids  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# n-gram copying finds this text in the prompt, so the speculative path accepts long drafts (tau well above 1)
+COPY_PROMPT = (
+    "Repeat this text exactly: The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins "
+    "with a single step."
+)
+OTHER_PROMPT = "List three colours of the rainbow."
+MAX_NEW = 24
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def demo(default_model):
+    from hf_specdec.demo import launch
+
+    model, tokenizer = default_model
+    app = launch("127.0.0.1", free_port(), block=False, model=model, tokenizer=tokenizer, warmup=False, concurrency=2)
+    client = gradio_client.Client(app.local_url, verbose=False)
+    yield client
+    client.close() if hasattr(client, "close") else None
+    app.close()
+
+
+def vanilla_text(default_model, prompt: str, max_new: int = MAX_NEW) -> str:
+    model, tokenizer = default_model
+    ids = chat_prompt_ids(tokenizer, prompt)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False)
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def compare_args(prompt: str, method: str, max_new: int = MAX_NEW) -> tuple:
+    # prompt, more prompts, method, do_sample, temperature, top_p, seed, max new tokens
+    return (prompt, "", method, False, 0.7, 0.9, 0, max_new)
+
+
+def test_greedy_generation_equals_vanilla_and_streams(demo, default_model):
+    method = "ngram" if "ngram" in available_assistants() else available_assistants()[0]
+    job = demo.submit(*compare_args(COPY_PROMPT, method), api_name="/compare")
+    vanilla_html, spec_html, summary, _figure, details = job.result(timeout=180)
+    expected = vanilla_text(default_model, COPY_PROMPT)
+    assert details["vanilla"]["text"] == expected
+    assert details["speculative"]["text"] == expected
+    assert details["identical_to_vanilla"] is True
+    assert details["speculative"]["tau"] > 1.0
+    assert details["speculative"]["drafted_tokens_emitted"] > 0
+    assert 'class="hfsd-drafted"' in spec_html and 'class="hfsd-target"' in spec_html
+    assert "token-for-token identical" in summary and "Speedup" in summary
+    assert "tokens/s" in vanilla_html
+    # streamed: the page was updated several times before the final result
+    assert len(job.outputs()) > 3
+
+
+def test_two_concurrent_requests_with_different_methods(demo, default_model):
+    methods = available_assistants()
+    first, second = (
+        ("ngram", next((m for m in methods if m != "ngram"), "ngram")) if "ngram" in methods else methods[:2]
+    )
+    jobs = [
+        demo.submit(*compare_args(COPY_PROMPT, first), api_name="/compare"),
+        demo.submit(*compare_args(OTHER_PROMPT, second), api_name="/compare"),
+    ]
+    results = [job.result(timeout=240)[4] for job in jobs]
+    for prompt, method, details in zip((COPY_PROMPT, OTHER_PROMPT), (first, second), results):
+        assert details["method"] == method
+        assert details["speculative"]["text"] == vanilla_text(default_model, prompt)
+        assert details["identical_to_vanilla"] is True
+
+
+def test_batch_of_prompts_equals_vanilla(demo, default_model):
+    details = demo.predict(COPY_PROMPT, OTHER_PROMPT, "ngram", False, 0.7, 0.9, 0, 16, api_name="/compare")[4]
+    assert details["identical_to_vanilla"] is True
+    expected = [vanilla_text(default_model, p, 16) for p in (COPY_PROMPT, OTHER_PROMPT)]
+    assert details["speculative"]["texts"] == expected
+
+
+def test_errors_are_reported_and_the_app_keeps_working(demo):
+    with pytest.raises(Exception, match="prompt is empty"):
+        demo.predict(*compare_args("   ", "ngram"), api_name="/compare")
+    with pytest.raises(Exception, match="nope is not in the list of choices"):
+        demo.predict(*compare_args(COPY_PROMPT, "nope"), api_name="/compare")
+    with pytest.raises(Exception, match="less than minimum value"):
+        demo.predict(COPY_PROMPT, "", "ngram", True, 0.0, 0.9, 0, 8, api_name="/compare")
+    details = demo.predict(*compare_args(COPY_PROMPT, "ngram", 8), api_name="/compare")[4]
+    assert details["speculative"]["new_tokens"] == 8
+
+
+def test_stop_cancels_a_running_generation(demo):
+    job = demo.submit(*compare_args(COPY_PROMPT, "ngram", 512), api_name="/compare")
+    done = threading.Event()
+    job.add_done_callback(lambda _job: done.set())
+    while len(job.outputs()) < 2 and not done.is_set():
+        done.wait(0.05)
+    job.cancel()
+    assert done.wait(60), "the cancelled generation did not end"
+    outputs = job.outputs()
+    assert outputs and outputs[-1][4] is None  # the run never reached its final page (details come last)
+    # the app still serves requests
+    details = demo.predict(*compare_args(COPY_PROMPT, "ngram", 8), api_name="/compare")[4]
+    assert details["identical_to_vanilla"] is True
+
+
+def test_benchmark_tab_runs_one_category(demo):
+    from hf_specdec.demo.bench_tab import bench_categories
+
+    category = bench_categories()[0]
+    log, table, _figure = demo.predict(category, ["ngram"], 1, 16, api_name="/bench")
+    assert "done." in log
+    assert "| ngram |" in table and "| vanilla |" in table
