@@ -1,6 +1,8 @@
 """Training speculative heads by self-distillation: `data` builds and caches the target's answers and hidden states,
-`medusa` trains Medusa-1 heads on them with the base model frozen, `medusa_tree` picks their static tree from
-held-out acceptance and `step_cost` (what a step with an n-node tree costs on this machine).
+`run` holds what every trainer shares (held-out split, schedule, checkpoints and resume, the step loop), `medusa`
+trains Medusa-1 heads with the base model frozen, `medusa_tree` picks their static tree from held-out acceptance and
+`step_cost` (what a step with an n-node tree costs on this machine), `benchmark_questions` keeps the benchmark's
+questions out of the training prompts.
 
     from hf_specdec.training import build_default_data, train_medusa, MedusaTrainingConfig
 """
@@ -16,15 +18,7 @@ from .data import (
     make_prompts,
     prompt_recipe,
 )
-from .medusa import (
-    MedusaTrainingConfig,
-    evaluate_medusa,
-    head_positions,
-    latest_checkpoint,
-    medusa_loss,
-    split_sequences,
-    train_medusa,
-)
+from .medusa import MedusaTrainingConfig, evaluate_medusa, medusa_loss, train_medusa
 from .medusa_tree import (
     TreeTuning,
     acceptance_table,
@@ -34,11 +28,21 @@ from .medusa_tree import (
     tune_and_save_tree,
     tune_tree,
 )
+from .run import (
+    HeldOutSplit,
+    TrainingRun,
+    head_positions,
+    held_out_split,
+    latest_checkpoint,
+    split_sequences,
+)
 from .step_cost import cpu_timer, random_tree_mask, step_cost_curve, verify_cost_curve
 
 __all__ = [
     "CONTEXT_STAGE_DIR",
     "DistillationData",
+    "HeldOutSplit",
+    "TrainingRun",
     "MedusaTrainingConfig",
     "build_default_data",
     "build_distillation_data",
@@ -53,6 +57,7 @@ __all__ = [
     "read_questions",
     "guess_matches",
     "head_positions",
+    "held_out_split",
     "latest_checkpoint",
     "load_distillation_data",
     "make_context_prompts",

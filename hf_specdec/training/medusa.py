@@ -17,11 +17,7 @@ scheduler, step) go to ``out/checkpoints`` and ``resume=True`` continues from th
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,10 +27,18 @@ from torch import nn
 
 from ..heads.medusa import MedusaHeads
 from .data import DistillationData, _write_json, load_distillation_data
+from .run import (
+    REPORT_NAME,
+    TrainingRun,
+    head_positions,
+    held_out_split,
+    latest_checkpoint,
+    lr_lambda,
+    split_sequences,
+    step_counts,
+)
 
 IGNORE = -100
-CHECKPOINT_DIR = "checkpoints"
-REPORT_NAME = "training_report.json"
 
 
 @dataclass
@@ -91,25 +95,6 @@ class MedusaTrainingConfig:
 
 
 # ---------------------------------------------------------------------------------------------------- positions
-def split_sequences(data: DistillationData, eval_fraction: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(train, eval)`` sequence indices: a seeded random ``eval_fraction`` of the sequences (at least one, when
-    there are two or more) is held out."""
-    n = data.seq_bounds.shape[0]
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    n_eval = min(n - 1, max(1, round(n * eval_fraction))) if n > 1 and eval_fraction > 0 else 0
-    return order[n_eval:].sort().values, order[:n_eval].sort().values
-
-
-def head_positions(data: DistillationData, seq_ids: torch.Tensor) -> torch.Tensor:
-    """`[P]` int64: every position t of the given sequences whose head-0 target (token t + 2) is an answer token."""
-    bounds = data.seq_bounds[seq_ids]  # [S, 3] start, answer start, end
-    lo = torch.maximum(bounds[:, 0], bounds[:, 1] - 2)
-    counts = (bounds[:, 2] - 2 - lo).clamp(min=0)
-    offsets = counts.cumsum(0) - counts
-    total = int(counts.sum())
-    return lo.repeat_interleave(counts) + torch.arange(total) - offsets.repeat_interleave(counts)
-
-
 def medusa_labels(data: DistillationData, positions: torch.Tensor, num_heads: int) -> torch.Tensor:
     """`[n, P]` int64: token t + k + 2 for head k at position t, ``IGNORE`` where it is past the sequence's end or in
     its prompt."""
@@ -258,55 +243,42 @@ def evaluate_medusa(
     }
 
 
-# ---------------------------------------------------------------------------------------------------- checkpoints
-def _checkpoints(out_dir: Path) -> list[Path]:
-    folder = out_dir / CHECKPOINT_DIR
-    found = [(int(p.stem.split("-")[1]), p) for p in folder.glob("step-*.pt") if p.stem.split("-")[1].isdigit()]
-    return [p for _, p in sorted(found)]
-
-
-def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
-    """The newest ``checkpoints/step-N.pt`` under ``out_dir``, or None."""
-    found = _checkpoints(Path(out_dir))
-    return found[-1] if found else None
-
-
-def _save_checkpoint(out_dir: Path, state: dict, keep: int) -> Path:
-    folder = out_dir / CHECKPOINT_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"step-{state['step']:07d}.pt"
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-    for old in _checkpoints(out_dir)[:-keep] if keep > 0 else []:
-        old.unlink(missing_ok=True)
-    return path
-
-
 # ---------------------------------------------------------------------------------------------------- training
-def _lr_lambda(warmup: int, total: int):
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    return f
-
-
-def _data_description(manifest: dict) -> str:
-    parts = manifest.get("parts") or [manifest]
-    described = []
-    for part in parts:
-        recipe = part.get("prompt_recipe") or {}
-        gen = part.get("generation") or {}
-        how = "sampled" if gen.get("do_sample") else "greedy"
-        described.append(
-            f"{part.get('num_sequences', len(part['shards']))} {how} answers (max {gen.get('max_new_tokens')} new "
-            f"tokens, {part.get('num_answer_tokens', '?')} answer tokens) to {recipe.get('num_prompts')} prompts "
-            f"({recipe.get('kind', 'templates x topics')}, seed {recipe.get('seed')})"
+def _frozen_lm_head(lm_head: nn.Module, data: DistillationData, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The frozen base lm_head's weight `[V, H]` and bias `[V]` (or None) in fp32, checked against the data."""
+    weight = lm_head.weight.detach().to(device=device, dtype=torch.float32)  # [V, H]
+    bias = getattr(lm_head, "bias", None)
+    bias = None if bias is None else bias.detach().to(device=device, dtype=torch.float32)
+    vocab_size, hidden_size = weight.shape
+    manifest = data.manifest
+    if hidden_size != data.hidden.shape[1] or vocab_size != manifest["vocab_size"]:
+        raise ValueError(
+            f"the lm_head [{vocab_size}, {hidden_size}] does not fit the data (hidden size {data.hidden.shape[1]}, "
+            f"vocabulary {manifest['vocab_size']}, from {manifest.get('base_model')}); pass the lm_head of the model "
+            "that produced the data"
         )
-    return f"self-distillation of {manifest.get('base_model')}: " + "; ".join(described) + "; no benchmark questions"
+    return weight, bias
+
+
+def _fresh_heads(cfg: MedusaTrainingConfig, lm_weight: torch.Tensor, vocab: torch.Tensor | None, base: str | None):
+    """Heads for ``cfg`` over the lm_head `[V, H]`, drafting over ``vocab`` `[V']` when ``cfg.draft_vocab``."""
+    vocab_size, hidden_size = lm_weight.shape
+    torch.manual_seed(cfg.seed)
+    heads = MedusaHeads(
+        hidden_size=hidden_size,
+        num_heads=cfg.num_heads,
+        num_layers=cfg.num_layers,
+        vocab_size=vocab_size,
+        share_lm_head=cfg.share_lm_head,
+        draft_vocab_size=int(vocab.numel()) if cfg.draft_vocab and vocab is not None else None,
+        base_model_name_or_path=base,
+    )
+    if heads.token_map is not None:
+        heads.token_map.copy_(vocab.cpu())
+    if not cfg.share_lm_head:
+        with torch.no_grad():
+            heads.lm_head_weight.copy_(lm_weight.cpu().unsqueeze(0).expand_as(heads.lm_head_weight))
+    return heads
 
 
 def train_medusa(
@@ -336,173 +308,60 @@ def train_medusa(
         ``(heads, report)``: the trained heads (CPU, eval mode, not bound) and the training report dict.
     """
     from accelerate import Accelerator
-    from tqdm.auto import tqdm
 
     cfg = config or MedusaTrainingConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if not isinstance(data, DistillationData):
-        data = load_distillation_data(data)
-    manifest = data.manifest
+    data = data if isinstance(data, DistillationData) else load_distillation_data(data)
     accelerator = Accelerator(cpu=bool(cpu), mixed_precision=cfg.mixed_precision)
     device = accelerator.device
-
-    lm_weight = lm_head.weight.detach().to(device=device, dtype=torch.float32)  # [V, H] frozen
-    bias = getattr(lm_head, "bias", None)
-    lm_bias = None if bias is None else bias.detach().to(device=device, dtype=torch.float32)
-    vocab_size, hidden_size = lm_weight.shape
-    if hidden_size != data.hidden.shape[1] or vocab_size != manifest["vocab_size"]:
-        raise ValueError(
-            f"the lm_head [{vocab_size}, {hidden_size}] does not fit the data (hidden size {data.hidden.shape[1]}, "
-            f"vocabulary {manifest['vocab_size']}, from {manifest.get('base_model')}); pass the lm_head of the model "
-            "that produced the data"
-        )
-
-    train_seqs, eval_seqs = split_sequences(data, cfg.eval_fraction, cfg.seed)
-    train_pos = head_positions(data, train_seqs)
-    if train_pos.numel() == 0:
-        raise ValueError("the data holds no answer tokens to train on (every answer is shorter than 2 tokens)")
-    eval_pos = head_positions(data, eval_seqs)
-    if eval_pos.numel() > cfg.eval_positions:
-        pick = torch.randperm(eval_pos.numel(), generator=torch.Generator().manual_seed(cfg.seed + 1))
-        eval_pos = eval_pos[pick[: cfg.eval_positions]].sort().values
+    lm_weight, lm_bias = _frozen_lm_head(lm_head, data, device)
+    split = held_out_split(data, cfg.eval_fraction, cfg.eval_positions, cfg.seed)
     vocab, coverage = None, 1.0
-    if cfg.loss_vocab is not None and cfg.loss_vocab < vocab_size:
-        vocab, coverage = loss_vocabulary(data, train_pos, cfg.loss_vocab)
+    if cfg.loss_vocab is not None and cfg.loss_vocab < lm_weight.shape[0]:
+        vocab, coverage = loss_vocabulary(data, split.train_pos, cfg.loss_vocab)
         vocab = vocab.to(device)
-
-    torch.manual_seed(cfg.seed)
-    heads = MedusaHeads(
-        hidden_size=hidden_size,
-        num_heads=cfg.num_heads,
-        num_layers=cfg.num_layers,
-        vocab_size=vocab_size,
-        share_lm_head=cfg.share_lm_head,
-        draft_vocab_size=int(vocab.numel()) if cfg.draft_vocab and vocab is not None else None,
-        base_model_name_or_path=base_model_name_or_path or manifest.get("base_model"),
-    )
-    if heads.token_map is not None:
-        heads.token_map.copy_(vocab.cpu())
-    if not cfg.share_lm_head:
-        with torch.no_grad():
-            heads.lm_head_weight.copy_(lm_weight.cpu().unsqueeze(0).expand_as(heads.lm_head_weight))
-    steps_per_epoch = math.ceil(train_pos.numel() / cfg.positions_per_step)
-    total_steps = max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    if cfg.max_steps is not None:
-        total_steps = min(total_steps, cfg.max_steps)
+    heads = _fresh_heads(cfg, lm_weight, vocab, base_model_name_or_path or data.manifest.get("base_model"))
+    _, total = step_counts(split.train_pos.numel(), cfg.positions_per_step, cfg.epochs, cfg.max_steps)
     optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg.warmup_steps, total_steps))
-
-    step, elapsed, history = 0, 0.0, []
-    ckpt = latest_checkpoint(out)
-    if ckpt is not None and not resume:
-        raise FileExistsError(
-            f"{out} already holds training checkpoints ({ckpt.name}); pass resume=True (CLI: --resume) to continue, "
-            "or use another output folder"
-        )
-    if ckpt is not None:
-        state = torch.load(ckpt, map_location="cpu", weights_only=True)
-        saved = state["config"]
-        for key in ("num_heads", "num_layers", "share_lm_head", "positions_per_step", "seed"):
-            if saved.get(key) != getattr(cfg, key):
-                raise ValueError(
-                    f"cannot resume from {ckpt}: it was trained with {key}={saved.get(key)!r}, now {key}="
-                    f"{getattr(cfg, key)!r}; use the same settings or another output folder"
-                )
-        heads.load_state_dict(state["heads"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step, elapsed, history = int(state["step"]), float(state["elapsed"]), json.loads(state["history"])
-
-    heads, optimizer = accelerator.prepare(heads, optimizer)
-    model = accelerator.unwrap_model(heads)
-    heads.train()
-
-    def evaluate() -> dict:
-        return evaluate_medusa(model, data, eval_pos, lm_weight, lm_bias, cfg.decay)
-
-    before = None
-    if step == 0 and eval_pos.numel():
-        before = evaluate()
-        history.append({"step": 0, **before})
-
-    def checkpoint() -> None:
-        state = {
-            "heads": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "step": step,
-            "elapsed": elapsed,
-            "config": dataclasses.asdict(cfg),
-            "history": json.dumps(history),
-        }
-        if accelerator.is_main_process:
-            _save_checkpoint(out, state, cfg.keep_checkpoints)
-
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps, total))
+    run = TrainingRun(out, cfg, heads, "heads", optimizer, scheduler)
+    run.resume(resume, same=("num_heads", "num_layers", "share_lm_head", "positions_per_step", "seed"))
+    prepared, run.optimizer = accelerator.prepare(heads, optimizer)
+    run.module, run.backward, run.clip = (
+        accelerator.unwrap_model(prepared),
+        accelerator.backward,
+        accelerator.clip_grad_norm_,
+    )
+    run.save = accelerator.is_main_process
+    prepared.train()
     soft = cfg.distill == "soft"
-    bar = tqdm(total=total_steps, initial=step, desc="medusa heads", unit="step", disable=not progress)
-    t_start = time.perf_counter() - elapsed
-    epoch_order, epoch_of_order = None, -1
-    train_losses: list[float] = []  # this run's per-step training losses
-    while step < total_steps:
-        epoch, index = divmod(step, steps_per_epoch)
-        if epoch != epoch_of_order:  # the same order after a resume: seeded by (seed, epoch)
-            gen = torch.Generator().manual_seed(cfg.seed * 7919 + epoch)
-            epoch_order, epoch_of_order = train_pos[torch.randperm(train_pos.numel(), generator=gen)], epoch
-        pos = epoch_order[index * cfg.positions_per_step : (index + 1) * cfg.positions_per_step]
+
+    def loss_of(pos: torch.Tensor) -> torch.Tensor:
         hidden, labels, teacher = _batch(data, pos, cfg.num_heads, soft, device, torch.float32)
         with accelerator.autocast():
-            loss, per_head, _, _ = medusa_loss(model, hidden, labels, lm_weight, lm_bias, cfg.decay, vocab, teacher)
-        accelerator.backward(loss)
-        if cfg.max_grad_norm:
-            accelerator.clip_grad_norm_(heads.parameters(), cfg.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        train_losses.append(loss.item())
-        elapsed = time.perf_counter() - t_start
-        bar.update(1)
-        bar.set_postfix(loss=f"{train_losses[-1]:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
-        if cfg.eval_every and step % cfg.eval_every == 0 and step < total_steps and eval_pos.numel():
-            history.append({"step": step, **evaluate()})
-            bar.write(f"step {step}: held-out top-1 per head {history[-1]['top1_per_head']}")
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-            checkpoint()
-    bar.close()
-    elapsed = time.perf_counter() - t_start
-    after = evaluate() if eval_pos.numel() else None
-    if after is not None:
-        history.append({"step": step, **after})
-    checkpoint()
+            return medusa_loss(run.module, hidden, labels, lm_weight, lm_bias, cfg.decay, vocab, teacher)[0]
 
-    heads = model.to("cpu").eval()
-    report = {
-        "base_model": heads.base_model_name_or_path,
-        "training_data": _data_description(manifest),
-        "data_dir": str(data.folder) if data.folder is not None else None,
-        "prompt_recipe_seed": (manifest.get("prompt_recipe") or {}).get("seed"),
-        "num_prompts": manifest.get("num_prompts"),
-        "num_sequences": int(data.seq_bounds.shape[0]),
-        "num_tokens": int(data.input_ids.numel()),
-        "train_sequences": int(train_seqs.numel()),
-        "eval_sequences": int(eval_seqs.numel()),
-        "train_positions": int(train_pos.numel()),
-        "eval_positions": int(eval_pos.numel()),
-        "generation": manifest.get("generation"),
-        "steps": step,
-        "training_time_s": round(elapsed, 1),
-        "device": str(device),
-        "config": dataclasses.asdict(cfg),
-        "loss_vocab_coverage": round(coverage, 4) if vocab is not None else None,
-        "train_loss_first_steps": round(sum(train_losses[:10]) / max(1, len(train_losses[:10])), 4),
-        "train_loss_last_steps": round(sum(train_losses[-10:]) / max(1, len(train_losses[-10:])), 4),
-        "held_out_before": before,
-        "held_out": after,
-        "history": history,
-    }
-    top1 = after["top1_per_head"] if after else None
-    heads.model_card = {
+    def evaluate() -> dict:
+        return evaluate_medusa(run.module, data, split.eval_pos, lm_weight, lm_bias, cfg.decay)
+
+    held = evaluate if split.eval_pos.numel() else None
+    before, after = run.train(split.train_pos, total, loss_of, held, desc="medusa heads", metric="top1_per_head")
+    heads = run.module.to("cpu").eval()
+    report = {"base_model": heads.base_model_name_or_path, **run.report(data, split, before, after)}
+    report["device"] = str(device)
+    report["loss_vocab_coverage"] = round(coverage, 4) if vocab is not None else None
+    heads.model_card = _model_card(report, data.manifest, cfg)
+    if accelerator.is_main_process:
+        heads.save_pretrained(out)
+        _write_json(out / REPORT_NAME, report)
+    return heads, report
+
+
+def _model_card(report: dict, manifest: dict, cfg: MedusaTrainingConfig) -> dict:
+    """The model-card facts of trained heads, from their training report."""
+    top1 = report["held_out"]["top1_per_head"] if report["held_out"] else None
+    return {
         "training_data": report["training_data"],
         "base_model": report["base_model"],
         "data_size": {
@@ -511,7 +370,7 @@ def train_medusa(
             "answer_tokens": manifest.get("num_answer_tokens"),
         },
         "training": {
-            "steps": step,
+            "steps": report["steps"],
             "time_s": report["training_time_s"],
             "device": report["device"],
             "positions_per_step": cfg.positions_per_step,
@@ -526,10 +385,6 @@ def train_medusa(
             f"Held-out top-1 accuracy per head (head k guesses token t + k + 2): {top1}." if top1 is not None else None
         ),
     }
-    if accelerator.is_main_process:
-        heads.save_pretrained(out)
-        _write_json(out / REPORT_NAME, report)
-    return heads, report
 
 
 __all__ = [

@@ -38,16 +38,13 @@ from ..heads.mlp_speculator import MLPSpeculator
 from .data import DistillationData, _write_json, load_distillation_data
 from .medusa import (
     IGNORE,
-    REPORT_NAME,
-    _data_description,
-    _lr_lambda,
-    _save_checkpoint,
-    head_positions,
-    latest_checkpoint,
     loss_vocabulary,
     medusa_labels,
-    split_sequences,
 )
+from .run import REPORT_NAME, head_positions, latest_checkpoint, split_sequences
+from .run import data_description as _data_description
+from .run import lr_lambda as _lr_lambda
+from .run import save_checkpoint as _save_checkpoint
 from .step_cost import step_cost_curve
 
 # level widths tried by `tune_speculator_tree` (each also cut at every depth by AdaptiveDepth at run time)
@@ -468,8 +465,84 @@ def _report(spec, data, split: _Split, cfg, step, elapsed, losses, before, after
     return report
 
 
+# ---------------------------------------------------------------------------------------------------- command line
+# `hf-specdec train mlp-speculator`: the defaults are the recipe of the speculator shipped in the package
+RECIPE = dict(num_prompts=576, num_context_prompts=0, prompt_seed=1, max_new_tokens=128, gen_batch_size=16)
+
+
+def add_arguments(parser) -> None:
+    """The ``hf-specdec train mlp-speculator`` options."""
+    d = MLPSpeculatorTrainingConfig()
+    parser.add_argument("--out", required=True, help="output folder: speculator, training_report.json, checkpoints/")
+    parser.add_argument("--data-dir", default=None, help="self-distillation data folder to build / reuse (OUT/data)")
+    parser.add_argument("--data", nargs="+", default=None, help="existing data folder(s) to train on as they are")
+    parser.add_argument("--num-prompts", type=int, default=RECIPE["num_prompts"], help="generated prompts")
+    parser.add_argument("--num-context-prompts", type=int, default=RECIPE["num_context_prompts"],
+                        help="stage-2 prompts: tasks over the model's own answers (0: none)")  # fmt: skip
+    parser.add_argument("--prompt-seed", type=int, default=RECIPE["prompt_seed"], help="seed of the prompt set")
+    parser.add_argument("--max-new-tokens", type=int, default=RECIPE["max_new_tokens"], help="answer length cap")
+    parser.add_argument("--gen-batch-size", type=int, default=RECIPE["gen_batch_size"], help="prompts per generate")
+    parser.add_argument("--inner-dim", type=int, default=d.inner_dim, help=f"stage state size (default {d.inner_dim})")
+    parser.add_argument("--n-predict", type=int, default=d.n_predict, help=f"stages (default {d.n_predict})")
+    parser.add_argument("--no-tie-weights", action="store_true", help="one emb / head / norm per stage")
+    parser.add_argument("--draft-vocab", type=int, default=d.draft_vocab, help="draft vocabulary size (0: full)")
+    parser.add_argument("--epochs", type=float, default=d.epochs, help=f"passes over the data (default {d.epochs})")
+    parser.add_argument("--max-steps", type=int, default=None, help="cap on optimizer steps")
+    parser.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate (default {d.lr})")
+    parser.add_argument("--positions-per-step", type=int, default=d.positions_per_step, help="positions per step")
+    parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="steps between checkpoints")
+    parser.add_argument("--eval-every", type=int, default=0, help="steps between held-out evaluations (0: at the end)")
+    parser.add_argument("--no-tune-tree", action="store_true", help="skip choosing the tree widths on this machine")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def main(args) -> int:
+    """``hf-specdec train mlp-speculator``: self-distillation data from the default model (or ``--data``), then the
+    speculator, then its tree widths from held-out acceptance and this machine's step cost."""
+    import sys
+
+    from ..models import DEFAULT_MODEL_NAME, load_default_model
+    from .data import build_default_data
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    model, tokenizer = load_default_model()
+    if args.data:
+        folders = [Path(f) for f in args.data]
+    else:
+        folders = build_default_data(model, tokenizer, Path(args.data_dir) if args.data_dir else out / "data",
+                                     num_prompts=args.num_prompts, num_context_prompts=args.num_context_prompts,
+                                     seed=args.prompt_seed, max_new_tokens=args.max_new_tokens,
+                                     batch_size=args.gen_batch_size, base_model_name=DEFAULT_MODEL_NAME)  # fmt: skip
+    data = load_distillation_data(folders)
+    n = args.n_predict
+    config = MLPSpeculatorTrainingConfig(
+        inner_dim=args.inner_dim, n_predict=n, tie_weights=not args.no_tie_weights,
+        top_k_tokens_per_head=(4, 3, 2, 2, 2, 2, 2, 2)[:n] if n <= 8 else (2,) * n, draft_vocab=args.draft_vocab or None,
+        epochs=args.epochs, max_steps=args.max_steps, lr=args.lr, positions_per_step=args.positions_per_step,
+        checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
+    )  # fmt: skip
+    spec, report = train_mlp_speculator(
+        data, out, config, resume=args.resume, base_model_name_or_path=DEFAULT_MODEL_NAME
+    )
+    if not args.no_tune_tree:
+        eval_pos = _split(data, config).eval_pos
+        report["tree_tuning"] = tune_speculator_tree(spec, data, eval_pos, model)
+        spec.save_pretrained(out)
+        _write_json(out / REPORT_NAME, report)
+    top1 = (report["held_out"] or {}).get("top1_per_stage")
+    print(f"[{report['steps']} steps in {report['training_time_s']:.0f} s; held-out top-1 per stage {top1}; tree "
+          f"{spec.tree.get('widths')}; saved to {out}]", file=sys.stderr)  # fmt: skip
+    return 0
+
+
 __all__ = [
     "DEFAULT_WIDTH_CANDIDATES",
+    "RECIPE",
+    "add_arguments",
+    "main",
     "MLPSpeculatorTrainingConfig",
     "evaluate_mlp_speculator",
     "speculator_loss",

@@ -1,0 +1,294 @@
+"""What training any head on self-distillation data shares: the held-out split, the schedule, checkpoints and resume,
+and the step loop (`TrainingRun`). A trainer brings its module, its loss over a batch of positions and its held-out
+evaluation; `hf_specdec.training.medusa` is one.
+
+    run = TrainingRun(out, cfg, heads, "heads", optimizer, lr_schedule(optimizer, cfg.warmup_steps, total))
+    run.resume(resume, same=("num_heads", "seed"))
+    before, after = run.train(split.train_pos, total, loss_of, evaluate, desc="medusa heads", metric="top1_per_head")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .data import DistillationData
+
+CHECKPOINT_DIR = "checkpoints"
+REPORT_NAME = "training_report.json"
+
+
+# ---------------------------------------------------------------------------------------------------- positions
+def split_sequences(data: DistillationData, eval_fraction: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(train, eval)`` sequence indices: a seeded random ``eval_fraction`` of the sequences (at least one, when
+    there are two or more) is held out."""
+    n = data.seq_bounds.shape[0]
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_eval = min(n - 1, max(1, round(n * eval_fraction))) if n > 1 and eval_fraction > 0 else 0
+    return order[n_eval:].sort().values, order[:n_eval].sort().values
+
+
+def head_positions(data: DistillationData, seq_ids: torch.Tensor) -> torch.Tensor:
+    """`[P]` int64: every position t of the given sequences whose first guess (token t + 2) is an answer token."""
+    bounds = data.seq_bounds[seq_ids]  # [S, 3] start, answer start, end
+    lo = torch.maximum(bounds[:, 0], bounds[:, 1] - 2)
+    counts = (bounds[:, 2] - 2 - lo).clamp(min=0)
+    offsets = counts.cumsum(0) - counts
+    total = int(counts.sum())
+    return lo.repeat_interleave(counts) + torch.arange(total) - offsets.repeat_interleave(counts)
+
+
+@dataclass
+class HeldOutSplit:
+    """Training and held-out sequences, and the positions trained on / scored."""
+
+    train_seqs: torch.Tensor  # [S_train] sequence indices
+    eval_seqs: torch.Tensor  # [S_eval]
+    train_pos: torch.Tensor  # [P_train] positions t (token t + 2 is an answer token)
+    eval_pos: torch.Tensor  # [P_eval] at most ``eval_positions`` of the held-out ones
+
+
+def held_out_split(data: DistillationData, eval_fraction: float, eval_positions: int, seed: int) -> HeldOutSplit:
+    """`split_sequences`, then their `head_positions` (a seeded sample of at most ``eval_positions`` held out)."""
+    train_seqs, eval_seqs = split_sequences(data, eval_fraction, seed)
+    train_pos = head_positions(data, train_seqs)
+    if train_pos.numel() == 0:
+        raise ValueError("the data holds no answer tokens to train on (every answer is shorter than 2 tokens)")
+    eval_pos = head_positions(data, eval_seqs)
+    if eval_pos.numel() > eval_positions:
+        pick = torch.randperm(eval_pos.numel(), generator=torch.Generator().manual_seed(seed + 1))
+        eval_pos = eval_pos[pick[:eval_positions]].sort().values
+    return HeldOutSplit(train_seqs, eval_seqs, train_pos, eval_pos)
+
+
+# ---------------------------------------------------------------------------------------------------- schedule
+def lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 10% at ``total``."""
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+def step_counts(num_positions: int, positions_per_step: int, epochs: float, max_steps: int | None) -> tuple[int, int]:
+    """``(steps per epoch, total steps)``."""
+    per_epoch = math.ceil(num_positions / positions_per_step)
+    total = max(1, math.ceil(epochs * per_epoch))
+    return per_epoch, min(total, max_steps) if max_steps is not None else total
+
+
+# ---------------------------------------------------------------------------------------------------- checkpoints
+def _checkpoints(out_dir: Path) -> list[Path]:
+    folder = out_dir / CHECKPOINT_DIR
+    found = [(int(p.stem.split("-")[1]), p) for p in folder.glob("step-*.pt") if p.stem.split("-")[1].isdigit()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
+    """The newest ``checkpoints/step-N.pt`` under ``out_dir``, or None."""
+    found = _checkpoints(Path(out_dir))
+    return found[-1] if found else None
+
+
+def save_checkpoint(out_dir: Path, state: dict, keep: int) -> Path:
+    """Write ``state`` as ``checkpoints/step-N.pt`` (atomically) and keep only the newest ``keep``."""
+    folder = out_dir / CHECKPOINT_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"step-{state['step']:07d}.pt"
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    for old in _checkpoints(out_dir)[:-keep] if keep > 0 else []:
+        old.unlink(missing_ok=True)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------- the run
+@dataclass
+class TrainingRun:
+    """One training run's state: what is trained, its optimizer and schedule, where it checkpoints, and progress.
+
+    Attributes:
+        out: output folder (``checkpoints/`` inside).
+        config: the trainer's config dataclass; it has ``positions_per_step``, ``seed``, ``eval_every``,
+            ``checkpoint_every``, ``keep_checkpoints`` and ``max_grad_norm``.
+        module: what is trained (unwrapped); its state goes into checkpoints under ``module_key``.
+        module_key: the checkpoint key of ``module``'s state (``"heads"``, ``"speculator"``, ...).
+        optimizer / scheduler: as built by the trainer.
+        backward / clip: how to backpropagate and clip gradients (accelerate's, or plain torch by default).
+        save: whether this process writes checkpoints (accelerate's main process).
+        step / elapsed / history / losses: progress (restored by `resume`).
+    """
+
+    out: Path
+    config: object
+    module: nn.Module
+    module_key: str
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    backward: Callable[[torch.Tensor], None] = torch.Tensor.backward
+    clip: Callable[..., object] = torch.nn.utils.clip_grad_norm_
+    save: bool = True
+    step: int = 0
+    elapsed: float = 0.0
+    history: list[dict] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # this process's per-step training losses
+
+    def resume(self, resume: bool, same: Sequence[str]) -> None:
+        """Continue from the latest checkpoint in ``out`` (refused unless ``resume``, and unless the config fields
+        ``same`` match); no checkpoint: a fresh start."""
+        ckpt = latest_checkpoint(self.out)
+        if ckpt is None:
+            return
+        if not resume:
+            raise FileExistsError(
+                f"{self.out} already holds training checkpoints ({ckpt.name}); pass resume=True (CLI: --resume) to "
+                "continue, or use another output folder"
+            )
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)
+        saved, now = state["config"], dataclasses.asdict(self.config)
+        for key in same:
+            if saved.get(key) != now[key]:
+                raise ValueError(
+                    f"cannot resume from {ckpt}: it was trained with {key}={saved.get(key)!r}, now {key}="
+                    f"{now[key]!r}; use the same settings or another output folder"
+                )
+        self.module.load_state_dict(state[self.module_key])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step, self.elapsed, self.history = (
+            int(state["step"]),
+            float(state["elapsed"]),
+            json.loads(state["history"]),
+        )
+
+    def checkpoint(self) -> None:
+        state = {
+            self.module_key: {k: v.detach().cpu() for k, v in self.module.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "elapsed": self.elapsed,
+            "config": dataclasses.asdict(self.config),
+            "history": json.dumps(self.history),
+        }
+        if self.save:
+            save_checkpoint(self.out, state, self.config.keep_checkpoints)
+
+    def _one_step(self, loss_of: Callable[[torch.Tensor], torch.Tensor], positions: torch.Tensor) -> None:
+        loss = loss_of(positions)
+        self.backward(loss)
+        if self.config.max_grad_norm:
+            self.clip(self.module.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.losses.append(loss.item())
+
+    def train(
+        self,
+        train_pos: torch.Tensor,
+        total: int,
+        loss_of: Callable[[torch.Tensor], torch.Tensor],
+        evaluate: Callable[[], dict] | None,
+        *,
+        desc: str,
+        metric: str,
+        progress: bool = True,
+    ) -> tuple[dict | None, dict | None]:
+        """Run from ``step`` to ``total`` steps over shuffled ``train_pos`` `[P]` (``positions_per_step`` a step, a
+        seeded order per epoch, so a resumed run sees the same batches), evaluating every ``eval_every`` steps and
+        checkpointing every ``checkpoint_every`` and at the end.
+
+        Args:
+            loss_of: the scalar training loss of a batch of positions `[p]`.
+            evaluate: held-out metrics (None: no held-out data); ``metric`` names the one shown while training.
+        Returns:
+            ``(before, after)``: held-out metrics before the first step (None on resume) and after the last.
+        """
+        from tqdm.auto import tqdm
+
+        cfg = self.config
+        before = None
+        if self.step == 0 and evaluate is not None:
+            before = evaluate()
+            self.history.append({"step": 0, **before})
+        per_epoch = math.ceil(train_pos.numel() / cfg.positions_per_step)
+        bar = tqdm(total=total, initial=self.step, desc=desc, unit="step", disable=not progress)
+        t_start, order, order_epoch = time.perf_counter() - self.elapsed, None, -1
+        while self.step < total:
+            epoch, index = divmod(self.step, per_epoch)
+            if epoch != order_epoch:  # the same order after a resume: seeded by (seed, epoch)
+                gen = torch.Generator().manual_seed(cfg.seed * 7919 + epoch)
+                order, order_epoch = train_pos[torch.randperm(train_pos.numel(), generator=gen)], epoch
+            self._one_step(loss_of, order[index * cfg.positions_per_step : (index + 1) * cfg.positions_per_step])
+            self.elapsed = time.perf_counter() - t_start
+            bar.update(1)
+            bar.set_postfix(loss=f"{self.losses[-1]:.3f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}")
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < total and evaluate is not None:
+                self.history.append({"step": self.step, **evaluate()})
+                bar.write(f"step {self.step}: held-out {metric} {self.history[-1][metric]}")
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                self.checkpoint()
+        bar.close()
+        self.elapsed = time.perf_counter() - t_start
+        after = evaluate() if evaluate is not None else None
+        if after is not None:
+            self.history.append({"step": self.step, **after})
+        self.checkpoint()
+        return before, after
+
+    def report(self, data: DistillationData, split: HeldOutSplit, before: dict | None, after: dict | None) -> dict:
+        """The report fields every trainer writes (``training_report.json``); trainers add their own."""
+        manifest, losses = data.manifest, self.losses
+        return {
+            "training_data": data_description(manifest),
+            "data_dir": str(data.folder) if data.folder is not None else None,
+            "prompt_recipe_seed": (manifest.get("prompt_recipe") or {}).get("seed"),
+            "num_prompts": manifest.get("num_prompts"),
+            "num_sequences": int(data.seq_bounds.shape[0]),
+            "num_tokens": int(data.input_ids.numel()),
+            "train_sequences": int(split.train_seqs.numel()),
+            "eval_sequences": int(split.eval_seqs.numel()),
+            "train_positions": int(split.train_pos.numel()),
+            "eval_positions": int(split.eval_pos.numel()),
+            "generation": manifest.get("generation"),
+            "steps": self.step,
+            "training_time_s": round(self.elapsed, 1),
+            "config": dataclasses.asdict(self.config),
+            "train_loss_first_steps": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
+            "train_loss_last_steps": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4),
+            "held_out_before": before,
+            "held_out": after,
+            "history": self.history,
+        }
+
+
+def data_description(manifest: dict) -> str:
+    """One line on the self-distillation data of ``manifest`` (for reports and model cards)."""
+    parts = manifest.get("parts") or [manifest]
+    described = []
+    for part in parts:
+        recipe = part.get("prompt_recipe") or {}
+        gen = part.get("generation") or {}
+        how = "sampled" if gen.get("do_sample") else "greedy"
+        described.append(
+            f"{part.get('num_sequences', len(part['shards']))} {how} answers (max {gen.get('max_new_tokens')} new "
+            f"tokens, {part.get('num_answer_tokens', '?')} answer tokens) to {recipe.get('num_prompts')} prompts "
+            f"({recipe.get('kind', 'templates x topics')}, seed {recipe.get('seed')})"
+        )
+    return f"self-distillation of {manifest.get('base_model')}: " + "; ".join(described) + "; no benchmark questions"
