@@ -2,7 +2,7 @@
 Speculators", arXiv:2404.19124): a chain of small MLP stages on the target's final hidden state, stage i guessing the
 token i + 1 positions after the root from the previous stage's state and the token chosen before it.
 
-Stage i (FORMATS.md, "IBM MLP speculator"), with ``state_0`` the target's final normed hidden state at the last
+Stage i (docs/formats.md, "IBM MLP speculator"), with ``state_0`` the target's final normed hidden state at the last
 committed token (RMS-normalised without parameters and divided by sqrt(2) when ``scale_input``)::
 
     z       = emb[i](token_i)                      # token_0 = the root, token_i = the token chosen at stage i - 1
@@ -34,18 +34,16 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from huggingface_hub import ModelCard, ModelHubMixin
 from torch import nn
 
 from .hub import (
-    CARD_NAME,
     CONFIG_NAME,
     WEIGHTS_NAME,
     HeadSource,
+    PretrainedHead,
     _library_version,
     base_model_dims,
     check_base_model,
@@ -53,9 +51,6 @@ from .hub import (
     check_shapes,
     read_sharded_tensors,
     read_tensors,
-    render_model_card,
-    save_tensors,
-    write_config,
 )
 
 OWNER = "MLPSpeculator"
@@ -81,7 +76,7 @@ class StageNorm(nn.Module):
 
 class MLPSpeculator(
     nn.Module,
-    ModelHubMixin,
+    PretrainedHead,
     library_name="hf-specdec",
     tags=["speculative-decoding", "mlp-speculator"],
     paper_url="https://arxiv.org/abs/2404.19124",
@@ -105,6 +100,8 @@ class MLPSpeculator(
         model_card: facts for the generated model card (``training_data``, ``tau``, ``speedup``, ``measured_on``,
             ``notes``); saved in config.json.
     """
+
+    head_type = HEAD_TYPE
 
     def __init__(
         self,
@@ -235,27 +232,19 @@ class MLPSpeculator(
         Returns:
             `MLPSpeculator` in eval mode.
         """
-        source = HeadSource(
-            pretrained_model_name_or_path,
+        hub_options = dict(
             revision=revision,
             token=token,
             cache_dir=cache_dir,
             local_files_only=local_files_only,
             force_download=force_download,
         )
-        kwargs, tensors, source_format = read_mlp_speculator_checkpoint(source)
-        with torch.device("meta"):
-            spec = cls(**kwargs)
-        spec.load_state_dict(tensors, strict=True, assign=True)
-        spec.source, spec.source_format = str(source), source_format
-        if dtype is not None:
-            spec.to(dtype=dtype)
-        if device is not None:
-            spec.to(device=device)
-        spec.eval()
-        if base_model is not None:
-            spec.check_compatible(base_model)
-        return spec
+        return cls._load(pretrained_model_name_or_path, hub_options, base_model, dtype=dtype, device=device)
+
+    @classmethod
+    def _read_checkpoint(cls, source: HeadSource) -> tuple[dict, dict, str]:
+        """``(init kwargs, tensors in our layout, source format)`` of the speculator in ``source`` (any layout)."""
+        return read_mlp_speculator_checkpoint(source)
 
     def check_compatible(self, model: nn.Module) -> None:
         """Refuse a base model whose hidden size or vocabulary differ from this speculator's (naming both)."""
@@ -348,6 +337,7 @@ class MLPSpeculator(
         return {
             "head_type": HEAD_TYPE,
             "hf_specdec_version": _library_version(),
+            "hidden_size": self.emb_dim,  # the base model's hidden size (= emb_dim), as every head's config says
             "emb_dim": self.emb_dim,
             "inner_dim": self.inner_dim,
             "vocab_size": self.vocab_size,
@@ -364,14 +354,9 @@ class MLPSpeculator(
             "dtype": str(self.proj[0].weight.dtype).removeprefix("torch."),
         }
 
-    def _save_pretrained(self, save_directory: Path) -> None:
-        save_directory = Path(save_directory)
-        state = self.state_dict()
-        expected = expected_shapes(self.init_kwargs())
-        assert set(state) == set(expected), (sorted(state), sorted(expected))
-        save_tensors(state, save_directory / WEIGHTS_NAME)
-        write_config(self.config_dict(), save_directory / CONFIG_NAME)
-        (save_directory / CARD_NAME).unlink(missing_ok=True)  # ModelHubMixin writes the card only when absent
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of every tensor our format saves (tied copies once)."""
+        return speculator_shapes(self.init_kwargs())
 
     def init_kwargs(self) -> dict:
         """`__init__` arguments that rebuild this module."""
@@ -379,18 +364,7 @@ class MLPSpeculator(
         keys += ("tie_weights", "scale_input", "draft_vocab_size", "base_model_name_or_path", "tree", "model_card")
         return {k: getattr(self, k) for k in keys}
 
-    def push_to_hub(self, repo_id: str, **kwargs) -> str:
-        """Upload ``config.json``, ``model.safetensors`` and the model card to the Hub repo ``repo_id``
-        (`huggingface_hub.ModelHubMixin.push_to_hub`'s options)."""
-        card_kwargs = {"repo_id": repo_id, **(kwargs.pop("model_card_kwargs", None) or {})}
-        return super().push_to_hub(repo_id, model_card_kwargs=card_kwargs, **kwargs)
-
-    def generate_model_card(self, repo_id: str | None = None, **facts) -> ModelCard:
-        """The README.md model card; ``facts`` add to / override ``self.model_card`` (tau, speedup, ...)."""
-        config = {**self.config_dict(), "hidden_size": self.emb_dim}
-        config["model_card"] = {**self.model_card, **facts}
-        base = self.base_model_name_or_path or "<base model id>"
-        where = repo_id or "<this repo id or folder>"
+    def _card_text(self, base: str, where: str) -> tuple[str, str, str, str]:
         vocab = f" over a truncated vocabulary of {self.draft_vocab_size} tokens" if self.draft_vocab_size else ""
         description = (
             f"An MLP speculator ([Wertheimer et al. 2024](https://arxiv.org/abs/2404.19124)) with {self.n_predict} "
@@ -400,25 +374,9 @@ class MLPSpeculator(
             "guesses form a token tree that the base model verifies in one forward pass: greedy output is identical "
             "to the base model's own and sampling stays exact."
         )
-        usage = f"""
-import hf_specdec
-from hf_specdec.heads.mlp_speculator import MLPSpeculator
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-tok = AutoTokenizer.from_pretrained("{base}")
-model = AutoModelForCausalLM.from_pretrained("{base}")
-spec = MLPSpeculator.from_pretrained("{where}", base_model=model, dtype=model.dtype)
-ids = tok("The capital of France is", return_tensors="pt").input_ids
-out = model.generate(ids, max_new_tokens=128, do_sample=False, assistant=spec)
-print(tok.decode(out[0]))
-"""
-        return render_model_card(
-            head_type=HEAD_TYPE,
-            title=f"MLP speculator for {base}",
-            config=config,
-            usage=usage,
-            description=description,
-        )
+        load = f'MLPSpeculator.from_pretrained("{where}", base_model=model, dtype=model.dtype)'
+        imports = "from hf_specdec.heads.mlp_speculator import MLPSpeculator"
+        return f"MLP speculator for {base}", description, imports, load
 
     def extra_repr(self) -> str:
         return (
@@ -429,7 +387,7 @@ print(tok.decode(out[0]))
 
 
 # ------------------------------------------------------------------------------------------------- reading
-def expected_shapes(kwargs: Mapping) -> dict[str, tuple[int, ...]]:
+def speculator_shapes(kwargs: Mapping) -> dict[str, tuple[int, ...]]:
     """Shapes of the stored tensors (tied copies once) for `MLPSpeculator.__init__` arguments ``kwargs``."""
     h, vocab, n = kwargs["emb_dim"], kwargs["vocab_size"], kwargs["n_predict"]
     inner = kwargs["inner_dim"] or h
@@ -557,8 +515,8 @@ def read_mlp_speculator_checkpoint(source: HeadSource) -> tuple[dict, dict[str, 
     kwargs, source_format = _config_kwargs(config, config_path)
     tensors, weights_path = _read_weights(source)
     tensors = _collapse_tied(tensors, kwargs, weights_path)
-    check_shapes(OWNER, tensors, expected_shapes(kwargs), f"{weights_path} (config {config_path})")
+    check_shapes(OWNER, tensors, speculator_shapes(kwargs), f"{weights_path} (config {config_path})")
     return kwargs, tensors, source_format
 
 
-__all__ = ["MLPSpeculator", "StageNorm", "expected_shapes", "read_mlp_speculator_checkpoint"]
+__all__ = ["MLPSpeculator", "StageNorm", "read_mlp_speculator_checkpoint", "speculator_shapes"]

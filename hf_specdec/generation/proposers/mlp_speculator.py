@@ -179,11 +179,12 @@ class MLPSpeculatorAssistant(Proposer):
         widths = self.widths[: max(cuts[i] for i in ready)]
         hidden = torch.stack([self._last_hidden[rows[i].row] for i in ready])  # [B, H]
         roots = torch.tensor([rows[i].root for i in ready], dtype=torch.long)  # [B]
-        tokens, parent, _ = draft_tree_batch(self.speculator, hidden, roots, widths)  # [B, N] each
+        tokens, parent, logp = draft_tree_batch(self.speculator, hidden, roots, widths)  # [B, N] each
         depth = torch.repeat_interleave(torch.arange(1, len(widths) + 1), torch.tensor(widths))  # [N]
         device = rows[ready[0]].tokens.device
         tokens, parent, depth = tokens.to(device), parent.to(device), depth.to(device)
         masks = ancestor_masks(parent, widths)  # [B, N + 1, N + 1]
+        probs = logp.exp()  # [B, N]
         for j, i in enumerate(ready):
             n = self.nodes_at_depth[cuts[i]]
             trees[i] = DraftTree(
@@ -193,6 +194,8 @@ class MLPSpeculatorAssistant(Proposer):
                 DraftSampling.DETERMINISTIC,
                 _ancestors=masks[j, : n + 1, : n + 1],
             )
+            # the draft's path probability per node, for a tree budgeter that ranks nodes across rows and assistants
+            trees[i].scores, trees[i].source = probs[j, :n], "mlp_speculator"
         return trees
 
     def finish(self) -> None:
