@@ -11,8 +11,8 @@ CSS = """
 .hfsd-pane {border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 10px; min-height: 180px;}
 .hfsd-head {font-size: 0.9em; margin-bottom: 6px; opacity: 0.85;}
 .hfsd-text {white-space: pre-wrap; font-family: var(--font-mono); font-size: 0.92em; line-height: 1.5;}
-.hfsd-drafted {background: rgba(34, 197, 94, 0.28); border-radius: 3px;}
-.hfsd-target {background: rgba(59, 130, 246, 0.16); border-radius: 3px;}
+.hfsd-drafted {background: rgba(34, 197, 94, 0.30); border-radius: 3px; box-shadow: inset -1px 0 0 rgba(0,0,0,0.25);}
+.hfsd-target {background: rgba(59, 130, 246, 0.18); border-radius: 3px; box-shadow: inset -1px 0 0 rgba(0,0,0,0.25);}
 .hfsd-legend span {padding: 1px 6px; margin-right: 8px;}
 """
 
@@ -68,7 +68,7 @@ def _pyplot():
     return plt
 
 
-def depth_chart(per_depth: Sequence[float], title: str = "per-depth acceptance"):
+def depth_chart(per_depth: Sequence[float]):
     """A bar chart of the fraction of verification steps that accepted at least d draft tokens, d = 1, 2, ...
 
     Args:
@@ -84,7 +84,8 @@ def depth_chart(per_depth: Sequence[float], title: str = "per-depth acceptance")
     ax.set_ylabel("steps accepting ≥ d")
     ax.set_ylim(0, 1)
     ax.set_xticks(depths or [1])
-    ax.set_title(title if depths else f"{title}: no draft token accepted")
+    if not depths:
+        ax.set_title("no drafted token was accepted")
     fig.tight_layout()
     plt.close(fig)
     return fig
