@@ -1,0 +1,688 @@
+"""EAGLE draft heads (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty",
+arXiv:2401.15077; EAGLE-2, arXiv:2406.16858; EAGLE-3, arXiv:2503.01840): one Llama decoder layer that drafts over the
+target's features, one token at a time, feeding its own output back.
+
+Two layouts, both as published on the Hub (see `read_eagle_checkpoint`):
+
+- **EAGLE-1/2** (``version=1``): ``x = fc([embed(token_{t+1}); f_t])`` with ``f_t`` the target's final normed hidden
+  state (what its lm_head sees), then the decoder layer without ``input_layernorm``; its output is the next feature and
+  the *target's* lm_head turns it into logits. Keys ``fc.*``, ``layers.0.*``, optional ``embed_tokens.weight``.
+- **EAGLE-3** (``version=3``): the first step fuses three target layers' features, ``h = fc([f_low; f_mid; f_high])``;
+  the layer's attention reads ``[input_layernorm(embed(token)); hidden_norm(h)]`` (2H wide) with ``h`` as residual;
+  logits are ``lm_head(norm(out))`` over a draft vocabulary mapped to token ids by ``d2t`` (``id = i + d2t[i]``).
+  Keys ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``.
+
+The decoder layer is built from transformers' own `LlamaAttention`, `LlamaMLP`, `LlamaRMSNorm` and
+`LlamaRotaryEmbedding`; keys and values live in the head's own small cache (`EagleKVCache`), one slot per batch row,
+so that rows of different lengths draft together. `save_pretrained` writes the upstream tensor names plus our
+``config.json`` (``head_type: "eagle"``); `from_pretrained` reads both, from a folder or a Hub repo id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from huggingface_hub import ModelCard, ModelHubMixin
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from .hub import (
+    CARD_NAME,
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    HeadSource,
+    _library_version,
+    base_model_dims,
+    check_shapes,
+    read_tensors,
+    render_model_card,
+    save_tensors,
+    write_config,
+)
+
+# Llama config fields the head's decoder layer needs (upstream EAGLE configs are full Llama configs).
+_LLAMA_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "max_position_embeddings",
+    "hidden_act",
+    "attention_bias",
+    "mlp_bias",
+    "vocab_size",
+)
+_REQUIRED_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+WEIGHT_CANDIDATES = ("model.safetensors", "pytorch_model.bin")
+
+
+class EagleKVCache:
+    """The head's own keys and values: one slot per batch row, each with its own length.
+
+    Attributes:
+        key / value: `[R, kv_heads, capacity, head_dim]`.
+        lengths: `[R]` int64 committed entries per slot (positions ``0 .. lengths - 1``).
+    """
+
+    def __init__(self, rows: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device, capacity: int = 256):
+        self.key = torch.zeros(rows, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.value = torch.zeros_like(self.key)
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
+
+    @property
+    def capacity(self) -> int:
+        return int(self.key.shape[2])
+
+    def reserve(self, needed: int) -> None:
+        """Grow (doubling) so that every slot can hold ``needed`` entries."""
+        if needed <= self.capacity:
+            return
+        cap = max(needed, 2 * self.capacity)
+        grow = cap - self.capacity
+        pad = self.key.new_zeros(*self.key.shape[:2], grow, self.key.shape[3])
+        self.key = torch.cat([self.key, pad], dim=2)
+        self.value = torch.cat([self.value, pad.clone()], dim=2)
+
+    def truncate(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Roll slots back: ``lengths[slots] = lengths`` (entries past it are dead and get overwritten)."""
+        self.lengths[slots] = torch.minimum(self.lengths[slots], lengths.to(self.lengths.device))
+
+
+class _ExtendKV:
+    """Stands in for transformers' ``Cache`` in one `LlamaAttention` call: the layer's new keys/values are appended
+    to a fixed prefix (cache + processed tree nodes) and kept for the caller."""
+
+    def __init__(self, key: torch.Tensor, value: torch.Tensor):
+        self.prefix_key, self.prefix_value = key, value  # [B, kv_heads, S, D]
+        self.new_key = self.new_value = None
+
+    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
+        self.new_key, self.new_value = key_states, value_states  # [B, kv_heads, q, D]
+        return torch.cat([self.prefix_key, key_states], dim=2), torch.cat([self.prefix_value, value_states], dim=2)
+
+
+class EagleHead(
+    nn.Module,
+    ModelHubMixin,
+    library_name="hf-specdec",
+    tags=["speculative-decoding", "eagle"],
+    paper_url="https://arxiv.org/abs/2401.15077",
+):
+    """An EAGLE-1/2 or EAGLE-3 draft head.
+
+    Args:
+        config: a Llama config of the head's decoder layer (``hidden_size`` = the target's hidden size for EAGLE-1;
+            ``num_hidden_layers`` must be 1). Extra keys used: ``bias`` (EAGLE-1's fc bias, default True),
+            ``draft_vocab_size`` and ``target_hidden_size`` (EAGLE-3).
+        version: 1 (EAGLE-1/2 layout) or 3 (EAGLE-3 layout).
+        has_embed_tokens: the head stores its own ``embed_tokens`` (else it uses the bound target's).
+        draft_vocab_size: size of the draft vocabulary (``d2t`` buffer); None = the full vocabulary. For EAGLE-1 the
+            logits are then taken from the target lm_head's rows at those tokens.
+        aux_layers: EAGLE-3 only: indices into the target's ``hidden_states`` tuple whose features are fused
+            (default: 2, L // 2, L - 3, filled in by `bind`).
+        base_model_name_or_path: the target this head was trained for (informational; sizes are checked).
+        tree: defaults for the dynamic tree (``top_k``, ``depth``, ``num_nodes``, ``step_cost``...).
+        model_card: facts for the generated model card.
+    """
+
+    def __init__(
+        self,
+        config: LlamaConfig | Mapping,
+        version: int = 1,
+        has_embed_tokens: bool = False,
+        draft_vocab_size: int | None = None,
+        aux_layers: list[int] | None = None,
+        base_model_name_or_path: str | None = None,
+        tree: dict | None = None,
+        model_card: dict | None = None,
+    ):
+        super().__init__()
+        config = _llama_config(config)
+        if version not in (1, 3):
+            raise ValueError(f"EagleHead version must be 1 (EAGLE-1/2) or 3 (EAGLE-3), got {version}")
+        self.config = config
+        self.version = int(version)
+        h = config.hidden_size
+        self.hidden_size = h
+        self.vocab_size = int(config.vocab_size)
+        self.target_hidden_size = int(getattr(config, "target_hidden_size", None) or h)
+        self.draft_vocab_size = None if draft_vocab_size is None else int(draft_vocab_size)
+        self.aux_layers = None if aux_layers is None else [int(i) for i in aux_layers]
+        self.base_model_name_or_path = base_model_name_or_path
+        self.tree = dict(tree or {})
+        self.model_card = dict(model_card or {})
+        self.source, self.source_format = None, "hf-specdec"
+        self._target_embed = self._target_lm_head = None  # plain attributes: never saved with the head
+        bias = bool(getattr(config, "bias", True)) if version == 1 else False
+        fc_in = 2 * h if version == 1 else 3 * self.target_hidden_size
+        self.fc = nn.Linear(fc_in, h, bias=bias)
+        layer = _decoder_layer(config, version)
+        if version == 1:
+            self.layers = nn.ModuleList([layer])
+        else:
+            self.midlayer = layer
+            self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+            self.lm_head = nn.Linear(h, self.draft_vocab_size or self.vocab_size, bias=False)
+        self.embed_tokens = nn.Embedding(self.vocab_size, h) if has_embed_tokens else None
+        if self.draft_vocab_size is not None:
+            self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.zeros(self.vocab_size, dtype=torch.bool))
+        else:
+            self.d2t = self.t2d = None
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+
+    # ------------------------------------------------------------------------------------------ construction
+    @property
+    def layer(self) -> nn.Module:
+        return self.layers[0] if self.version == 1 else self.midlayer
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """Indices into the target's ``hidden_states`` tuple this head reads (``-1`` = the final normed state)."""
+        if self.version == 1:
+            return (-1,)
+        if self.aux_layers is None:
+            raise ValueError("this EAGLE-3 head does not know its target's feature layers yet; call head.bind(model)")
+        return tuple(self.aux_layers)
+
+    @classmethod
+    def for_model(cls, model: nn.Module, version: int = 1, draft_vocab: torch.Tensor | None = None, **kwargs):
+        """A fresh EAGLE-1 (or EAGLE-3) head shaped like one of ``model``'s decoder layers, bound to it.
+
+        Args:
+            model: the target (a transformers causal LM).
+            version: 1 or 3.
+            draft_vocab: optional `[V']` token ids the head drafts over (sorted, distinct).
+            **kwargs: `EagleHead` arguments (``tree``, ``model_card``...).
+        """
+        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        hidden, vocab = base_model_dims(model)
+        fields = {k: getattr(text, k) for k in _LLAMA_FIELDS if getattr(text, k, None) is not None}
+        fields.update(hidden_size=hidden, vocab_size=vocab, num_hidden_layers=1, bias=version == 1)
+        fields.pop("rope_scaling", None)
+        if version == 3:
+            fields["target_hidden_size"] = hidden
+        name = getattr(model.config, "_name_or_path", None) or None
+        head = cls(
+            fields,
+            version=version,
+            draft_vocab_size=None if draft_vocab is None else int(draft_vocab.numel()),
+            base_model_name_or_path=kwargs.pop("base_model_name_or_path", name),
+            **kwargs,
+        )
+        if draft_vocab is not None:
+            head.set_draft_vocab(draft_vocab)
+        if version == 3:
+            with torch.no_grad():
+                rows = draft_vocab if draft_vocab is not None else torch.arange(vocab)
+                head.lm_head.weight.copy_(model.get_output_embeddings().weight.detach()[rows])
+        return head.bind(model)
+
+    def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
+        """Draft over ``token_ids`` `[V']` only (distinct ids of the full vocabulary): fills ``d2t`` and ``t2d``."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
+        if self.d2t is None or ids.numel() != self.d2t.numel():
+            raise ValueError(f"draft vocabulary of {ids.numel()} ids for a head built with {self.draft_vocab_size}")
+        if ids.unique().numel() != ids.numel() or int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
+            raise ValueError(f"draft vocabulary ids must be distinct and in [0, {self.vocab_size})")
+        with torch.no_grad():
+            self.d2t.copy_(ids - torch.arange(ids.numel()))
+            self.t2d.zero_()
+            self.t2d[ids] = True
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *,
+        base_model: nn.Module | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        local_files_only: bool = False,
+        force_download: bool = False,
+    ) -> EagleHead:
+        """Load an EAGLE head (EAGLE-1/2, EAGLE-3 or our format) from a folder or a Hub repo id.
+
+        Args:
+            pretrained_model_name_or_path: folder or repo id (e.g. ``"yuhuili/EAGLE-LLaMA3-Instruct-8B"``).
+            base_model: the target; when given, sizes and layers are checked and the head is bound to it.
+            dtype / device: cast / move the head (default: the checkpoint's dtype, CPU).
+            revision / token / cache_dir / local_files_only / force_download: Hub download options.
+        Returns:
+            `EagleHead` in eval mode.
+        """
+        source = HeadSource(
+            pretrained_model_name_or_path,
+            revision=revision,
+            token=token,
+            cache_dir=cache_dir,
+            local_files_only=local_files_only,
+            force_download=force_download,
+        )
+        init, tensors, where, fmt = read_eagle_checkpoint(source)
+        with torch.device("meta"):
+            head = cls(**init)
+        head.load_state_dict(tensors, strict=True, assign=True)
+        head.rotary_emb = LlamaRotaryEmbedding(head.config)  # not stored: rebuilt on the CPU
+        head.source, head.source_format = str(source), fmt
+        if dtype is not None:
+            head.to(dtype=dtype)
+            head.rotary_emb.to(dtype=torch.float32)
+        if device is not None:
+            head.to(device=device)
+        head.eval()
+        if base_model is not None:
+            head.bind(base_model)
+        return head
+
+    # ------------------------------------------------------------------------------------------ target
+    def check_compatible(self, model: nn.Module) -> None:
+        """Refuse a target whose hidden size, vocabulary or layer count do not fit (the message names both sides)."""
+        hidden, vocab = base_model_dims(model)
+        trained = f" (it was built for {self.base_model_name_or_path})" if self.base_model_name_or_path else ""
+        if self.target_hidden_size != hidden:
+            raise ValueError(
+                f"EagleHead for a target of hidden size {self.target_hidden_size} cannot serve "
+                f"{type(model).__name__} with hidden size {hidden}{trained}; load or train a head for this model"
+            )
+        if self.vocab_size != vocab:
+            raise ValueError(
+                f"EagleHead for a vocabulary of {self.vocab_size} tokens cannot serve {type(model).__name__} with "
+                f"{vocab} tokens{trained}; load or train a head for this model"
+            )
+        if self.version == 3 and self.aux_layers is not None:
+            layers = _num_layers(model)
+            bad = [i for i in self.aux_layers if not 0 <= i <= layers]
+            if bad:
+                raise ValueError(
+                    f"EagleHead reads the target's hidden states {self.aux_layers}, but {type(model).__name__} has "
+                    f"{layers} layers (valid indices 0..{layers}); load or train a head for this model"
+                )
+        needs = [] if self.embed_tokens is not None else ["input embeddings"]
+        if self.version == 1:
+            needs.append("output embeddings")
+        for what in needs:
+            getter = "get_input_embeddings" if what.startswith("input") else "get_output_embeddings"
+            if getattr(model, getter, lambda: None)() is None:
+                raise ValueError(f"EagleHead uses the target's {what}, but {type(model).__name__}.{getter}() is None")
+
+    def bind(self, model: nn.Module) -> EagleHead:
+        """Check ``model``, remember its embeddings / lm_head where the head uses them, and (EAGLE-3) fill in the
+        default feature layers 2, L // 2, L - 3; returns self."""
+        if self.version == 3 and self.aux_layers is None:
+            layers = _num_layers(model)
+            self.aux_layers = [2, layers // 2, layers - 3] if layers >= 6 else [1, layers // 2, layers - 1]
+        self.check_compatible(model)
+        if self.embed_tokens is None:
+            object.__setattr__(self, "_target_embed", model.get_input_embeddings())
+        if self.version == 1:
+            object.__setattr__(self, "_target_lm_head", model.get_output_embeddings())
+        return self
+
+    # ------------------------------------------------------------------------------------------ math
+    @property
+    def _param(self) -> torch.Tensor:
+        return self.fc.weight
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """`[..., H]` token embeddings (the head's own, else the bound target's)."""
+        table = self.embed_tokens if self.embed_tokens is not None else self._target_embed
+        if table is None:
+            raise ValueError("this EagleHead stores no embed_tokens: call head.bind(target) first")
+        w = table.weight
+        return F.embedding(tokens.to(w.device), w).to(self._param.dtype)
+
+    def layer_forward(
+        self,
+        tokens: torch.Tensor,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        past_key: torch.Tensor,
+        past_value: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One pass of the decoder layer over ``q`` new (token, feature) pairs per row.
+
+        Args:
+            tokens: `[B, q]` the tokens (token t + 1 beside feature t).
+            features: `[B, q, F]`: EAGLE-1: the target's final state (or the head's own output); EAGLE-3: the fused
+                `[3 H_t]` target features, or the head's own `[H]` output (fed back).
+            positions: `[B, q]` position ids.
+            mask: `[B, q, S + q]` bool, which of the ``S`` past entries and the new ones each query sees.
+            past_key / past_value: `[B, kv_heads, S, D]` the keys/values the queries may attend to.
+        Returns:
+            ``(out, key, value)``: `[B, q, H]` the layer's output (the predicted next feature), and the new entries'
+            `[B, kv_heads, q, D]` keys and values.
+        """
+        dtype = self._param.dtype
+        emb = self.embed(tokens)  # [B, q, H]
+        feats = features.to(device=emb.device, dtype=dtype)
+        layer = self.layer
+        if self.version == 1:
+            x = self.fc(torch.cat([emb, feats], dim=-1))
+            residual = x
+        else:
+            h = self.fc(feats) if feats.shape[-1] != self.hidden_size else feats
+            x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(h)], dim=-1)  # [B, q, 2H]
+            residual = h
+        cos_sin = self.rotary_emb(x, positions.to(x.device))
+        kv = _ExtendKV(past_key.to(dtype), past_value.to(dtype))
+        attn, _ = layer.self_attn(
+            hidden_states=x, position_embeddings=cos_sin, attention_mask=mask[:, None], past_key_values=kv
+        )
+        h = residual + attn
+        out = h + layer.mlp(layer.post_attention_layernorm(h))
+        return out, kv.new_key, kv.new_value
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """`[..., V']` fp32 logits over the draft vocabulary (the full vocabulary when there is none)."""
+        if self.version == 3:
+            return self.lm_head(self.norm(out)).float()
+        head = self._target_lm_head
+        if head is None:
+            raise ValueError("EAGLE-1 heads take logits from the target's lm_head: call head.bind(target) first")
+        w = head.weight
+        x = out.to(device=w.device, dtype=w.dtype)
+        if self.d2t is None:
+            return head(x).float()
+        weight, bias = self._draft_rows(head)
+        return F.linear(x, weight, bias).float()
+
+    def _draft_rows(self, head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The target lm_head's rows at the draft vocabulary, gathered once while neither changes."""
+        w, b, m = head.weight, head.bias, self.d2t
+        key = (w.data_ptr(), w._version, w.device, m.data_ptr(), m._version)
+        cached = self.__dict__.get("_rows_cache")
+        if cached is None or cached[0] != key:
+            idx = self.draft_to_token(torch.arange(m.numel(), device=m.device)).to(w.device)
+            cached = (key, w.detach()[idx].contiguous(), None if b is None else b.detach()[idx])
+            self.__dict__["_rows_cache"] = cached
+        return cached[1], cached[2]
+
+    def draft_to_token(self, index: torch.Tensor) -> torch.Tensor:
+        """Token ids of draft-vocabulary indices (identity without a draft vocabulary)."""
+        if self.d2t is None:
+            return index
+        return index + self.d2t.to(index.device)[index]
+
+    def forward(self, tokens: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced pass over whole sequences (training, tests): causal attention, positions from 0.
+
+        Args:
+            tokens: `[B, T]` token ``t + 1`` of each pair.
+            features: `[B, T, F]` feature ``t``.
+        Returns:
+            ``(out, logits)``: `[B, T, H]` predicted next features and `[B, T, V']` fp32 logits.
+        """
+        b, t = tokens.shape
+        kvh, d = self.config.num_key_value_heads, _head_dim(self.config)
+        empty = self._param.new_zeros(b, kvh, 0, d)
+        pos = torch.arange(t, device=tokens.device).expand(b, t)
+        mask = torch.ones(t, t, dtype=torch.bool, device=self._param.device).tril().expand(b, t, t)
+        out, _, _ = self.layer_forward(tokens, features, pos, mask, empty, empty)
+        return out, self.logits(out)
+
+    def new_cache(self, rows: int, capacity: int = 256) -> EagleKVCache:
+        """An empty `EagleKVCache` for ``rows`` rows in the head's dtype and device."""
+        kvh, d = self.config.num_key_value_heads, _head_dim(self.config)
+        return EagleKVCache(rows, kvh, d, self._param.dtype, self._param.device, capacity)
+
+    # ------------------------------------------------------------------------------------------ Hub I/O
+    def config_dict(self) -> dict:
+        """What ``config.json`` holds: the Llama fields upstream writes, plus ours."""
+        fields = {k: getattr(self.config, k) for k in _LLAMA_FIELDS if getattr(self.config, k, None) is not None}
+        fields.pop("rope_scaling", None)
+        return {
+            **fields,
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "num_hidden_layers": 1,
+            "bias": self.fc.bias is not None,
+            "head_type": "eagle",
+            "eagle_version": self.version,
+            "hf_specdec_version": _library_version(),
+            "has_embed_tokens": self.embed_tokens is not None,
+            "draft_vocab_size": self.draft_vocab_size,
+            "target_hidden_size": self.target_hidden_size,
+            "aux_layers": self.aux_layers,
+            "base_model_name_or_path": self.base_model_name_or_path,
+            "tree": self.tree,
+            "model_card": self.model_card,
+            "source_format": self.source_format,
+            "dtype": str(self._param.dtype).removeprefix("torch."),
+        }
+
+    def _save_pretrained(self, save_directory: Path) -> None:
+        save_directory = Path(save_directory)
+        state = {k: v for k, v in self.state_dict().items() if not k.startswith("rotary_emb.")}
+        save_tensors(state, save_directory / WEIGHTS_NAME)
+        write_config(self.config_dict(), save_directory / CONFIG_NAME)
+        (save_directory / CARD_NAME).unlink(missing_ok=True)  # ModelHubMixin writes the card only when absent
+
+    def push_to_hub(self, repo_id: str, **kwargs) -> str:
+        """Upload ``config.json``, ``model.safetensors`` and the model card to the Hub repo ``repo_id`` (takes
+        `huggingface_hub.ModelHubMixin.push_to_hub`'s options)."""
+        card_kwargs = {"repo_id": repo_id, **(kwargs.pop("model_card_kwargs", None) or {})}
+        return super().push_to_hub(repo_id, model_card_kwargs=card_kwargs, **kwargs)
+
+    def generate_model_card(self, repo_id: str | None = None, **facts) -> ModelCard:
+        """The README.md model card; ``facts`` add to / override ``self.model_card`` (tau, speedup, ...)."""
+        config = self.config_dict()
+        config["hidden_size"] = self.target_hidden_size
+        config["model_card"] = {**self.model_card, **facts}
+        base = self.base_model_name_or_path or "<base model id>"
+        where = repo_id or "<this repo id or folder>"
+        kind = "EAGLE-1/2" if self.version == 1 else "EAGLE-3"
+        description = (
+            f"An {kind} draft head ([Li et al. 2024](https://arxiv.org/abs/2401.15077)) for speculative decoding with "
+            "hf-specdec: one Llama decoder layer over the base model's features that drafts a dynamic token tree "
+            "(EAGLE-2), which the base model verifies in one forward pass. Greedy output is identical to the base "
+            "model's own; sampling is exact."
+        )
+        usage = f"""
+import hf_specdec
+from hf_specdec import EagleHead
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+tok = AutoTokenizer.from_pretrained("{base}")
+model = AutoModelForCausalLM.from_pretrained("{base}")
+head = EagleHead.from_pretrained("{where}", base_model=model)
+ids = tok("The capital of France is", return_tensors="pt").input_ids
+out = model.generate(ids, max_new_tokens=128, do_sample=False, assistant=head)
+print(tok.decode(out[0]))
+"""
+        return render_model_card(
+            head_type="eagle", title=f"{kind} head for {base}", config=config, usage=usage, description=description
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"version={self.version}, hidden_size={self.hidden_size}, target_hidden_size={self.target_hidden_size}, "
+            f"vocab_size={self.vocab_size}, draft_vocab_size={self.draft_vocab_size}"
+        )
+
+
+# --------------------------------------------------------------------------------------------------- layer
+class _Eagle3Layer(nn.Module):
+    """The EAGLE-3 decoder layer's parameters: q/k/v read the 2H-wide ``[input_layernorm(e); hidden_norm(h)]``."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        h = config.hidden_size
+        self.self_attn = LlamaAttention(config, layer_idx=0)
+        attn = self.self_attn
+        bias = bool(getattr(config, "attention_bias", False))
+        for name in ("q_proj", "k_proj", "v_proj"):
+            out_features = getattr(attn, name).out_features
+            setattr(attn, name, nn.Linear(2 * h, out_features, bias=bias))
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+
+
+class _Eagle1Layer(nn.Module):
+    """The EAGLE-1 decoder layer's parameters: a Llama layer without ``input_layernorm``."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx=0)
+        self.mlp = LlamaMLP(config)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+
+def _decoder_layer(config: LlamaConfig, version: int) -> nn.Module:
+    return _Eagle1Layer(config) if version == 1 else _Eagle3Layer(config)
+
+
+def _llama_config(config: LlamaConfig | Mapping) -> LlamaConfig:
+    if isinstance(config, LlamaConfig):
+        config = config.to_dict()
+    fields = {k: v for k, v in dict(config).items() if k in _LLAMA_FIELDS}
+    for extra in ("bias", "target_hidden_size", "draft_vocab_size"):
+        if config.get(extra) is not None:
+            fields[extra] = config[extra]
+    if fields.get("rope_parameters") is not None:
+        fields.pop("rope_theta", None)
+        fields.pop("rope_scaling", None)
+    cfg = LlamaConfig(**fields, num_hidden_layers=1)
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+def _head_dim(config: LlamaConfig) -> int:
+    return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+def _num_layers(model: nn.Module) -> int:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return int(config.num_hidden_layers)
+
+
+# --------------------------------------------------------------------------------------------------- checkpoints
+def expected_shapes(head: EagleHead | None = None, *, init: Mapping | None = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor name a head of this shape stores, with its shape (the upstream names)."""
+    if head is None:
+        with torch.device("meta"):
+            head = EagleHead(**init)
+    return {k: tuple(v.shape) for k, v in head.state_dict().items() if not k.startswith("rotary_emb.")}
+
+
+def _read_weights(source: HeadSource) -> tuple[dict[str, torch.Tensor], str]:
+    for name in WEIGHT_CANDIDATES:
+        path = source.file(name)
+        if path is None:
+            continue
+        try:
+            return read_tensors(path), str(path)
+        except Exception as err:  # noqa: BLE001 - any parse failure of a weights file is reported the same way
+            raise ValueError(
+                f"EagleHead: cannot read {path} as a weights file ({type(err).__name__}: {err}); expected a "
+                "safetensors file or a torch.save state dict (loaded with weights_only=True)"
+            ) from err
+    raise FileNotFoundError(f"EagleHead: {source.describe_missing(WEIGHT_CANDIDATES)}")
+
+
+def _read_config(source: HeadSource) -> tuple[dict, str]:
+    path = source.require(CONFIG_NAME, "the EAGLE head's Llama config")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"EagleHead: {path} is not valid JSON ({err})") from err
+    if not isinstance(config, dict):
+        raise ValueError(f"EagleHead: {path} holds a {type(config).__name__}, expected a JSON object")
+    missing = [k for k in _REQUIRED_FIELDS if config.get(k) is None]
+    if missing:
+        raise ValueError(f"EagleHead: {path} lacks {missing}; an EAGLE config is a Llama config of the draft layer")
+    layers = config.get("num_hidden_layers", 1)
+    if layers != 1:
+        raise ValueError(
+            f"EagleHead: {path} says num_hidden_layers={layers}; EAGLE heads have exactly one decoder layer (is this "
+            "a full model rather than a draft head?)"
+        )
+    return config, str(path)
+
+
+def read_eagle_checkpoint(source: HeadSource) -> tuple[dict, dict[str, torch.Tensor], str, str]:
+    """Read and check an EAGLE head: ``(EagleHead kwargs, tensors, weights file, source format)``.
+
+    The layout is told by the keys: ``midlayer.*`` = EAGLE-3, ``layers.0.*`` = EAGLE-1/2. vLLM's EAGLE-3 names
+    (``layers.0.`` with ``hidden_norm``, ``draft_id_to_target_id``) are accepted too. Every expected tensor must be
+    present with its shape and nothing else may be (errors name the key, both shapes and the file).
+    """
+    config, config_path = _read_config(source)
+    tensors, where = _read_weights(source)
+    # older checkpoints store the rotary frequencies, which are rebuilt from the config
+    tensors = {k.removeprefix("model."): v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
+    if any(k.startswith("layers.0.hidden_norm") for k in tensors):  # vLLM's EAGLE-3 names
+        tensors = {
+            ("midlayer." + k[len("layers.0.") :] if k.startswith("layers.0.") else k): v for k, v in tensors.items()
+        }
+        if "draft_id_to_target_id" in tensors:
+            tensors["d2t"] = tensors.pop("draft_id_to_target_id")
+    if any(k.startswith("midlayer.") for k in tensors):
+        version = 3
+    elif any(k.startswith("layers.0.") for k in tensors):
+        version = 1
+    else:
+        raise ValueError(
+            f"EagleHead: {where} holds neither EAGLE-1 (layers.0.*) nor EAGLE-3 (midlayer.*) decoder tensors; found "
+            f"{sorted(tensors)[:6]}"
+        )
+    draft = config.get("draft_vocab_size") if version == 3 or "d2t" in tensors else None
+    if draft is not None and int(draft) == int(config["vocab_size"]) and "d2t" not in tensors:
+        draft = None
+    if version == 3 and draft is not None and "t2d" not in tensors and "d2t" in tensors:
+        tensors["t2d"] = _t2d_from_d2t(tensors["d2t"], int(config["vocab_size"]))
+    init = {
+        "config": config,
+        "version": version,
+        "has_embed_tokens": "embed_tokens.weight" in tensors,
+        "draft_vocab_size": None if draft is None else int(draft),
+        "aux_layers": config.get("aux_layers") or _upstream_aux_layers(config),
+        "base_model_name_or_path": config.get("base_model_name_or_path"),
+        "tree": config.get("tree"),
+        "model_card": config.get("model_card"),
+    }
+    try:
+        expected = expected_shapes(init=init)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"EagleHead: cannot build a head from {config_path}: {err}") from err
+    check_shapes("EagleHead", tensors, expected, f"{where} (config {config_path})")
+    if "d2t" in tensors:
+        ids = torch.arange(tensors["d2t"].numel()) + tensors["d2t"].long()
+        if int(ids.min()) < 0 or int(ids.max()) >= int(config["vocab_size"]):
+            raise ValueError(f"EagleHead: d2t in {where} maps draft tokens outside [0, {config['vocab_size']})")
+        tensors["d2t"] = tensors["d2t"].long()
+    fmt = "hf-specdec" if config.get("head_type") == "eagle" else ("eagle3" if version == 3 else "eagle")
+    return init, tensors, where, fmt
+
+
+def _upstream_aux_layers(config: Mapping) -> list[int] | None:
+    """Feature layer ids some EAGLE-3 configs carry (``eagle_config.eagle_aux_hidden_state_layer_ids``)."""
+    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return [int(i) for i in ids] if ids else None
+
+
+def _t2d_from_d2t(d2t: torch.Tensor, vocab: int) -> torch.Tensor:
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[torch.arange(d2t.numel()) + d2t.long()] = True
+    return t2d
+
+
+__all__ = ["EagleHead", "EagleKVCache", "expected_shapes", "read_eagle_checkpoint"]
