@@ -15,8 +15,8 @@ never scores below its child). The budgeter
 4. now and then verifies the next larger size the cost curve has not measured yet, if it is predicted to lose at
    most ``1 - explore_tolerance`` of the best rate, so that a machine where big trees are cheap (a GPU) finds out,
 5. stops asking for drafts from a row whose drafts stopped paying, when proposing costs something, and asks again
-   after ``probe_every`` steps (doubling after every probe that did not pay, up to ``probe_max``); a probe verifies
-   the row's best node so that its calibration can recover.
+   after ``probe_every`` steps (doubling after every rejected probe, up to ``probe_max``; back to ``probe_every``
+   after an accepted one); a probe verifies the row's best node so that its calibration can recover.
 
 Which nodes survive depends only on the scores and on earlier steps, never on the target's answer to this step, so
 greedy output is unchanged. Trees whose children were *sampled* (`DraftSampling.WITHOUT_REPLACEMENT` / ``IID``) are
@@ -89,50 +89,62 @@ class BudgetCut:
 
 
 class AcceptanceCalibration:
-    """Running ratio of accepted to predicted nodes per (source, depth), and per (source, row, depth) shrunk to it.
+    """How far each assistant's scores are off, per (source, depth) and per (source, row, depth).
 
-    ``factor = (accepted + weight * parent_factor) / (predicted + weight)`` with the source level's parent factor 1:
-    a source's scores start trusted and follow what the target accepts; a row follows its own record once it has
-    ``weight`` predicted nodes' worth of evidence. Old evidence fades by ``decay`` per update.
+    The unit is the *conditional* score of a node, its score divided by its parent's (the proposer's estimate that it
+    is accepted once its parent was), and only nodes whose parent was accepted count as evidence. For the nodes of
+    one depth, ``N`` such nodes, ``P`` the sum of their conditional scores and ``A`` how many were accepted give the
+    factor: the observed ratio ``A / P`` shrunk towards a parent factor by ``weight`` nodes, ``(N * A / P + weight *
+    parent) / (N + weight)``. A source's depth-1 parent is 1 (scores start trusted), its depth-d parent its own
+    depth d - 1 factor (a source that over-rates its first guesses over-rates the next ones); a row's parent is its
+    source at the same depth (a new row starts from what the assistant showed on the others). Weighting by nodes,
+    not by predicted mass, lets an under-confident source (scores of 0.05 that are always accepted) recover as fast
+    as an over-confident one shrinks. Old evidence fades by ``decay`` per update.
     """
 
-    def __init__(self, weight: float = 2.0, decay: float = 0.97):
+    def __init__(self, weight: float = 4.0, decay: float = 0.9):
         if weight <= 0 or not 0.0 < decay <= 1.0:
             raise ValueError(f"calibration needs weight > 0 and 0 < decay <= 1, got {weight} and {decay}")
         self.weight, self.decay = float(weight), float(decay)
-        self._source: dict[Hashable, list[list[float]]] = {}  # source -> [accepted[d], predicted[d]]
+        self._source: dict[Hashable, list[list[float]]] = {}  # source -> [accepted[d], predicted[d], nodes[d]]
         self._row: dict[tuple[Hashable, int], list[list[float]]] = {}
 
     def _table(self, store: dict, key) -> list[list[float]]:
         table = store.get(key)
         if table is None:
-            table = store[key] = [[0.0] * _MAX_CALIBRATED_DEPTH, [0.0] * _MAX_CALIBRATED_DEPTH]
+            table = store[key] = [[0.0] * _MAX_CALIBRATED_DEPTH for _ in range(3)]
         return table
 
+    def _shrunk(self, table: list[list[float]] | None, d: int, parent: float) -> float:
+        if table is None:
+            return parent
+        acc, pred, nodes = table[0][d], table[1][d], table[2][d]
+        if nodes <= 0.0 or pred <= 0.0:
+            return parent
+        return (nodes * acc / pred + self.weight * parent) / (nodes + self.weight)
+
     def factors(self, source: Hashable, row: int) -> list[float]:
-        """``factor[d - 1]``: the multiplier of depth-d scores of ``source`` for ``row``."""
-        w = self.weight
-        src = self._source.get(source)
-        row_t = self._row.get((source, row))
-        out = []
+        """``factor[d - 1]``: the multiplier of the conditional scores of depth-d nodes of ``source`` for ``row``."""
+        src, row_t = self._source.get(source), self._row.get((source, row))
+        out, parent = [], 1.0
         for d in range(_MAX_CALIBRATED_DEPTH):
-            c = 1.0 if src is None else (src[0][d] + w) / (src[1][d] + w)
-            if row_t is not None:
-                c = (row_t[0][d] + w * c) / (row_t[1][d] + w)
-            out.append(c)
+            parent = self._shrunk(src, d, parent)
+            out.append(self._shrunk(row_t, d, parent))
         return out
 
     def update(self, source: Hashable, row: int, depths: Sequence[int], scores: Sequence[float], hits: Sequence[bool]):
-        """One verified tree: each node's depth, its raw score and whether it was accepted."""
+        """One verified tree: for each node whose parent was accepted, its depth, its conditional score and whether
+        it was accepted."""
         for table in (self._table(self._source, source), self._table(self._row, (source, row))):
-            acc, pred = table
-            for d in range(_MAX_CALIBRATED_DEPTH):
-                acc[d] *= self.decay
-                pred[d] *= self.decay
+            for column in table:
+                for d in range(_MAX_CALIBRATED_DEPTH):
+                    column[d] *= self.decay
+            acc, pred, nodes = table
             for depth, s, hit in zip(depths, scores, hits):
                 d = min(depth, _MAX_CALIBRATED_DEPTH) - 1
                 acc[d] += float(hit)
                 pred[d] += s
+                nodes[d] += 1.0
 
     def summary(self) -> dict:
         """``{source: [factor per depth]}`` at the source level."""
@@ -152,20 +164,28 @@ def structural_scores(tree: DraftTree) -> list[float]:
     return out
 
 
-def calibrated_probs(tree: DraftTree, scores: Sequence[float], factors: Sequence[float]) -> list[float]:
-    """Each node's score times its depth's calibration factor, clipped to [0, 1] and made non-increasing down every
-    path; for sampled trees also non-increasing along each node's children in draw order (so that any best-first
-    prefix of the nodes is a tree whose siblings are a prefix of their draws)."""
+def conditional_scores(tree: DraftTree, scores: Sequence[float]) -> list[float]:
+    """Each node's score divided by its parent's (its estimated acceptance once the parent is accepted), in [0, 1]."""
+    out = []
+    for p, s in zip(tree.parent.tolist(), scores):
+        base = 1.0 if p < 0 else scores[p]
+        c = s / base if base > 0.0 else 0.0
+        out.append(1.0 if c > 1.0 else (0.0 if c < 0.0 else c))
+    return out
+
+
+def calibrated_probs(tree: DraftTree, cond: Sequence[float], factors: Sequence[float]) -> list[float]:
+    """Path probability of each node: the product down its path of ``min(1, conditional score * factor[depth])``
+    (non-increasing down every path); for sampled trees also non-increasing along each node's children in draw order,
+    so that any best-first prefix of the nodes is a tree whose siblings are a prefix of their draws."""
     parents, depths = tree.parent.tolist(), tree.depth.tolist()
     sampled = tree.sampling != DraftSampling.DETERMINISTIC
     last = len(factors) - 1
     last_child: dict[int, int] = {}
     out: list[float] = []
-    for i, (p, d, s) in enumerate(zip(parents, depths, scores)):
-        x = s * factors[d - 1 if d <= last else last]
-        x = 1.0 if x > 1.0 else (0.0 if x < 0.0 else x)
-        if p >= 0 and out[p] < x:
-            x = out[p]
+    for i, (p, d, c) in enumerate(zip(parents, depths, cond)):
+        x = c * factors[d - 1 if d <= last else last]
+        x = (1.0 if x > 1.0 else x) * (1.0 if p < 0 else out[p])
         if sampled:
             prev = last_child.get(p)
             if prev is not None and out[prev] < x:
@@ -182,7 +202,8 @@ class _RowGate:
     paused: bool = False
     idle: int = 0
     interval: int = 0
-    probing: bool = False
+    probing: bool = False  # asked for a draft this step although paused
+    probed: bool = False  # verified a forced node this step (its verdict sets the next interval)
 
 
 class TreeBudgeter:
@@ -234,7 +255,8 @@ class TreeBudgeter:
         self.propose_seconds: float | None = None  # running mean of a step's proposing time while drafting
         self._ladder = exploration_ladder()
         self._gates: dict[int, _RowGate] = {}
-        self._pending: list[tuple[int, Hashable, list[int], list[float]]] = []  # last cut: row, source, depths, raw
+        # the last cut, per row: (row, source, kept nodes' depths, conditional scores, parents among the kept)
+        self._pending: list[tuple[int, Hashable, list[int], list[float], list[int]]] = []
         self._steps = self._last_explore = 0
         self._nodes: Counter[int] = Counter()  # nodes per row per step -> how often
         self._no_candidates = self._paused = self._explorations = self._probes = 0
@@ -291,7 +313,8 @@ class TreeBudgeter:
             raw = torch.as_tensor(c.scores, dtype=torch.float64).reshape(-1).tolist()
             if len(raw) != tree.num_nodes:
                 raise ValueError(f"row {c.row}: {len(raw)} scores for a tree of {tree.num_nodes} nodes")
-        return calibrated_probs(tree, raw, self.calibration.factors(c.source, c.row)), raw
+        cond = conditional_scores(tree, raw)
+        return calibrated_probs(tree, cond, self.calibration.factors(c.source, c.row)), cond
 
     def _counts(self, probs: Sequence[list[float]], order: Sequence[list[int]]) -> list[int]:
         """Nodes per row: the best ``K`` nodes of the batch for the ``K`` with the best predicted rate."""
@@ -361,7 +384,7 @@ class TreeBudgeter:
             return k
         if probing:
             self._probes += 1
-            gate.idle, gate.interval = 0, min(self.probe_max, gate.interval * 2)
+            gate.idle, gate.interval, gate.probed = 0, min(self.probe_max, gate.interval * 2), True
             return 1
         if not gate.paused and self._proposing_counts():
             gate.paused, gate.idle, gate.interval = True, 0, self.probe_every
@@ -373,8 +396,10 @@ class TreeBudgeter:
     def _cut_row(self, c: RowCandidates, probs: list[float], raw: list[float], keep: list[int]) -> BudgetCut:
         tree = c.tree
         keep = sorted(keep)  # parents before children, as in the candidate tree
-        depths = tree.depth.tolist() if keep else []
-        self._pending.append((c.row, c.source, [depths[i] for i in keep], [raw[i] for i in keep]))
+        depths, parents = (tree.depth.tolist(), tree.parent.tolist()) if keep else ([], [])
+        position = {node: j for j, node in enumerate(keep)}
+        kept_parents = [position[parents[i]] if parents[i] >= 0 else -1 for i in keep]
+        self._pending.append((c.row, c.source, [depths[i] for i in keep], [raw[i] for i in keep], kept_parents))
         if len(keep) == tree.num_nodes:
             return BudgetCut(tree, None, probs)
         kept = torch.tensor(keep, dtype=torch.long, device=tree.device)
@@ -389,11 +414,18 @@ class TreeBudgeter:
         """The target's verdicts on the last `cut`: ``accepted[i]`` = accepted node indices of ``cuts[i].tree``."""
         if len(accepted) != len(self._pending):
             raise ValueError(f"{len(accepted)} verdicts for the {len(self._pending)} rows of the last cut")
-        for (row, source, depths, raw), acc in zip(self._pending, accepted):
+        for (row, source, depths, cond, parents), acc in zip(self._pending, accepted):
             if not depths:
                 continue
             hit = set(torch.as_tensor(acc).reshape(-1).tolist())
-            self.calibration.update(source, row, depths, raw, [i in hit for i in range(len(depths))])
+            gate = self._gates.get(row)
+            if gate is not None and gate.probed:  # an accepted probe: ask again soon
+                gate.probed = False
+                gate.interval = self.probe_every if hit else gate.interval
+            reached = [i for i, p in enumerate(parents) if p < 0 or p in hit]  # verified with an accepted parent
+            self.calibration.update(
+                source, row, [depths[i] for i in reached], [cond[i] for i in reached], [i in hit for i in reached]
+            )
         self._pending = []
 
     def record_step(self, tokens: int, rows: int, verify_s: float, propose_s: float, other_s: float) -> None:

@@ -15,6 +15,7 @@ from hf_specdec.generation.budget import (
     RowCandidates,
     TreeBudgeter,
     calibrated_probs,
+    conditional_scores,
     structural_scores,
 )
 from hf_specdec.generation.cost_model import PriorCurve, StepCostModel, cost_model_for
@@ -111,7 +112,7 @@ def test_sampled_trees_are_cut_by_structure_and_keep_siblings_a_draw_prefix():
     # root with three sampled children (draw order 0, 1, 2); the scores would favour the last draw
     q = torch.softmax(torch.randn(4, 20), -1)
     tree = DraftTree.from_parents([3, 4, 5], [-1, -1, -1], sampling=DraftSampling.WITHOUT_REPLACEMENT, draft_probs=q)
-    probs = calibrated_probs(tree, structural_scores(tree), [1.0] * 12)
+    probs = calibrated_probs(tree, conditional_scores(tree, structural_scores(tree)), [1.0] * 12)
     assert probs == sorted(probs, reverse=True)
     cost = measured(lambda n: 0.02 * (1 + 0.3 * (n - 1)))
     cut = quiet_budgeter(cost).cut([RowCandidates(0, tree, [0.01, 0.01, 0.99])])[0]
@@ -202,6 +203,14 @@ def test_calibration_shrinks_over_confident_scores():
     assert sizes[-1] <= 1, sizes
     factors = budgeter.calibration.factors("overconfident", 0)
     assert factors[0] < 0.6
+
+
+def test_calibration_lifts_under_confident_scores_quickly():
+    cal = AcceptanceCalibration()
+    for _ in range(5):
+        cal.update("shy", 0, [1, 2], [0.05, 0.01], [True, True])
+    factors = cal.factors("shy", 0)
+    assert factors[0] * 0.05 > 0.5 and factors[1] * 0.01 > 0.5
 
 
 def test_calibration_is_per_source_and_row_shrunk_to_the_source():
