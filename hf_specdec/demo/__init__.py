@@ -5,9 +5,11 @@ Needs the ``demo`` extra (``pip install hf-specdec[demo]``): gradio is imported 
 
 from __future__ import annotations
 
+from .cli import add_arguments, main, run
+
 
 def __getattr__(name):
-    if name in ("build_app", "launch", "main", "add_arguments", "run"):
+    if name in ("build_app", "launch"):
         try:
             import gradio  # noqa: F401
         except ModuleNotFoundError as exc:

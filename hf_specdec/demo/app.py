@@ -1,8 +1,7 @@
 """The Gradio app: vanilla `generate` against speculative decoding, side by side, and a benchmark tab.
 
-    hf-specdec demo                        # http://127.0.0.1:7860
-    python -m hf_specdec.demo --port 8000 --concurrency 2
-    python demo/app.py                     # the same, Spaces-style
+    from hf_specdec.demo import launch
+    launch("127.0.0.1", 7860)              # or: hf-specdec demo / python -m hf_specdec.demo / python demo/app.py
 
 One model is loaded and shared by every user; each request builds its own assistant. Up to ``concurrency`` requests
 are served at once (the others wait in Gradio's queue); their generate() calls take turns on the model, so every
@@ -13,14 +12,13 @@ on one model object).
 
 from __future__ import annotations
 
-import argparse
 import threading
-from collections.abc import Sequence
 
 import gradio as gr
 
 from ..assistants import available_assistants, describe_assistant
 from .bench_tab import MAX_PER_CATEGORY, bench_categories, run_category
+from .cli import DEFAULT_CONCURRENCY
 from .compare import MAX_NEW_TOKENS, Request, compare, warm_up
 from .render import CSS, LEGEND
 
@@ -32,8 +30,6 @@ EXAMPLES = [
     "verify them in one forward pass; accepted tokens are exactly what the large model would have produced.",
     "What is the capital of France? Answer in one sentence.",
 ]
-
-DEFAULT_CONCURRENCY = 4
 
 INTRO = """# hf-specdec: speculative decoding inside `model.generate()`
 The same prompt runs through vanilla `generate` (left) and through speculative decoding with the chosen assistant
@@ -251,49 +247,3 @@ def launch(host: str | None = None, port: int | None = None, share: bool = False
         footer_links=["api"],
     )
     return app
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``hf-specdec demo`` options."""
-    parser.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; 0.0.0.0 for all)")
-    parser.add_argument("--port", type=int, default=None, help="port (default: 7860 or the next free one)")
-    parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
-    parser.add_argument(
-        "--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="requests served at once (default %(default)s)"
-    )
-    parser.add_argument(
-        "--parallel",
-        action="store_true",
-        help="run the generate() calls of concurrent requests at the same time (default: they take turns, so each "
-        "tokens/s is measured on an otherwise idle CPU)",
-    )
-    parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up run of each method at start")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Start the demo with parsed `add_arguments` options (blocks until interrupted)."""
-    import torch
-
-    if args.threads is not None:
-        if args.threads < 1:
-            raise SystemExit(f"--threads must be at least 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    if args.concurrency < 1:
-        raise SystemExit(f"--concurrency must be at least 1, got {args.concurrency}")
-    launch(
-        args.host,
-        args.port,
-        args.share,
-        concurrency=args.concurrency,
-        warmup=not args.no_warmup,
-        parallel=args.parallel,
-    )
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hf_specdec.demo [--host H] [--port P] [--share] [--concurrency N]``."""
-    parser = argparse.ArgumentParser(prog="hf-specdec demo", description="Gradio demo: vanilla vs speculative.")
-    add_arguments(parser)
-    return run(parser.parse_args(argv))

@@ -127,3 +127,12 @@ def test_benchmark_tab_runs_one_category(demo):
     log, table, _figure = demo.predict(category, ["ngram"], 1, 16, api_name="/bench")
     assert "done." in log
     assert "| ngram |" in table and "| vanilla |" in table
+
+
+def test_command_line_refuses_bad_numbers_before_loading_anything():
+    from hf_specdec.demo import main
+
+    with pytest.raises(SystemExit, match="--concurrency must be at least 1, got 0"):
+        main(["--concurrency", "0"])
+    with pytest.raises(SystemExit, match="--threads must be at least 1, got 0"):
+        main(["--threads", "0"])

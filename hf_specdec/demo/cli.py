@@ -1,0 +1,63 @@
+"""``hf-specdec demo``: the command-line options and entry point of the Gradio demo (gradio is imported only once
+the demo starts, so the rest of the command line works without the ``demo`` extra).
+
+    hf-specdec demo                                   # http://127.0.0.1:7860
+    hf-specdec demo --host 0.0.0.0 --port 8000 --concurrency 8
+    python -m hf_specdec.demo ...                     # the same without the console script
+    python demo/app.py ...                            # the same, Spaces-style
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+DEFAULT_CONCURRENCY = 4
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``hf-specdec demo`` options."""
+    parser.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; 0.0.0.0 for all)")
+    parser.add_argument("--port", type=int, default=None, help="port (default: 7860 or the next free one)")
+    parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
+    parser.add_argument(
+        "--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="requests served at once (default %(default)s)"
+    )
+    parser.add_argument(
+        "--parallel",
+        action="store_true",
+        help="run the generate() calls of concurrent requests at the same time (default: they take turns, so each "
+        "tokens/s is measured on an otherwise idle CPU)",
+    )
+    parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up run of each method at start")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the demo with parsed `add_arguments` options (blocks until interrupted)."""
+    import torch
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SystemExit(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    if args.concurrency < 1:
+        raise SystemExit(f"--concurrency must be at least 1, got {args.concurrency}")
+    from . import launch  # a clear error naming the extra when gradio is missing
+
+    launch(
+        args.host,
+        args.port,
+        args.share,
+        concurrency=args.concurrency,
+        warmup=not args.no_warmup,
+        parallel=args.parallel,
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hf_specdec.demo [--host H] [--port P] [--share] [--concurrency N]``."""
+    parser = argparse.ArgumentParser(prog="hf-specdec demo", description="Gradio demo: vanilla vs speculative.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
