@@ -38,7 +38,6 @@ from ..heads.mlp_speculator import MLPSpeculator
 from .data import DistillationData, _write_json, load_distillation_data
 from .medusa import (
     IGNORE,
-    loss_vocabulary,
     medusa_labels,
 )
 from .run import REPORT_NAME, head_positions, latest_checkpoint, split_sequences
@@ -263,6 +262,17 @@ def tune_speculator_tree(
 
 
 # ---------------------------------------------------------------------------------------------------- training
+def draft_vocabulary(data: DistillationData, positions: torch.Tensor, size: int) -> tuple[torch.Tensor, float]:
+    """`[size]` the draft vocabulary: the stage-0 labels of ``positions`` by decreasing count, then (a small data set
+    holds fewer distinct tokens than ``size``) the lowest unseen ids (byte-pair merges rank frequent tokens first);
+    and the share of the labels it covers."""
+    vocab = int(data.manifest["vocab_size"])
+    counts = torch.bincount(data.input_ids[positions + 2], minlength=vocab).double()
+    key = counts * vocab - torch.arange(vocab, dtype=torch.float64)  # count first, then the lower id
+    top = key.topk(min(size, vocab)).indices.sort().values
+    return top, float(counts[top].sum() / counts.sum().clamp(min=1))
+
+
 @dataclass
 class _Split:
     train_seqs: torch.Tensor  # [S_train] sequence indices
@@ -285,7 +295,7 @@ def _split(data: DistillationData, cfg: MLPSpeculatorTrainingConfig) -> _Split:
     token_map, coverage = None, 1.0
     vocab = int(data.manifest["vocab_size"])
     if cfg.draft_vocab is not None and cfg.draft_vocab < vocab:
-        token_map, coverage = loss_vocabulary(data, train_pos, cfg.draft_vocab)
+        token_map, coverage = draft_vocabulary(data, train_pos, cfg.draft_vocab)
     return _Split(train_seqs, eval_seqs, train_pos, eval_pos, token_map, coverage)
 
 
@@ -542,6 +552,7 @@ __all__ = [
     "DEFAULT_WIDTH_CANDIDATES",
     "RECIPE",
     "add_arguments",
+    "draft_vocabulary",
     "main",
     "MLPSpeculatorTrainingConfig",
     "evaluate_mlp_speculator",

@@ -13,6 +13,7 @@ from hf_specdec.training import build_distillation_data, latest_checkpoint, load
 from hf_specdec.training.medusa import head_positions, medusa_labels
 from hf_specdec.training.mlp_speculator import (
     MLPSpeculatorTrainingConfig,
+    draft_vocabulary,
     stage_inputs,
     train_mlp_speculator,
     tree_accepted_depths,
@@ -66,6 +67,21 @@ def test_stage_inputs_are_the_target_tokens_before_each_label(data_dir):
             if labels[k, p] >= 0:  # stage k reads token t + 1 + k and must guess token t + 2 + k
                 assert int(inputs[p, k]) == int(data.input_ids[t + 1 + k])
                 assert int(labels[k, p]) == int(data.input_ids[t + 2 + k])
+
+
+def test_draft_vocabulary_takes_frequent_labels_then_low_ids(data_dir):
+    data = load_distillation_data(data_dir)
+    pos = head_positions(data, torch.arange(data.seq_bounds.shape[0]))
+    counts = torch.bincount(data.input_ids[pos + 2], minlength=97)
+    seen = int((counts > 0).sum())
+    vocab, coverage = draft_vocabulary(data, pos, seen + 5)
+    assert coverage == 1.0 and vocab.tolist() == sorted(vocab.tolist())
+    unseen = [i for i in range(97) if counts[i] == 0][:5]
+    assert set(vocab.tolist()) == set((counts > 0).nonzero().flatten().tolist()) | set(unseen)
+    small, part = draft_vocabulary(data, pos, 3)
+    assert set(small.tolist()) == set(counts.topk(3).indices.tolist()) and part == float(
+        counts.topk(3).values.sum()
+    ) / len(pos)
 
 
 def test_training_lowers_loss_and_raises_acceptance(data_dir, tiny, tmp_path):
