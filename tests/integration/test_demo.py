@@ -21,7 +21,7 @@ COPY_PROMPT = (
     "with a single step."
 )
 OTHER_PROMPT = "List three colours of the rainbow."
-MAX_NEW = 24
+MAX_NEW = 16
 
 
 def free_port() -> int:
@@ -85,6 +85,27 @@ def test_two_concurrent_requests_with_different_methods(demo, default_model):
         assert details["method"] == method
         assert details["speculative"]["text"] == vanilla_text(default_model, prompt)
         assert details["identical_to_vanilla"] is True
+
+
+def test_parallel_mode_runs_two_generations_at_once_without_mixing_them(default_model):
+    """--parallel: the generate() calls of concurrent requests overlap on the one shared model (no lock)."""
+    from hf_specdec.demo import launch
+
+    model, tokenizer = default_model
+    app = launch("127.0.0.1", free_port(), block=False, model=model, tokenizer=tokenizer, warmup=False, parallel=True)
+    try:
+        client = gradio_client.Client(app.local_url, verbose=False)
+        jobs = [
+            client.submit(*compare_args(COPY_PROMPT, "ngram"), api_name="/compare"),
+            client.submit(*compare_args(OTHER_PROMPT, available_assistants()[0]), api_name="/compare"),
+        ]
+        results = [job.result(timeout=240)[4] for job in jobs]
+    finally:
+        app.close()
+    for prompt, details in zip((COPY_PROMPT, OTHER_PROMPT), results):
+        expected = vanilla_text(default_model, prompt)
+        assert details["vanilla"]["text"] == expected
+        assert details["speculative"]["text"] == expected
 
 
 def test_batch_of_prompts_equals_vanilla(demo, default_model):
