@@ -123,7 +123,7 @@ def compare_one(model, tokenizer, req: Request, cancel: threading.Event, lock=No
     if stats is None:
         raise RuntimeError("the speculative call returned no spec_stats (expected with return_dict_in_generate)")
     speedup = spec.tokens_per_s / van.tokens_per_s if van.tokens_per_s else None
-    identical = spec.tokens == van.tokens if not req.do_sample else None
+    identical = spec.tokens == van.tokens if not (req.do_sample or cancel.is_set()) else None
     view.details = {
         "method": req.method,
         "do_sample": req.do_sample,
@@ -158,14 +158,14 @@ def summary_markdown(details: dict) -> str:
         lines.append(
             f"- {spec['drafted_tokens_emitted']} of {spec['new_tokens']} output tokens were accepted draft tokens"
         )
-    if details["identical_to_vanilla"] is True:
+    if details["cancelled"]:
+        lines.append("- Stopped by the user before the end")
+    elif details["identical_to_vanilla"] is True:
         lines.append("- Greedy: the output is **token-for-token identical** to vanilla `generate` ✓")
     elif details["identical_to_vanilla"] is False:
         lines.append("- Greedy: the output **differs** from vanilla `generate` ✗ (please report this)")
     else:
         lines.append("- Sampling: the outputs differ by chance; each token is drawn from the target's distribution")
-    if details["cancelled"]:
-        lines.append("- Stopped by the user before the end")
     return "\n".join(lines)
 
 
@@ -229,7 +229,7 @@ def _batch_details(req: Request, outs: dict, width: int, tokenizer, pad: int, ca
         if sides["vanilla"]["tokens_per_s"]
         else None,
         "identical_to_vanilla": (van.shape == spec.shape and bool(torch.equal(van, spec)))
-        if not req.do_sample
+        if not (req.do_sample or cancel.is_set())
         else None,
         "cancelled": cancel.is_set(),
         **sides,
