@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from hf_specdec.bench.questions import find_questions_file, load_questions, sample_questions
-from hf_specdec.generation.proposers.medusa import optimal_tree_choices
+from hf_specdec.generation.tree_shapes import optimal_tree_choices
 from hf_specdec.heads.medusa import MedusaHeads
 from hf_specdec.models import DEFAULT_MODEL_NAME, chat_prompt_ids, load_default_model
 from hf_specdec.training import MedusaTrainingConfig, build_distillation_data, load_distillation_data, train_medusa

@@ -2,20 +2,21 @@
 
 ``import hf_specdec`` registers the ``hf_specdec`` attention implementation and makes
 ``model.generate(ids, assistant=X)`` route to the speculative loop; calls without ``assistant`` are untouched.
+``hf_specdec.uninstall()`` restores transformers' own ``generate`` (``hf_specdec.install()`` patches it again).
 """
 
+from .attention.backend import register as _register_attention
 from .cache.paged import PagedCache
-from .generation.hook import install as _install_generate_hook
+from .generation.hook import install, uninstall
 from .generation.logits import register_per_node_processor
 from .generation.loop import generate
 from .generation.proposers import Proposer, ProposerSetup, RowState, register_assistant_resolver
 from .generation.proposers.base import RowFeedback
 from .generation.stats import SpecStats
 from .generation.tree import DraftSampling, DraftTree
-from .kernels.attention import register as _register_attention
 
 _register_attention()
-_install_generate_hook()
+install()
 
 __version__ = "0.1.0"
 
@@ -63,6 +64,8 @@ __all__ = [
     "RowState",
     "SpecStats",
     "generate",
+    "install",
+    "uninstall",
     "register_assistant_resolver",
     "register_per_node_processor",
     "NgramAssistant",

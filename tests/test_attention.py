@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from hf_specdec import DraftTree, PagedCache
-from hf_specdec.kernels.attention import build_plan
-from hf_specdec.kernels.reference import dense_tree_attention, paged_attention_reference
+from hf_specdec.attention.plan import build_plan
+from hf_specdec.attention.reference import dense_tree_attention, paged_attention_reference
 
 
 def _random_tree(n, gen):
@@ -33,7 +33,7 @@ def test_reference_matches_dense_mask_for_random_trees(block_size, heads):
             plan = build_plan(cache, [r], [n], torch.arange(n), [None], "cpu")
             k, v = torch.randn(n, hkv, d, generator=gen), torch.randn(n, hkv, d, generator=gen)
             layer.write(plan.slot_mapping, k, v)
-            cache.allocator.truncate(r, cache.lengths[r] + n)
+            cache.commit_chunk(r, n)
             dense_k[r], dense_v[r] = torch.cat([dense_k[r], k]), torch.cat([dense_v[r], v])
     # one packed forward: a tree, a single decode token, a causal chunk
     trees = [_random_tree(7, gen), DraftTree.empty(), None]
@@ -65,7 +65,7 @@ def test_pending_tokens_are_visible_only_through_the_mask():
     plan = build_plan(cache, [r], [6], torch.arange(6), [None], "cpu")
     k0, v0 = torch.randn(6, 1, 8, generator=gen), torch.randn(6, 1, 8, generator=gen)
     layer.write(plan.slot_mapping, k0, v0)
-    cache.allocator.truncate(r, 6)
+    cache.commit_chunk(r, 6)
     # two pending tokens written by an earlier forward, then two new ones: new0 sees pending1, new1 sees pending0
     p = build_plan(cache, [r], [2], torch.zeros(2, dtype=torch.long), [torch.tensor([[1, 0], [0, 1]]).bool()], "cpu")
     kp, vp = torch.randn(2, 1, 8, generator=gen), torch.randn(2, 1, 8, generator=gen)
@@ -83,18 +83,22 @@ def test_pending_tokens_are_visible_only_through_the_mask():
 
 def test_dispatch_rule(monkeypatch):
     """CUDA tensors and CPU tensors under Triton's interpreter take the Triton path; HF_SPECDEC_ATTENTION forces."""
-    from hf_specdec.kernels.attention import use_triton
+    from hf_specdec.attention.backend import choose_backend
 
     pytest.importorskip("triton")
-    cpu = torch.device("cpu")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.delenv("HF_SPECDEC_ATTENTION", raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert not use_triton(cpu)
-    assert use_triton(torch.device("cuda"))
+    assert choose_backend(cpu) == "torch"
+    assert choose_backend(cuda) == "triton"
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert use_triton(cpu)
+    assert choose_backend(cpu) == "triton"
     monkeypatch.setenv("HF_SPECDEC_ATTENTION", "torch")
-    assert not use_triton(cpu) and not use_triton(torch.device("cuda"))
+    assert choose_backend(cpu) == choose_backend(cuda) == "torch"
     monkeypatch.delenv("TRITON_INTERPRET")
     monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
-    assert use_triton(cpu)
+    assert choose_backend(cpu) == "triton"
+    assert choose_backend(cpu, "torch") == "torch"  # an explicit choice wins over the environment
+    monkeypatch.setenv("HF_SPECDEC_ATTENTION", "fast")
+    with pytest.raises(ValueError, match="HF_SPECDEC_ATTENTION"):
+        choose_backend(cpu)

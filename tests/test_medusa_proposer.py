@@ -18,11 +18,10 @@ from hf_specdec.generation.proposers.medusa import (
     StaticTreeTemplate,
     as_proposer,
     default_tree_choices,
-    expected_accepted_tokens,
     medusa_proposer_for,
-    optimal_tree_choices,
 )
 from hf_specdec.generation.tree import DraftSampling, DraftTree
+from hf_specdec.generation.tree_shapes import expected_accepted_tokens, optimal_tree_choices
 from hf_specdec.heads.medusa import MedusaHeads
 from hf_specdec.testing import tiny_causal_lm
 

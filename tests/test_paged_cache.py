@@ -3,7 +3,7 @@ import torch
 from conftest import ARCHS
 
 from hf_specdec import DraftTree, PagedCache
-from hf_specdec.kernels.attention import build_plan
+from hf_specdec.attention.plan import build_plan
 from hf_specdec.testing import assert_same_tokens, left_pad
 
 
@@ -48,11 +48,11 @@ def test_commit_and_rollback_match_dense_reference(block_size):
             tree = DraftTree.from_parents(torch.zeros(n - 1, dtype=torch.long), parent)
             node = int(torch.randint(-1, n - 1, (1,), generator=gen))
             path = tree.ancestor_mask()[node + 1].nonzero().flatten()
-            cache.commit(row, path)
+            cache.commit([row], [path])
             for layer in range(2):
                 dense[row][layer] += vals[layer][path].tolist()
         else:  # commit only the root, then roll back some committed tokens
-            cache.commit(row, [0])
+            cache.commit([row], [[0]])
             for layer in range(2):
                 dense[row][layer].append(float(vals[layer][0]))
             keep = int(torch.randint(0, len(dense[row][0]) + 1, (1,), generator=gen))
@@ -67,10 +67,10 @@ def test_commit_and_rollback_match_dense_reference(block_size):
                 assert torch.equal(v, -k)
     # blocks in use are exactly what the committed lengths need
     need = sum(-(-cache.lengths[r] // block_size) for r in rows)
-    assert cache.allocator.blocks_in_use() == need
+    assert cache.blocks_in_use() == need
     for r in rows:
-        cache.free_row(r)
-    assert cache.allocator.blocks_in_use() == 0
+        cache.free(r)
+    assert cache.blocks_in_use() == 0
 
 
 def test_memory_grows_with_kept_tokens_only():
@@ -78,9 +78,9 @@ def test_memory_grows_with_kept_tokens_only():
     (row,) = cache.add_rows(1)
     for _ in range(20):
         _write_tree(cache, row, 8, [torch.zeros(8)])
-        cache.commit(row, [0, 1])  # keep 2 of 8 every step
+        cache.commit([row], [[0, 1]])  # keep 2 of 8 every step
     assert cache.lengths[row] == 40
-    assert cache.allocator.blocks_in_use() == 10
+    assert cache.blocks_in_use() == 10
 
 
 def test_commit_requires_root_first():
@@ -88,6 +88,6 @@ def test_commit_requires_root_first():
     (row,) = cache.add_rows(1)
     _write_tree(cache, row, 3, [torch.zeros(3)])
     with pytest.raises(ValueError, match="start with the root"):
-        cache.commit(row, [1, 2])
+        cache.commit([row], [[1, 2]])
     with pytest.raises(ValueError, match="cannot roll back"):
         cache.rollback(row, 5)

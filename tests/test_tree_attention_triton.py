@@ -24,10 +24,13 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from hf_specdec import DraftTree, PagedCache, Proposer  # noqa: E402
-from hf_specdec.kernels import tree_attention  # noqa: E402
-from hf_specdec.kernels.attention import build_plan, move_kv, planned_forward, register  # noqa: E402
-from hf_specdec.kernels.reference import dense_tree_attention, paged_attention_reference  # noqa: E402
-from hf_specdec.kernels.tree_attention import move_kv_triton, paged_tree_attention  # noqa: E402
+from hf_specdec.attention import backend  # noqa: E402
+from hf_specdec.attention.backend import tree_attention_metadata, triton_tree_attention  # noqa: E402
+from hf_specdec.attention.plan import build_plan  # noqa: E402
+from hf_specdec.attention.reference import dense_tree_attention, paged_attention_reference  # noqa: E402
+from hf_specdec.generation.target import PlannedModel  # noqa: E402
+from hf_specdec.kernels import move_kv, tree_attention  # noqa: E402
+from hf_specdec.kernels.move_kv import move_kv_triton  # noqa: E402
 from hf_specdec.testing import tiny_causal_lm  # noqa: E402
 
 pytestmark = pytest.mark.triton
@@ -73,7 +76,7 @@ def _cache_with_prefixes(prefixes, block_size, hkv, d, dtype, gen):
             k = torch.randn(n, hkv, d, generator=gen).to(DEVICE, dtype)
             v = torch.randn(n, hkv, d, generator=gen).to(DEVICE, dtype)
             layer.write(plan.slot_mapping, k, v)
-            cache.allocator.truncate(r, cache.lengths[r] + n)
+            cache.commit_chunk(r, n)
     if layer.is_initialized:
         _shuffle_pages(cache, gen)
     return cache, rows
@@ -138,7 +141,7 @@ def test_kernel_matches_reference_on_ragged_batch_of_tree_decode_and_chunk(block
     layer = cache.layer(0)
     expected = paged_attention_reference(q, layer, plan, scale=0.3)
     for splits in (1, 3):
-        out = paged_tree_attention(q, layer.keys, layer.values, plan, 0.3, num_splits=splits)
+        out = triton_tree_attention(q, layer.keys, layer.values, plan, 0.3, num_splits=splits)
         _assert_close(out, expected, torch.float32, f"block_size={block_size} heads={heads} splits={splits}")
 
 
@@ -158,7 +161,7 @@ def test_kernel_matches_fp64_oracle_per_dtype_and_head_dim(dtype, hq, hkv, d):
     plan, q = _packed_forward(cache, rows, [12, 1], [tree.ancestor_mask(), None], hq, hkv, d, dtype, gen)
     layer = cache.layer(0)
     expected = _dense_expected(q, cache, plan, d**-0.5)
-    out = paged_tree_attention(q, layer.keys, layer.values, plan, d**-0.5, num_splits=2)
+    out = triton_tree_attention(q, layer.keys, layer.values, plan, d**-0.5, num_splits=2)
     assert out.dtype == dtype and out.shape == q.shape
     _assert_close(out, expected, dtype, f"{dtype} {hq}/{hkv} heads, head_dim {d}")
 
@@ -171,7 +174,7 @@ def test_split_k_over_long_context_matches_single_pass():
     layer = cache.layer(0)
     expected = paged_attention_reference(q, layer, plan, scale=0.25)
     for splits in (1, 2, 5, 16):  # 16 splits > key tiles: some programs get nothing and must not disturb the merge
-        out = paged_tree_attention(q, layer.keys, layer.values, plan, 0.25, num_splits=splits)
+        out = triton_tree_attention(q, layer.keys, layer.values, plan, 0.25, num_splits=splits)
         _assert_close(out, expected, torch.float32, f"num_splits={splits}")
 
 
@@ -192,7 +195,7 @@ def test_tail_tiles_nobody_sees_are_skipped_without_changing_the_result():
     plan, q = _packed_forward(cache, [r], [3], [own], 2, hkv, d, torch.float32, gen, pending_lens=[pend])
     expected = _dense_expected(q, cache, plan, 0.5)
     torch.testing.assert_close(paged_attention_reference(q, layer, plan, 0.5), expected, atol=1e-5, rtol=1e-5)
-    out = paged_tree_attention(q, layer.keys, layer.values, plan, 0.5, num_splits=2)
+    out = triton_tree_attention(q, layer.keys, layer.values, plan, 0.5, num_splits=2)
     _assert_close(out, expected, torch.float32, "pending tokens behind a tree mask")
 
 
@@ -212,8 +215,8 @@ def test_metadata_is_built_once_per_forward_and_packs_tree_bits():
     own[torch.arange(40), torch.arange(40)] = True
     own[39, 33] = True
     plan, q = _packed_forward(cache, rows, [1, 40], [None, own], 2, 1, 16, torch.float32, gen)
-    meta = tree_attention.build_tree_attention_metadata(plan, q.device, group=2)
-    assert tree_attention.build_tree_attention_metadata(plan, q.device, group=2) is meta
+    meta = tree_attention_metadata(plan, q.device, group=2, max_block_m=64)
+    assert tree_attention_metadata(plan, q.device, group=2, max_block_m=64) is meta
     assert meta.words == 2 and meta.is_causal.tolist() == [1, 0]
     words = meta.mask_words[1 + 39].cpu().tolist()  # packed query 40 = tree token 39
     bits = [j for j in range(64) if (words[j // 32] >> (j % 32)) & 1]
@@ -221,7 +224,7 @@ def test_metadata_is_built_once_per_forward_and_packs_tree_bits():
     # each tile stops at the last key any of its queries sees
     assert meta.tile_kv_len.tolist()[0] == 4 + 1
     layer = cache.layer(0)
-    out = paged_tree_attention(q, layer.keys, layer.values, plan, 0.25)
+    out = triton_tree_attention(q, layer.keys, layer.values, plan, 0.25)
     _assert_close(out, paged_attention_reference(q, layer, plan, 0.25), torch.float32, "40-node tree over 2 words")
 
 
@@ -244,7 +247,7 @@ def test_property_random_trees_and_block_tables_match_the_dense_oracle(data, blo
     masks = [_random_tree(n - 1, gen).ancestor_mask() if k == "tree" else None for n, k in zip(sizes, kinds)]
     plan, q = _packed_forward(cache, rows, sizes, masks, hq, hkv, 16, torch.float32, gen)
     layer = cache.layer(0)
-    out = paged_tree_attention(q, layer.keys, layer.values, plan, 0.4, num_splits=splits)
+    out = triton_tree_attention(q, layer.keys, layer.values, plan, 0.4, num_splits=splits)
     _assert_close(out, _dense_expected(q, cache, plan, 0.4), torch.float32, f"prefixes={prefixes} sizes={sizes}")
 
 
@@ -300,10 +303,9 @@ def test_commit_rows_with_triton_copy_equals_torch_copy(block_size, monkeypatch)
         _packed_forward(cache, rows, [9, 5], [None, None], 2, hkv, d, torch.bfloat16, g)
         caches.append((cache, rows))
     accepted = [[0, 2, 3, 7, 8], [0, 4]]  # positions move inside and across blocks
-    calls = _count_calls(monkeypatch, "move_kv_triton")
-    for (cache, rows), backend in zip(caches, ("torch", "triton")):
-        monkeypatch.setenv("HF_SPECDEC_ATTENTION", backend)
-        cache.commit_rows(rows, accepted)
+    calls = _count_calls(monkeypatch, "move_kv_triton", move_kv)
+    for (cache, rows), use_triton in zip(caches, (False, True)):
+        cache.commit(rows, accepted, use_triton=use_triton)
     assert len(calls) == 1
     (c_torch, rows), (c_triton, _) = caches
     assert c_torch.lengths == c_triton.lengths == [11, 13]
@@ -313,74 +315,61 @@ def test_commit_rows_with_triton_copy_equals_torch_copy(block_size, monkeypatch)
         assert torch.equal(kt, kk) and torch.equal(vt, vk), f"row {r}: committed K/V differ"
 
 
-def test_move_kv_dispatches_to_triton_when_requested(monkeypatch):
+def test_commit_moves_kv_with_triton_when_requested(monkeypatch):
     cache = PagedCache(block_size=2, num_layers=1)
     (r,) = cache.add_rows(1)
     plan = build_plan(cache, [r], [4], torch.arange(4), [None], DEVICE)
     kv = torch.arange(8.0, device=DEVICE).view(4, 1, 2)
     cache.layer(0).write(plan.slot_mapping, kv, kv.clone())
-    monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
-    move_kv([cache.layer(0)], torch.tensor([3]), torch.tensor([0]))
-    assert cache.layer(0).flat()[0][0].tolist() == [[6.0, 7.0]]
+    calls = _count_calls(monkeypatch, "move_kv_triton", move_kv)
+    cache.commit([r], [[0, 3]], use_triton=True)  # position 3 moves to position 1
+    assert calls and cache.lengths[r] == 2
+    assert cache.layer(0).gather(r, 2)[0].tolist() == [[[0.0, 1.0]], [[6.0, 7.0]]]
 
 
 # ------------------------------------------------------------------------------------------------ whole model
-def _model_logits_with_tree(model, backend, monkeypatch):
+def _model_logits_with_tree(model, backend_name):
     """Prefill two rows of different lengths, then verify a tree on row 0 and a chain on row 1 in one forward."""
-    monkeypatch.setenv("HF_SPECDEC_ATTENTION", backend)
-    register()
-    model.config._attn_implementation = "hf_specdec"
-    cache = PagedCache(model.config, block_size=4)
-    rows = cache.add_rows(2)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 97, (n,), generator=gen) for n in (11, 6)]
     tree = _random_tree(6, gen)
     chain = DraftTree.chain([5, 9, 17])
     q_lens = [p.numel() for p in prompts]
     positions = torch.cat([torch.arange(n) for n in q_lens])
-    with torch.no_grad(), planned_forward():
-        plan = build_plan(cache, rows, q_lens, positions, [None, None], DEVICE)
-        prefill = model(
-            input_ids=torch.cat(prompts)[None].to(DEVICE),
-            position_ids=positions[None].to(DEVICE),
-            use_cache=False,
-            hf_specdec_plan=plan,
-        ).logits[0]
-        for r, n in zip(rows, q_lens):
-            cache.allocator.truncate(r, n)
+    with torch.no_grad(), PlannedModel(model, backend=backend_name, block_size=4) as target:
+        rows = target.add_rows(2)
+        prefill = target.forward(rows, torch.cat(prompts).to(DEVICE), positions.to(DEVICE), q_lens).logits
+        target.commit_chunks(rows, q_lens)
         roots = [int(prefill[q_lens[0] - 1].argmax()), int(prefill[-1].argmax())]
         ids = torch.cat([torch.tensor([roots[0]]), torch.randint(3, 97, (6,), generator=gen)])
         ids = torch.cat([ids, torch.tensor([roots[1], 5, 9, 17])])
         positions = torch.cat([tree.positions(q_lens[0]), chain.positions(q_lens[1])])
-        plan = build_plan(cache, rows, [7, 4], positions, [tree.ancestor_mask(), chain.ancestor_mask()], DEVICE)
-        verify = model(
-            input_ids=ids[None].to(DEVICE),
-            position_ids=positions[None].to(DEVICE),
-            use_cache=False,
-            hf_specdec_plan=plan,
-        )
-    return prefill, verify.logits[0]
+        masks = [tree.ancestor_mask(), chain.ancestor_mask()]
+        verify = target.forward(rows, ids.to(DEVICE), positions.to(DEVICE), [7, 4], masks).logits
+    return prefill, verify
 
 
-def _count_calls(monkeypatch, name):
-    """Wrap ``tree_attention.<name>`` so a test can check that the Triton path really ran."""
+def _count_calls(monkeypatch, name, module=tree_attention):
+    """Wrap ``module.<name>`` so a test can check that the Triton path really ran."""
     calls = []
-    original = getattr(tree_attention, name)
+    original = getattr(module, name)
 
     def counted(*args, **kwargs):
         calls.append(name)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(tree_attention, name, counted)
+    monkeypatch.setattr(module, name, counted)
     return calls
 
 
 def test_model_forward_with_a_tree_gives_the_same_logits_on_triton_and_torch(monkeypatch):
     model = tiny_causal_lm("llama").to(DEVICE)
     calls = _count_calls(monkeypatch, "paged_tree_attention")
-    pre_torch, ver_torch = _model_logits_with_tree(model, "torch", monkeypatch)
+    config_before = repr(model.config.to_dict())
+    pre_torch, ver_torch = _model_logits_with_tree(model, "torch")
     assert not calls
-    pre_triton, ver_triton = _model_logits_with_tree(model, "triton", monkeypatch)
+    pre_triton, ver_triton = _model_logits_with_tree(model, "triton")
+    assert repr(model.config.to_dict()) == config_before  # the model is never switched
     assert len(calls) == 2 * model.config.num_hidden_layers
     torch.testing.assert_close(pre_triton, pre_torch, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(ver_triton, ver_torch, atol=1e-4, rtol=1e-4)
@@ -416,13 +405,13 @@ def test_speculative_generate_on_triton_matches_vanilla_greedy(monkeypatch):
     monkeypatch.delenv("HF_SPECDEC_ATTENTION", raising=False)  # the default dispatch: CUDA, or the interpreter
     attention_calls = _count_calls(monkeypatch, "paged_tree_attention")
     launches = []
-    original_move = tree_attention.move_kv_triton
+    original_move = move_kv.move_kv_triton
 
     def move_counted(pools, src, dst):
         launches.append((len(pools), original_move(pools, src, dst)))
         return launches[-1][1]
 
-    monkeypatch.setattr(tree_attention, "move_kv_triton", move_counted)
+    monkeypatch.setattr(move_kv, "move_kv_triton", move_counted)
     out = model.generate(
         ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False, assistant=_OracleTreeProposer(expected)
     )
@@ -463,6 +452,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from hf_specdec.kernels import move_kv as mv
 from hf_specdec.kernels import tree_attention as ta
 
 
@@ -496,8 +486,8 @@ attention("fp32", 64, 1, 16, False, 1, 4)    # fp32, block size 1
 compile_kernel(ta._merge_splits_kernel, {"Out": "bf16", "OPart": "fp32", "MPart": "fp32", "LPart": "fp32"},
                dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=32), 4)
 for single in (True, False):
-    compile_kernel(ta._move_kv_kernel, {"Pools": "i64", "Scratch": "bf16", "Src": "i64", "Dst": "i64"},
-                   dict(D=128, DTYPE=ta.tl.bfloat16, BLOCK_R=16 if single else 64, BLOCK_C=128, SINGLE_CHUNK=single), 4)
+    compile_kernel(mv._move_kv_kernel, {"Pools": "i64", "Scratch": "bf16", "Src": "i64", "Dst": "i64"},
+                   dict(D=128, DTYPE=mv.tl.bfloat16, BLOCK_R=16 if single else 64, BLOCK_C=128, SINGLE_CHUNK=single), 4)
 print("compiled")
 """
 
@@ -524,13 +514,13 @@ def test_draft_model_levels_with_pending_tokens_run_on_triton_and_stay_greedy_ex
     expected = model.generate(ids, max_new_tokens=8, do_sample=False)
     monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
     pending = []
-    original = tree_attention.paged_tree_attention
+    original = backend.triton_tree_attention
 
     def counted(query, k_pool, v_pool, plan, scale, **kwargs):
         pending.append(plan.has_pending)
         return original(query, k_pool, v_pool, plan, scale, **kwargs)
 
-    monkeypatch.setattr(tree_attention, "paged_tree_attention", counted)
+    monkeypatch.setattr(backend, "triton_tree_attention", counted)
     assistant = hf_specdec.DraftModelAssistant(model, depth=3, top_k=3, num_nodes=8)
     out = model.generate(ids, max_new_tokens=8, do_sample=False, assistant=assistant)
     assert out[0].tolist() == expected[0].tolist()
@@ -548,4 +538,4 @@ def test_the_interpreter_probe_passes_here_and_its_failure_is_a_clear_error(monk
     plan = build_plan(cache, [r], [2], torch.arange(2), [None], DEVICE)
     pool = torch.zeros(4, 4, 1, 16)
     with pytest.raises(RuntimeError, match="numpy<2.4 or a newer triton"):
-        paged_tree_attention(torch.zeros(2, 1, 16), pool, pool, plan, 0.25)
+        triton_tree_attention(torch.zeros(2, 1, 16), pool, pool, plan, 0.25)

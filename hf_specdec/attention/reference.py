@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..cache.paged import PagedLayer
-from .attention import AttentionPlan
+from .plan import AttentionPlan
 
 
 def paged_attention_reference(
@@ -74,7 +74,7 @@ def _row_reads(plan: AttentionPlan, device: torch.device) -> list[tuple]:
         for b, row in enumerate(plan.rows):
             s, e = cu[b], cu[b + 1]
             total = plan.prefix_lens[b] + plan.pending_lens[b] + (e - s)
-            where = plan.cache.allocator.read_index(row, total, device)
+            where = plan.cache.read_index(row, total, device)
             rows.append((s, e, total, where, plan.row_mask(b, device)))
         plan.extras["row_reads"] = rows
     return rows

@@ -26,7 +26,6 @@ with transformers' ``sdpa`` (DynamicCache + 4D tree mask). ``t(n) / t(1)`` is wh
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -131,8 +130,8 @@ class _WallTimer:
 def _attention_inputs(heads_q, heads_kv, head_dim, batch, context, tree, block_size, dtype, device, gen):
     """A one-layer PagedCache holding ``batch`` rows of ``context`` committed tokens (pages interleaved across
     rows), a tree plan and a causal plan over the same slots, and queries."""
+    from ..attention.plan import build_plan
     from ..cache.paged import PagedCache
-    from ..kernels.attention import build_plan
 
     cache = PagedCache(block_size=block_size, num_layers=1)
     rows = cache.add_rows(batch)
@@ -144,9 +143,9 @@ def _attention_inputs(heads_q, heads_kv, head_dim, batch, context, tree, block_s
     chunk = max(block_size, 256)
     for start in range(0, context, chunk):  # interleave rows so block tables are not contiguous
         for r in rows:
-            cache.allocator.reserve(r, min(context, start + chunk))
+            cache.reserve(r, start, min(chunk, context - start))
     for r in rows:
-        cache.allocator.lengths[r] = context
+        cache.commit_chunk(r, context)
     masks = [random_tree_mask(tree, gen) for _ in rows]
     positions = torch.zeros(batch * tree, dtype=torch.long)
     plan = build_plan(cache, rows, [tree] * batch, positions, masks, device)
@@ -212,13 +211,14 @@ def _flashinfer_callable(cache, plan, query, scale):
     from flashinfer import BatchPrefillWithPagedKVCacheWrapper
 
     device = query.device
-    alloc, layer = cache.allocator, cache.layer(0)
+    layer, block_size = cache.layer(0), cache.block_size
     q_lens = plan.q_lens()
     kv_lens = [p + n for p, n in zip(plan.prefix_lens, q_lens)]
-    pages = [alloc.block_tables[r][: -(-length // alloc.block_size)] for r, length in zip(plan.rows, kv_lens)]
+    tables = cache.block_tables(plan.rows).tolist()  # [B, max_blocks]
+    pages = [table[: -(-length // block_size)] for table, length in zip(tables, kv_lens)]
     kv_indptr = torch.tensor([0] + [len(p) for p in pages], dtype=torch.int32).cumsum(0).to(torch.int32)
     kv_indices = torch.tensor([b for p in pages for b in p], dtype=torch.int32)
-    last_len = torch.tensor([(length - 1) % alloc.block_size + 1 for length in kv_lens], dtype=torch.int32)
+    last_len = torch.tensor([(length - 1) % block_size + 1 for length in kv_lens], dtype=torch.int32)
     qo_indptr = plan.cu_seqlens.to(torch.int32)
     custom = torch.cat([plan.row_mask(b, "cpu").flatten() for b in range(len(q_lens))])
     workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=device)
@@ -231,7 +231,7 @@ def _flashinfer_callable(cache, plan, query, scale):
         query.shape[1],
         layer.keys.shape[2],
         query.shape[2],
-        alloc.block_size,
+        block_size,
         custom_mask=custom.to(device),
         sm_scale=scale,
         q_data_type=query.dtype,
@@ -254,7 +254,8 @@ def bench_attention_config(
     seed: int = 0,
 ) -> AttentionResult:
     """Time every column of one (shape, batch, context, tree) cell; outputs are checked against SDPA."""
-    from ..kernels.tree_attention import build_tree_attention_metadata, paged_tree_attention
+    from ..attention.backend import tree_attention_metadata, triton_tree_attention
+    from ..kernels.tree_attention import max_block_m
 
     heads_q, heads_kv, head_dim = heads
     gen = torch.Generator().manual_seed(seed)
@@ -263,13 +264,14 @@ def bench_attention_config(
     )
     layer = cache.layer(0)
     scale = head_dim**-0.5
-    meta = build_tree_attention_metadata(plan, query.device, heads_q // heads_kv)
+    group, block_m = heads_q // heads_kv, max_block_m(dtype)
+    meta = tree_attention_metadata(plan, query.device, group, block_m)
     build_times = []
     for _ in range(5):
         fresh = dict(plan.extras)
         plan.extras.clear()
         t0 = time.perf_counter()
-        build_tree_attention_metadata(plan, query.device, heads_q // heads_kv)
+        tree_attention_metadata(plan, query.device, group, block_m)
         if query.is_cuda:
             torch.cuda.synchronize()
         build_times.append((time.perf_counter() - t0) * 1e6)
@@ -286,10 +288,10 @@ def bench_attention_config(
     reference = reference.transpose(1, 2).reshape_as(query)  # [N, H_q, D]
 
     def ours():
-        return paged_tree_attention(query, layer.keys, layer.values, plan, scale)
+        return triton_tree_attention(query, layer.keys, layer.values, plan, scale)
 
     def ours_no_tree():
-        return paged_tree_attention(query, layer.keys, layer.values, causal, scale)
+        return triton_tree_attention(query, layer.keys, layer.values, causal, scale)
 
     def sdpa():
         return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask4, scale=scale, enable_gqa=True)
@@ -455,49 +457,35 @@ def run_kernel_bench(
         },
         "attention": [],
     }
-    with _attention_backend("triton"):  # the model curve's hf_specdec backend must run our kernels, also on a CPU
-        for shape, batch, context, tree in grid:
-            res = bench_attention_config(
-                shape, shapes_spec[shape], batch, context, tree, block_size, dtype, device, timer, columns
-            )
-            report["attention"].append(asdict(res))
-            print(f"{shape} B={batch} L={context} T={tree}: {res.times_us}", file=sys.stderr)
-        if model_curve:
-            if dry_run_cpu:
-                from ..testing import tiny_causal_lm
+    for shape, batch, context, tree in grid:
+        res = bench_attention_config(
+            shape, shapes_spec[shape], batch, context, tree, block_size, dtype, device, timer, columns
+        )
+        report["attention"].append(asdict(res))
+        print(f"{shape} B={batch} L={context} T={tree}: {res.times_us}", file=sys.stderr)
+    if model_curve:
+        if dry_run_cpu:
+            from ..testing import tiny_causal_lm
 
-                model, name, context, nodes = tiny_causal_lm("llama"), "tiny llama (random)", 16, (1, 2, 4)
-            else:
-                model, name = _random_llama(dtype, "cuda"), "random-weight Llama-3.2-1B shape"
-                context, nodes = curve_context, tuple(curve_nodes)
-            times, logit_diff = verify_cost_curve(model, context, nodes, timer)
-            report["verify_curve"] = {
-                "model": name,
-                "context": context,
-                "nodes": list(nodes),
-                "max_abs_logit_diff_largest_tree": logit_diff,
-                "times_us": {b: {str(n): t for n, t in c.items()} for b, c in times.items()},
-            }
-            del model
+            model, name, context, nodes = tiny_causal_lm("llama"), "tiny llama (random)", 16, (1, 2, 4)
+        else:
+            model, name = _random_llama(dtype, "cuda"), "random-weight Llama-3.2-1B shape"
+            context, nodes = curve_context, tuple(curve_nodes)
+        # the hf_specdec curve runs our kernels, also on a CPU
+        times, logit_diff = verify_cost_curve(model, context, nodes, timer, attention="triton")
+        report["verify_curve"] = {
+            "model": name,
+            "context": context,
+            "nodes": list(nodes),
+            "max_abs_logit_diff_largest_tree": logit_diff,
+            "times_us": {b: {str(n): t for n, t in c.items()} for b, c in times.items()},
+        }
+        del model
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernels.json").write_text(json.dumps(report, indent=2))
     (out / "kernels.md").write_text(_markdown(report))
     return report
-
-
-@contextlib.contextmanager
-def _attention_backend(choice: str):
-    """Set ``HF_SPECDEC_ATTENTION`` inside the block, restore it afterwards."""
-    saved = os.environ.get("HF_SPECDEC_ATTENTION")
-    os.environ["HF_SPECDEC_ATTENTION"] = choice
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("HF_SPECDEC_ATTENTION", None)
-        else:
-            os.environ["HF_SPECDEC_ATTENTION"] = saved
 
 
 def main(argv: Sequence[str] | None = None) -> int:

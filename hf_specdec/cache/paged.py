@@ -9,9 +9,11 @@ Two ways to use it:
 
 - Drop-in: ``model.generate(ids, past_key_values=PagedCache())``. ``update`` appends the new K/V of every row and
   returns the row's dense K/V, so any attention implementation works.
-- Speculative decoding (hf_specdec's loop): the `AttentionPlan` of a forward reserves slots once; the registered
-  attention writes K/V straight into them and reads through the block tables. After verification,
-  `commit` moves accepted tree nodes into place (inside and across blocks) and frees pages of rejected nodes.
+- Speculative decoding (hf_specdec's loop): a planned forward `reserve` s slots once; the registered attention
+  writes K/V straight into them and reads through the block tables. Afterwards `commit_chunk` keeps a written chunk
+  (prefill), `commit` moves accepted tree nodes into place (inside and across blocks) and frees pages of rejected
+  nodes, `rollback` forgets a row's tail and `free` gives a row's blocks back. Nobody outside this module touches
+  the `BlockAllocator`.
 """
 
 from __future__ import annotations
@@ -282,9 +284,29 @@ class PagedCache(Cache):
         return self.allocator.lengths
 
     def add_rows(self, n: int) -> list[int]:
+        """``n`` new empty rows; returns their indices."""
         return self.allocator.add_rows(n)
 
-    def free_row(self, row: int) -> None:
+    def is_active(self, row: int) -> bool:
+        """Whether ``row`` still holds blocks (not yet `free` d)."""
+        return self.allocator.active[row]
+
+    def reserve(self, row: int, start: int, count: int) -> torch.Tensor:
+        """Blocks for positions ``[start, start + count)`` of ``row``; returns their `[count]` int64 pool slots.
+
+        The row's committed length does not change: the slots hold uncommitted tokens until `commit_chunk` or
+        `commit` decides what is kept.
+        """
+        self.allocator.reserve(row, start + count)
+        return self.allocator.slot_range(row, start, start + count)
+
+    def commit_chunk(self, row: int, count: int) -> None:
+        """Keep the ``count`` tokens written right after ``row``'s committed prefix (a prefill chunk) and forget
+        anything past them."""
+        self.allocator.truncate(row, self.allocator.lengths[row] + count)
+
+    def free(self, row: int) -> None:
+        """Give every block of ``row`` back; the row keeps its index but holds nothing."""
         self.allocator.free_row(row)
 
     def rollback(self, row: int, length: int) -> None:
@@ -293,17 +315,36 @@ class PagedCache(Cache):
             raise ValueError(f"row {row} holds {self.allocator.lengths[row]} tokens; cannot roll back to {length}")
         self.allocator.truncate(row, length)
 
-    def commit(self, row: int, accepted: torch.Tensor | Sequence[int]) -> None:
-        """Keep the accepted tree positions of ``row`` (see `commit_rows`)."""
-        self.commit_rows([row], [accepted])
+    def blocks_in_use(self) -> int:
+        """Blocks currently held by rows."""
+        return self.allocator.blocks_in_use()
 
-    def commit_rows(self, rows: Sequence[int], accepted: Sequence[torch.Tensor | Sequence[int]]) -> None:
+    def block_tables(self, rows: Sequence[int]) -> torch.Tensor:
+        """`[len(rows), max_blocks]` int32 block tables of ``rows``, padded with 0."""
+        return self.allocator.block_table_tensor(rows)
+
+    def read_index(self, row: int, length: int, device=None) -> int | torch.Tensor:
+        """How to read positions ``[0, length)`` of ``row``: the first slot (int) if consecutive, else `[length]` slots."""
+        return self.allocator.read_index(row, length, device)
+
+    def slots(self, row: int, positions: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        """`[n]` pool slots of (reserved) ``positions`` of ``row``."""
+        return self.allocator.slots(row, positions)
+
+    def commit(
+        self, rows: Sequence[int], accepted: Sequence[torch.Tensor | Sequence[int]], *, use_triton: bool = False
+    ) -> None:
         """After a verification forward, keep only the accepted tree positions of each row.
 
         The forward wrote the row's ``[root, node_0, ...]`` at positions ``L, L + 1, ...`` (``L`` = the row's
         committed length). ``accepted[i]`` lists tree positions (0 = root, ``j + 1`` = node j), root first,
         increasing. Their K/V moves to positions ``L, L + 1, ...`` (inside and across blocks), the row's length
         grows by ``len(accepted[i])`` and blocks that only held rejected nodes are freed.
+
+        Args:
+            rows: cache rows.
+            accepted: per row `[1 + a]` accepted tree positions.
+            use_triton: move the K/V with the Triton kernel (one launch for every layer) instead of torch copies.
         """
         alloc = self.allocator
         src_all, dst_all = [], []
@@ -319,9 +360,8 @@ class PagedCache(Cache):
                 dst_all.append(alloc.slots(row, base + torch.arange(n)[moved]))
             alloc.truncate(row, base + n)
         if src_all:
-            from ..kernels.attention import move_kv
-
-            move_kv([layer for layer in self.layers if layer.is_initialized], torch.cat(src_all), torch.cat(dst_all))
+            pools = [layer.flat() for layer in self.layers if layer.is_initialized]
+            _move_kv(pools, torch.cat(src_all), torch.cat(dst_all), use_triton)
 
     def memory_bytes(self) -> int:
         """Bytes held by the pools of every layer."""
@@ -332,3 +372,26 @@ class PagedCache(Cache):
                     layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
                 )
         return total
+
+
+def _move_kv(
+    pools: Sequence[tuple[torch.Tensor, torch.Tensor]], src: torch.Tensor, dst: torch.Tensor, use_triton: bool
+) -> None:
+    """Copy the K/V of pool slots ``src`` `[M]` to slots ``dst`` `[M]` in every layer (reads happen before writes).
+
+    Args:
+        pools: per layer ``(k_flat, v_flat)``, each `[num_slots, H_kv, D]`.
+        use_triton: one Triton launch for all layers (``kernels/move_kv.py``); else torch copies layer by layer.
+    """
+    if not pools:
+        return
+    device = pools[0][0].device
+    src, dst = src.to(device), dst.to(device)
+    if use_triton:
+        from ..kernels.move_kv import move_kv_triton  # optional dependency: triton is imported only when used
+
+        move_kv_triton(pools, src, dst)
+        return
+    for k, v in pools:
+        k.index_copy_(0, dst, k.index_select(0, src))
+        v.index_copy_(0, dst, v.index_select(0, src))

@@ -10,6 +10,8 @@ assistant reach the original `generate` untouched.
 from __future__ import annotations
 
 import functools
+import inspect
+import types
 
 from transformers.generation import GenerationMixin, StoppingCriteriaList, StopStringCriteria
 
@@ -50,15 +52,40 @@ def _routed_generate(self, *args, assistant=None, **kwargs):
     return _ORIGINAL(self, *args, assistant=assistant, hf_specdec_streamer=streamer, **kwargs)
 
 
+_NOTE = """hf_specdec: ``assistant=`` (an hf_specdec assistant, a draft model or heads) routes this call to
+speculative decoding (`hf_specdec.generate`); calls without it run transformers' own ``generate`` unchanged.
+``hf_specdec.uninstall()`` restores the original.
+
+"""
+
+
+class _PatchedGenerate:
+    """transformers' `generate` with the ``assistant=`` route: same signature, documented, restorable."""
+
+    _hf_specdec = True
+
+    def __init__(self, original):
+        functools.update_wrapper(self, original)
+        self.__doc__ = _NOTE + (original.__doc__ or "")
+        self.__signature__ = inspect.signature(original)
+
+    def __call__(self, model, *args, **kwargs):
+        return _routed_generate(model, *args, **kwargs)
+
+    def __get__(self, obj, objtype=None):
+        return self if obj is None else types.MethodType(self, obj)
+
+    def __repr__(self) -> str:
+        return "<GenerationMixin.generate patched by hf_specdec: assistant= routes to hf_specdec.generate>"
+
+
 def install() -> None:
-    """Patch `GenerationMixin.generate` (idempotent)."""
+    """Patch `GenerationMixin.generate` with the ``assistant=`` route (idempotent)."""
     if getattr(GenerationMixin.generate, "_hf_specdec", False):
         return
-    patched = functools.wraps(_ORIGINAL)(_routed_generate)
-    patched._hf_specdec = True
-    GenerationMixin.generate = patched
+    GenerationMixin.generate = _PatchedGenerate(_ORIGINAL)
 
 
 def uninstall() -> None:
-    """Restore transformers' own `generate`."""
+    """Restore transformers' own `generate` (``hf_specdec.install()`` patches it again)."""
     GenerationMixin.generate = _ORIGINAL

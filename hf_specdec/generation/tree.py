@@ -227,17 +227,32 @@ class DraftTree:
 
     def subtree_keep(self, keep: torch.Tensor) -> DraftTree:
         """The tree restricted to nodes where ``keep`` `[T]` is True; every kept node's parent must be kept."""
-        idx = keep.nonzero().flatten()
-        remap = torch.full((self.num_nodes,), -1, dtype=torch.long, device=self.device)
-        remap[idx] = torch.arange(idx.numel(), device=self.device)
-        par = self.parent[idx]
-        if bool(((par >= 0) & (remap[par.clamp(min=0)] < 0)).any()):
-            raise ValueError("subtree_keep: a kept node's parent was dropped")
-        new_par = torch.where(par >= 0, remap[par.clamp(min=0)], par)
+        idx = keep.nonzero().flatten()  # [T'] kept nodes, in order
+        new_par = torch.tensor(subset_parents(self.parent.tolist(), idx.tolist()), dtype=torch.long)
         q = None
         if self.draft_probs is not None:
             q = self.draft_probs[torch.cat([torch.zeros(1, dtype=torch.long, device=self.device), idx + 1])]
-        return DraftTree(self.tokens[idx], new_par, self.depth[idx], self.sampling, q)
+        return DraftTree(self.tokens[idx], new_par.to(self.device), self.depth[idx], self.sampling, q)
+
+
+def subset_parents(parent: Sequence[int], keep: Sequence[int]) -> list[int]:
+    """Keep a subset of a tree's nodes and renumber their parents.
+
+    Args:
+        parent: `[T]` parent of each node (-1 = the root).
+        keep: `[T']` the nodes to keep (old indices), in their new order: each after its parent.
+    Returns:
+        `[T']` the kept nodes' parents as new indices (-1 = the root).
+    """
+    index: dict[int, int] = {}
+    out = []
+    for new, old in enumerate(keep):
+        p = int(parent[old])
+        if p >= 0 and p not in index:
+            raise ValueError(f"subset of a tree: a kept node's parent was dropped (node {old}, parent {p})")
+        out.append(index[p] if p >= 0 else -1)
+        index[int(old)] = new
+    return out
 
 
 @dataclass

@@ -14,6 +14,7 @@ that hold it). Everything here is framework plumbing: format-specific key mappin
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -42,9 +43,7 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
 def _library_version() -> str:
-    from .. import __version__
-
-    return __version__
+    return importlib.metadata.version(LIBRARY_NAME)  # the installed package's version (pyproject.toml)
 
 
 # --------------------------------------------------------------------------------------------------- sources

@@ -15,15 +15,21 @@ n-row forward.
 
 Used only when it can help and cannot hurt: CPU, fp32, MKL built in, no autograd, and enough free memory for the
 packed copies (they double the linear weights' memory). ``HF_SPECDEC_PACKED_LINEAR=0`` turns it off. The model is
-left exactly as it was when the block exits, also on errors: the patch is an instance attribute on each layer,
-removed afterwards; layers that already carry an instance-level ``forward`` (accelerate hooks, user patches) are
-left alone.
+left exactly as it was when the last block using it exits, also on errors: the patch is an instance attribute on
+each layer, removed afterwards; layers that already carry an instance-level ``forward`` (accelerate hooks, user
+patches) are left alone.
+
+Thread safety: the patched layers run packed weights only for the thread (context) that entered the block for their
+model (a `contextvars.ContextVar`); any other caller of the same model, a vanilla ``generate`` in another thread
+say, runs stock `F.linear`. Concurrent blocks on one model share the patch (reference-counted under a lock).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +43,11 @@ MEMORY_FRACTION = 0.5
 
 # weight tensor -> (weight._version when packed, packed weight)
 _PACKED = WeakIdKeyDictionary()
+# ids of the models whose packed linears this context (thread) entered
+_ENTERED: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("hf_specdec_packed", default=frozenset())
+# model id -> [number of open blocks, the layers patched]
+_USERS: dict[int, list] = {}
+_USERS_LOCK = threading.Lock()
 
 
 def available() -> bool:
@@ -64,9 +75,10 @@ def _available_memory_bytes() -> int | None:
 
 
 def _eligible(module: nn.Module) -> bool:
+    own = module.__dict__.get("forward")
     return (
         type(module) is nn.Linear
-        and "forward" not in module.__dict__
+        and (own is None or getattr(own, "hf_specdec_packed", False))
         and module.weight.device.type == "cpu"
         and module.weight.dtype == torch.float32
         and (module.bias is None or module.bias.dtype == torch.float32)
@@ -92,15 +104,18 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def _packed_forward(module: nn.Linear):
+def _packed_forward(module: nn.Linear, model_id: int):
     weight, bias = module.weight, module.bias
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.dim() else 0
         if rows < MIN_ROWS or x.dtype != torch.float32 or x.device.type != "cpu" or torch.is_grad_enabled():
             return F.linear(x, weight, bias)
+        if model_id not in _ENTERED.get():  # another thread's call of the same model: stock kernels
+            return F.linear(x, weight, bias)
         return torch.ops.mkl._mkl_linear(x.contiguous(), packed_weight(weight), weight, bias, rows)
 
+    forward.hf_specdec_packed = True
     return forward
 
 
@@ -121,15 +136,29 @@ def packed_linears(model: nn.Module, enabled: bool | None = None):
         free = _available_memory_bytes()
         if free is not None and need > MEMORY_FRACTION * free:
             layers = []
-    patched = []
+    if not layers:
+        yield 0
+        return
+    key = id(model)
+    with _USERS_LOCK:
+        entry = _USERS.get(key)
+        if entry is None:
+            patched = [m for m in layers if "forward" not in m.__dict__]
+            for m in patched:
+                m.forward = _packed_forward(m, key)
+            entry = _USERS[key] = [0, patched]
+        entry[0] += 1
+    token = _ENTERED.set(_ENTERED.get() | {key})
     try:
-        for m in layers:
-            m.forward = _packed_forward(m)
-            patched.append(m)
-        yield len(patched)
+        yield len(entry[1])
     finally:
-        for m in patched:
-            m.__dict__.pop("forward", None)
+        _ENTERED.reset(token)
+        with _USERS_LOCK:
+            entry[0] -= 1
+            if entry[0] == 0:
+                for m in entry[1]:
+                    m.__dict__.pop("forward", None)
+                del _USERS[key]
 
 
 def release_packed_weights(model: nn.Module | None = None) -> None:

@@ -1,8 +1,9 @@
-"""Triton kernels of the ``hf_specdec`` attention backend: paged tree attention and the commit copy.
+"""Triton kernel of the ``hf_specdec`` attention backend: paged tree attention.
 
 `paged_tree_attention` attends the packed new tokens of a forward (prefill chunks, decode tokens, draft trees, rows
-of a ragged batch) over their rows' paged K/V. Its metadata is built once per forward from the `AttentionPlan` and
-cached in ``plan.extras`` (FlashInfer's plan/run split), so every layer only launches:
+of a ragged batch) over their rows' paged K/V. Its metadata (`build_tree_attention_metadata`) is built once per
+forward by the caller (``attention/backend.py`` caches it on the forward's plan: FlashInfer's plan/run split), so every
+layer only launches:
 
 - **work tiles**: each row's new tokens are cut into tiles of ``TOKENS_PER_TILE`` tokens; one program handles a tile
   for one KV head, all ``GROUP = H_q / H_kv`` query heads of that KV head stacked on the M axis (row ``m`` = token
@@ -15,9 +16,8 @@ cached in ``plan.extras`` (FlashInfer's plan/run split), so every layer only lau
   range is split over ``num_splits`` programs that write fp32 partials (unnormalised output, running max and sum);
   a second kernel merges them. Online softmax runs in fp32 with base-2 exponentials.
 
-`move_kv_triton` copies K/V rows between slots for `PagedCache.commit_rows` in one launch for K and V of every layer
-(the pools' base addresses come in a pointer table). Each program owns a slice of the ``H_kv * D`` columns of one
-pool's moved rows and reads all of them before it writes any, so sources and destinations may overlap.
+The commit copy of accepted tree nodes lives in `move_kv`. This module knows nothing of the package: tensors in,
+tensors out.
 
 The kernels run on CUDA, and on CPU tensors under Triton's interpreter. In triton 3.x ``TRITON_INTERPRET=1`` is read
 when a function is decorated with ``@triton.jit``: for triton's own helpers (``tl.zeros``, ``tl.cdiv``, ...) that is
@@ -37,15 +37,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention import AttentionPlan
-
 INTERPRETED: bool = bool(triton.knobs.runtime.interpret)  # how the kernels below were decorated
 # triton's own @jit helpers (tl.zeros, tl.cdiv, ...) were decorated when triton was first imported; both must agree
 _LANG_INTERPRETED: bool = type(tl.zeros).__name__ == "InterpretedFunction"
 
 _MIN_KEYS_PER_SPLIT = 256  # a split-K program reads at least this many keys (else the merge pass costs more)
 _MAX_SPLITS = 32
-_META_KEY = "triton_tree_attention"
 
 
 # --------------------------------------------------------------------------------------------------- kernels
@@ -229,58 +226,6 @@ def _merge_splits_kernel(
     tl.store(Out + query.to(tl.int64) * stride_on + head * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=d_valid)
 
 
-@triton.jit(do_not_specialize=["num_moves"])
-def _move_kv_kernel(
-    Pools,  # [T] int64 base addresses of T pools (K and V of every layer), each [num_slots, H_kv, D]
-    Scratch,  # [T, M, H_kv * D] (multi-chunk only)
-    Src,  # [M] int64
-    Dst,  # [M] int64
-    num_moves,
-    cols,  # H_kv * D
-    stride_s,  # slot stride of every pool
-    stride_h,  # head stride of every pool
-    D: tl.constexpr,
-    DTYPE: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    SINGLE_CHUNK: tl.constexpr,
-):
-    # Program (c, t) owns columns [c * BLOCK_C, +BLOCK_C) of every moved row of pool t; no other program touches
-    # them, so reading all its sources before writing any destination (a CTA barrier between) is enough.
-    pid = tl.program_id(0)
-    t = tl.program_id(1)
-    pool = tl.load(Pools + t).to(tl.pointer_type(DTYPE))
-    c = pid * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_valid = c < cols
-    c_off = (c // D) * stride_h + c % D  # [C] offset inside a slot
-    offs_r = tl.arange(0, BLOCK_R)
-    if SINGLE_CHUNK:  # every move fits in registers: load all, barrier, store all
-        r_valid = offs_r < num_moves
-        src = tl.load(Src + offs_r, mask=r_valid, other=0)
-        dst = tl.load(Dst + offs_r, mask=r_valid, other=0)
-        m = r_valid[:, None] & c_valid[None, :]
-        x = tl.load(pool + src[:, None] * stride_s + c_off[None, :], mask=m)
-        tl.debug_barrier()
-        tl.store(pool + dst[:, None] * stride_s + c_off[None, :], x, mask=m)
-    else:  # stage through scratch: all sources of this column slice first, then all destinations
-        scratch = Scratch + t.to(tl.int64) * num_moves * cols
-        for r0 in range(0, num_moves, BLOCK_R):
-            rows = r0 + offs_r
-            r_valid = rows < num_moves
-            src = tl.load(Src + rows, mask=r_valid, other=0)
-            m = r_valid[:, None] & c_valid[None, :]
-            x = tl.load(pool + src[:, None] * stride_s + c_off[None, :], mask=m)
-            tl.store(scratch + rows.to(tl.int64)[:, None] * cols + c[None, :], x, mask=m)
-        tl.debug_barrier()
-        for r0 in range(0, num_moves, BLOCK_R):
-            rows = r0 + offs_r
-            r_valid = rows < num_moves
-            dst = tl.load(Dst + rows, mask=r_valid, other=0)
-            m = r_valid[:, None] & c_valid[None, :]
-            x = tl.load(scratch + rows.to(tl.int64)[:, None] * cols + c[None, :], mask=m)
-            tl.store(pool + dst[:, None] * stride_s + c_off[None, :], x, mask=m)
-
-
 # ------------------------------------------------------------------------------------------------ metadata
 @dataclass
 class TreeAttentionMetadata:
@@ -323,38 +268,54 @@ def _pack_bits(visible: torch.Tensor, words: int) -> torch.Tensor:
     return packed.to(torch.int32)
 
 
+def max_block_m(dtype: torch.dtype) -> int:
+    """Largest work tile for queries of ``dtype``: fp32 dots run on FMA units in "ieee" precision, where big tiles
+    spill registers, so fp32 keeps them small."""
+    return 16 if dtype == torch.float32 else 64
+
+
 def build_tree_attention_metadata(
-    plan: AttentionPlan, device: torch.device, group: int, max_block_m: int = 64
+    cu_seqlens: Sequence[int],
+    prefix_lens: Sequence[int],
+    pending_lens: Sequence[int],
+    new_token_masks: Sequence[torch.Tensor | None],
+    block_tables: torch.Tensor,
+    device: torch.device,
+    group: int,
+    max_block_m: int = 64,
 ) -> TreeAttentionMetadata:
-    """Kernel metadata of ``plan`` for ``group`` query heads per KV head (cached in ``plan.extras``).
+    """Kernel metadata of one forward for ``group`` query heads per KV head.
 
     A work tile stacks ``tokens_per_tile`` tokens x ``group`` heads on ``block_m`` rows (16 to ``max_block_m``, at
     least the group), so a decode token gets one small tile and a tree or a chunk a few full ones.
 
     Built on the host once per forward (a loop over rows, vectorised within a row) and moved to ``device`` in one
     copy; every layer of the forward reuses it.
+
+    Args:
+        cu_seqlens: `[B + 1]` offsets of each row's new tokens in the packed batch.
+        prefix_lens: `[B]` committed tokens of each row (seen by every new token of the row).
+        pending_lens: `[B]` uncommitted tokens between the prefix and the new tokens.
+        new_token_masks: per row `[n, pending + n]` bool visibility of the row's tail, or None for a causal chunk.
+        block_tables: `[B, max_blocks]` int32 block table of each row.
     """
-    key = (_META_KEY, device.type, device.index, group, max_block_m)
-    meta = plan.extras.get(key)
-    if meta is not None:
-        return meta
-    q_lens = plan.q_lens()
+    cu = [int(x) for x in cu_seqlens]
+    q_lens = [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
     num_rows = len(q_lens)
-    num_queries = int(plan.cu_seqlens[-1])
-    pending = plan.pending_lens
+    num_queries = cu[-1]
+    pending = list(pending_lens)
     max_q = max(q_lens, default=1)
     block_m = min(max_block_m, max(16, _next_pow2(max_q * group)))
     block_m = max(block_m, _next_pow2(group))
     tokens_per_tile = block_m // group
     tails = [p + n for p, n in zip(pending, q_lens)]
-    tree_tails = [t for t, m in zip(tails, plan.new_token_masks) if m is not None]
+    tree_tails = [t for t, m in zip(tails, new_token_masks) if m is not None]
     words = max(1, -(-max(tree_tails, default=1) // 32))
     mask_words = torch.zeros(max(num_queries, 1), words, dtype=torch.int32)
     is_causal, tile_row, tile_q_start, tile_kv_len = [], [], [], []
-    cu = plan.cu_seqlens.tolist()
     for b in range(num_rows):
-        n, prefix, tail = q_lens[b], plan.prefix_lens[b], tails[b]
-        own = plan.new_token_masks[b]
+        n, prefix, tail = q_lens[b], int(prefix_lens[b]), tails[b]
+        own = new_token_masks[b]
         if own is None:
             if pending[b]:
                 raise ValueError(f"row {b}: a row with pending tokens needs an explicit mask")
@@ -376,13 +337,12 @@ def build_tree_attention_metadata(
     tile_kv_len = torch.cat(tile_kv_len) if tile_kv_len else torch.zeros(0, dtype=torch.long)
     tile_q_start = torch.cat(tile_q_start) if tile_q_start else torch.zeros(0, dtype=torch.long)
     tile_row = torch.cat(tile_row) if tile_row else torch.zeros(0, dtype=torch.long)
-    block_tables = plan.cache.allocator.block_table_tensor(plan.rows)  # [B, max_blocks] int32
-    small = [torch.tensor(x) for x in (cu, plan.prefix_lens, is_causal)] + [tile_row, tile_q_start, tile_kv_len]
+    small = [torch.tensor(x) for x in (cu, list(prefix_lens), is_causal)] + [tile_row, tile_q_start, tile_kv_len]
     host = torch.cat([block_tables.flatten(), mask_words.flatten()] + [x.to(torch.int32) for x in small])
     dev = host.to(device)  # one host-to-device copy for everything
     sizes = [block_tables.numel(), mask_words.numel()] + [x.numel() for x in small]
     parts = list(torch.split(dev, sizes))
-    meta = TreeAttentionMetadata(
+    return TreeAttentionMetadata(
         block_tables=parts[0].view(block_tables.shape),
         mask_words=parts[1].view(mask_words.shape),
         cu_seqlens=parts[2],
@@ -399,8 +359,6 @@ def build_tree_attention_metadata(
         max_kv_len=int(tile_kv_len.max()) if tile_kv_len.numel() else 0,
         tree_rows=len(tree_tails),
     )
-    plan.extras[key] = meta
-    return meta
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -475,21 +433,21 @@ def paged_tree_attention(
     query: torch.Tensor,
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
-    plan: AttentionPlan,
+    meta: TreeAttentionMetadata,
     scale: float,
     *,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """Attention of the packed new tokens over their rows' paged K/V, with per-row causal or tree masks.
 
-    Same semantics as `reference.paged_attention_reference` without sliding window / soft-capping: row ``b`` sees
-    its committed prefix, then among its pending + new tokens those ``plan.new_token_masks[b]`` allows (causal when
-    None). The new tokens' K/V must already be in the pools at ``plan.slot_mapping``.
+    Same semantics as the torch reference (``attention/reference.py``) without sliding window / soft-capping: row
+    ``b`` sees its committed prefix, then among its pending + new tokens those its mask allows (causal when None).
+    The new tokens' K/V must already be in the pools.
 
     Args:
         query: `[N, H_q, D]` queries of the packed new tokens (last dim contiguous).
         k_pool, v_pool: `[num_blocks, block_size, H_kv, D]` the layer's pools.
-        plan: the forward's `AttentionPlan`; kernel metadata is built on first use and cached in ``plan.extras``.
+        meta: the forward's `build_tree_attention_metadata` for this group size and `max_block_m` of the dtype.
         scale: softmax scale.
         num_splits: split-K factor (default: chosen from the GPU's SM count; 1 on CPU).
     Returns:
@@ -514,8 +472,8 @@ def paged_tree_attention(
     if query.stride(-1) != 1:
         query = query.contiguous()
     group = heads_q // heads_kv
-    # fp32 dots run on FMA units in "ieee" precision: big tiles spill registers, so fp32 keeps them small
-    meta = build_tree_attention_metadata(plan, query.device, group, 16 if query.dtype == torch.float32 else 64)
+    if meta.tokens_per_tile != meta.block_m // group:
+        raise ValueError(f"the kernel metadata was built for another number of query heads per KV head than {group}")
     splits = num_splits if num_splits is not None else _default_num_splits(meta, heads_kv, query.device)
     splits = max(1, int(splits))
     block_d = max(16, _next_pow2(head_dim))
@@ -556,63 +514,3 @@ def paged_tree_attention(
 def _device_guard(device: torch.device):
     """Launch on ``device``'s GPU (Triton launches on the current CUDA device)."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
-_MOVE_SINGLE_MAX = 256  # moves that fit in one register tile; more go through a scratch buffer
-_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
-
-
-@functools.lru_cache(maxsize=64)
-def _pointer_table(device: torch.device, addresses: tuple[int, ...]) -> torch.Tensor:
-    """`[T]` int64 device tensor of pool base addresses (pools move only when they grow, so this is cached)."""
-    return torch.tensor(addresses, dtype=torch.int64).to(device)
-
-
-def move_kv_triton(pools: Sequence[tuple[torch.Tensor, torch.Tensor]], src: torch.Tensor, dst: torch.Tensor) -> int:
-    """Copy the K/V rows of slots ``src`` `[M]` to ``dst`` `[M]` in place in every layer: one launch for K and V of
-    all layers (one per group of pools that differ in dtype, head count, head dim or strides; one for a plain model).
-
-    All reads happen before all writes (as ``index_select`` then ``index_copy``), so sources and destinations may
-    interleave; destinations must be distinct.
-
-    Args:
-        pools: per layer ``(k_flat, v_flat)``, each `[num_slots, H_kv, D]` (flattened pages; last dim contiguous).
-        src, dst: `[M]` slot ids, the same for every layer.
-    Returns:
-        the number of kernel launches.
-    """
-    tensors = [t for kv in pools for t in kv]
-    if not tensors:
-        return 0
-    _check_runnable(tensors[0])
-    num_moves = src.numel()
-    if num_moves == 0:
-        return 0
-    if dst.numel() != num_moves:
-        raise ValueError(f"move_kv: {num_moves} sources but {dst.numel()} destinations")
-    groups: dict[tuple, list[torch.Tensor]] = {}
-    for t in tensors:
-        if t.stride(-1) != 1:
-            raise ValueError("move_kv: K/V pools must have a contiguous last dimension")
-        if t.dtype not in _TL_DTYPES:
-            raise ValueError(f"move_kv: unsupported pool dtype {t.dtype}")
-        if t.device != tensors[0].device:
-            raise ValueError(f"move_kv: pools on {t.device} and {tensors[0].device}")
-        groups.setdefault((t.dtype, tuple(t.shape[1:]), t.stride(0), t.stride(1)), []).append(t)
-    device = tensors[0].device
-    src = src.to(device=device, dtype=torch.int64).contiguous()
-    dst = dst.to(device=device, dtype=torch.int64).contiguous()
-    single = num_moves <= _MOVE_SINGLE_MAX
-    block_r = max(16, _next_pow2(num_moves)) if single else 64
-    with _device_guard(device):
-        for (dtype, (heads, d), stride_s, stride_h), group in groups.items():
-            cols = heads * d
-            block_c = max(16, min(_next_pow2(cols), 8192 // block_r))
-            table = _pointer_table(device, tuple(t.data_ptr() for t in group))
-            scratch = group[0] if single else torch.empty(len(group), num_moves, cols, dtype=dtype, device=device)
-            grid = (triton.cdiv(cols, block_c), len(group))
-            _move_kv_kernel[grid](
-                table, scratch, src, dst, num_moves, cols, stride_s, stride_h,
-                D=d, DTYPE=_TL_DTYPES[dtype], BLOCK_R=block_r, BLOCK_C=block_c, SINGLE_CHUNK=single, num_warps=4,
-            )  # fmt: skip
-    return len(groups)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ..generation.proposers.medusa import optimal_tree_choices
+from ..generation.tree_shapes import optimal_tree_choices
 from ..heads.medusa import MedusaHeads
 from .data import DistillationData, _write_json
 from .medusa import REPORT_NAME, MedusaTrainingConfig, head_positions, medusa_labels, split_sequences

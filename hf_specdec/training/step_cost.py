@@ -19,11 +19,8 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import DynamicCache
 
-from ..cache.paged import PagedCache
-from ..generation.loop import speculative_attention
+from ..generation.target import PlannedModel
 from ..generation.tree import DraftTree
-from ..kernels.attention import PLAN_KWARG, build_plan, planned_forward
-from ..kernels.cpu_linear import packed_linears
 
 Timer = Callable[[Callable[[], object]], float]  # runs a call, returns its time in µs
 
@@ -49,30 +46,28 @@ def random_tree_mask(nodes: int, gen: torch.Generator) -> torch.Tensor:
     return DraftTree.from_parents(torch.zeros(nodes - 1, dtype=torch.long), parent).ancestor_mask()  # [n, n]
 
 
-def _hf_specdec_curve(model, prompt: torch.Tensor, trees: dict, timer: Timer, after) -> tuple[dict, torch.Tensor]:
+def _hf_specdec_curve(
+    model, prompt: torch.Tensor, trees: dict, timer: Timer, after, attention: str | None = None
+) -> tuple[dict, torch.Tensor]:
     """Times of verifying each of ``trees`` (``n -> ([n, n] mask, [n] ids)``) over ``prompt`` `[L]` with the
     hf_specdec backend, and the logits `[n_max, V]` of the last tree."""
     device, context = prompt.device, prompt.numel()
-    cache = PagedCache(model.config, block_size=16)
-    (row,) = cache.add_rows(1)
-    with speculative_attention(model), packed_linears(model), planned_forward():
-        plan = build_plan(cache, [row], [context], torch.arange(context), [None], device)
-        positions = torch.arange(context, device=device)[None]
-        model(input_ids=prompt[None], position_ids=positions, use_cache=False, **{PLAN_KWARG: plan})
-        cache.allocator.truncate(row, context)
+    with PlannedModel(model, backend=attention) as target:
+        (row,) = target.add_rows(1)
+        target.forward([row], prompt, torch.arange(context, device=device), [context])
+        target.commit_chunks([row], [context])
         curve = {}
         for n, (mask, ids) in trees.items():
             positions = (context + mask.sum(1) - 1).to(device)  # [n] the root's position + each node's depth
 
             def verify(mask=mask, ids=ids, positions=positions):
-                p = build_plan(cache, [row], [ids.numel()], positions, [mask], device)
-                out = model(input_ids=ids[None], position_ids=positions[None], use_cache=False, **{PLAN_KWARG: p})
+                out = target.forward([row], ids, positions, [ids.numel()], [mask])  # not committed
                 if after is not None:
                     after()
                 return out
 
             curve[n] = timer(verify)
-        return curve, verify().logits[0].float()
+        return curve, verify().logits.float()
 
 
 def _sdpa_curve(model, prompt: torch.Tensor, trees: dict, timer: Timer) -> tuple[dict, torch.Tensor]:
@@ -115,6 +110,7 @@ def verify_cost_curve(
     backends: Sequence[str] = ("hf_specdec", "sdpa"),
     seed: int = 0,
     after: Callable[[], object] | None = None,
+    attention: str | None = None,
 ) -> tuple[dict[str, dict[int, float]], float | None]:
     """Forward time (µs) of verifying a random ``n``-node tree over ``context`` committed tokens, per backend.
 
@@ -130,6 +126,7 @@ def verify_cost_curve(
         seed: of the random prompt and trees.
         after: run after each timed hf_specdec forward and timed with it (e.g. a drafter's step): run alone in a
             loop, a small drafter would keep its weights in cache, which the target's forward evicts in decoding.
+        attention: the hf_specdec attention path, ``"triton"`` or ``"torch"`` (None: as a generate call chooses).
     Returns:
         ``({backend: {n: µs}}, diff)``: diff is the largest logit difference between the two backends on the
         largest tree (a check that both verify the same), None unless both ran.
@@ -142,7 +139,9 @@ def verify_cost_curve(
     curves: dict[str, dict[int, float]] = {}
     last_logits: dict[str, torch.Tensor] = {}  # [n_max, V] per backend
     if "hf_specdec" in backends:
-        curves["hf_specdec"], last_logits["hf_specdec"] = _hf_specdec_curve(model, prompt, trees, timer, after)
+        curves["hf_specdec"], last_logits["hf_specdec"] = _hf_specdec_curve(
+            model, prompt, trees, timer, after, attention
+        )
     if "sdpa" in backends:
         curves["sdpa"], last_logits["sdpa"] = _sdpa_curve(model, prompt, trees, timer)
     diff = None

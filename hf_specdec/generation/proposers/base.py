@@ -18,7 +18,9 @@ The trees a proposer returns hang under that root.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -131,3 +133,18 @@ class Proposer:
 
     def finish(self) -> None:
         """Release per-call state (caches); called at the end of every call, also after an error."""
+
+    @contextlib.contextmanager
+    def claimed(self) -> Iterator[None]:
+        """Held by a generate() call for its whole length: an assistant keeps per-call state, so one object cannot
+        serve two calls at once (two threads); the second gets a clear error instead of corrupted drafts."""
+        lock = self.__dict__.setdefault("_hf_specdec_call_lock", threading.Lock())  # atomic in CPython
+        if not lock.acquire(blocking=False):
+            raise RuntimeError(
+                f"this {type(self).__name__} is already in use by another generate call (another thread); an "
+                "assistant keeps per-call state: create one assistant per thread"
+            )
+        try:
+            yield
+        finally:
+            lock.release()

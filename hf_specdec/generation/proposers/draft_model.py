@@ -19,15 +19,12 @@ With ``do_sample=True`` children are drawn without replacement from the processe
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 import torch
 
-from ...cache.paged import PagedCache
-from ...kernels.attention import PLAN_KWARG, build_plan, planned_forward
-from ...kernels.cpu_linear import packed_linears
-from ..tree import DraftSampling, DraftTree
+from ..target import PlannedModel
+from ..tree import DraftSampling, DraftTree, subset_parents
 from .base import Proposer, ProposerSetup, RowState
 
 
@@ -53,8 +50,7 @@ class DraftModelAssistant(Proposer):
         self.depth = depth
         self.top_k = top_k
         self.num_nodes = num_nodes if top_k > 1 else depth
-        self.cache: PagedCache | None = None
-        self._packed: contextlib.ExitStack | None = None  # the draft's packed linears, held for one generate call
+        self.draft: PlannedModel | None = None  # the draft's planned forwards and cache, for one generate call
 
     def validate(self, target) -> None:
         if getattr(self.model.config, "is_encoder_decoder", False):
@@ -70,34 +66,24 @@ class DraftModelAssistant(Proposer):
 
     def start(self, setup: ProposerSetup) -> None:
         super().start(setup)
-        self.cache = PagedCache(self.model.config)
+        self.finish()
+        # entered once per call, not per draft forward (packing the linears scans the modules)
+        self.draft = PlannedModel(self.model).__enter__()
         self.cache_rows: dict[int, int] = {}
         self.cached: dict[int, int] = {}  # committed tokens of each row in the draft cache
         self.sample = setup.do_sample
         self.processors = setup.logits_processor if setup.do_sample else None
-        self._packed = contextlib.ExitStack()  # once per call, not per draft forward (patching scans the modules)
-        self._packed.enter_context(packed_linears(self.model))
 
     def finish(self) -> None:
-        self.cache = None
-        if self._packed is not None:
-            packed, self._packed = self._packed, None
-            packed.close()
+        draft, self.draft = self.draft, None
+        if draft is not None:
+            draft.close()
 
     # ------------------------------------------------------------------ drafting
-    def _forward(self, tokens, positions, rows, q_lens, masks, pending, keep):
-        from ..loop import speculative_attention
-
-        plan = build_plan(self.cache, rows, q_lens, positions, masks, tokens.device, pending_lens=pending)
-        with speculative_attention(self.model), planned_forward():
-            out = self.model(
-                input_ids=tokens[None],
-                position_ids=positions[None],
-                use_cache=False,
-                logits_to_keep=keep,
-                **{PLAN_KWARG: plan},
-            )
-        return out.logits[0].float()  # [len(keep), V]
+    def _forward(self, tokens, positions, rows, q_lens, masks, pending, keep) -> torch.Tensor:
+        """`[K, V]` fp32 draft logits at the kept positions of one packed forward (see `PlannedModel.forward`)."""
+        out = self.draft.forward(rows, tokens, positions, q_lens, masks, pending_lens=pending, logits_to_keep=keep)
+        return out.logits.float()
 
     def _children(self, logits: torch.Tensor, contexts: list[torch.Tensor]):
         """Top-k (greedy) or Gumbel-top-k (sampling) children of each expanded node: (tokens, log q, q)."""
@@ -117,7 +103,7 @@ class DraftModelAssistant(Proposer):
         device = rows[0].tokens.device
         for r in rows:
             if r.row not in self.cache_rows:
-                self.cache_rows[r.row] = self.cache.add_rows(1)[0]
+                self.cache_rows[r.row] = self.draft.add_rows(1)[0]
                 self.cached[r.row] = 0
         # Level 0: feed what the draft has not seen (ends with the root) -> distribution over depth-1 children.
         feed = [r.tokens[self.cached[r.row] :] for r in rows]
@@ -126,8 +112,8 @@ class DraftModelAssistant(Proposer):
         cache_rows = [self.cache_rows[r.row] for r in rows]
         last = torch.tensor(q_lens, device=device).cumsum(0) - 1
         logits = self._forward(torch.cat(feed), positions, cache_rows, q_lens, [None] * len(rows), None, last)
-        for r, cr in zip(rows, cache_rows):
-            self.cache.allocator.truncate(cr, r.tokens.numel())
+        self.draft.commit_chunks(cache_rows, q_lens)  # the fed tokens stay; last step's tree is forgotten
+        for r in rows:
             self.cached[r.row] = r.tokens.numel()
 
         depth_cap = [min(self.depth, r.max_depth) for r in rows]
@@ -210,9 +196,8 @@ class DraftModelAssistant(Proposer):
         if self.sample:
             keep = self._prefix_closed(nb, keep)
         kept = sorted(keep, key=lambda j: (nb["dep"][j], j))  # parents first
-        index = {j: i for i, j in enumerate(kept)}
         tokens = [nb["tok"][j] for j in kept]
-        parent = [index[nb["par"][j]] if nb["par"][j] >= 0 else -1 for j in kept]
+        parent = subset_parents(nb["par"], kept)
         if not self.sample:
             return DraftTree.from_parents(torch.tensor(tokens, device=device), parent)
         vocab = next(iter(q_rows.values())).numel()

@@ -16,11 +16,13 @@ context, never on the target's answer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from ..tree import DraftTree
+from . import resolve_assistant
 from .base import Proposer, ProposerSetup, RowFeedback, RowState
 
 
@@ -59,12 +61,19 @@ class FallbackAssistant(Proposer):
 
     # ------------------------------------------------------------------ lifecycle
     def validate(self, target: torch.nn.Module) -> None:
-        from . import resolve_assistant
-
         self.proposers = [resolve_assistant(a, target) for a in self.assistants]
         for p in self.proposers:
             p.validate(target)
         self.hidden_state_layers = self._layers()
+
+    @contextlib.contextmanager
+    def claimed(self) -> Iterator[None]:
+        """Claims this object and every assistant in it (see `Proposer.claimed`)."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(super().claimed())
+            for p in self.proposers:
+                stack.enter_context(p.claimed())
+            yield
 
     def start(self, setup: ProposerSetup) -> None:
         super().start(setup)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..tree import DraftSampling, DraftTree
+from ..tree import DraftSampling, DraftTree, subset_parents
 from .base import Proposer, ProposerSetup, RowFeedback, RowState
 
 # Acceptance statistics are kept per effective match length 1 .. _BUCKETS (the last bucket: that many or more).
@@ -286,17 +286,9 @@ class NgramAssistant(Proposer):
         if not keep:
             return DraftTree.empty()
 
-        new_index = {old: new for new, old in enumerate(keep)}
-        out_tokens = [tokens[i] for i in keep]
-        out_parent = [new_index[parent[i]] if parent[i] >= 0 else -1 for i in keep]
-        out_depth: list[int] = []
+        out_parent = subset_parents(parent, keep)
         for new, old in enumerate(keep):
-            p = out_parent[new]
-            out_depth.append(1 if p < 0 else out_depth[p] + 1)
-            lookup.level_bucket.setdefault(p, bucket[old])  # siblings come best first
-        return DraftTree(
-            torch.tensor(out_tokens, dtype=torch.long),
-            torch.tensor(out_parent, dtype=torch.long),
-            torch.tensor(out_depth, dtype=torch.long),
-            sampling=DraftSampling.DETERMINISTIC,
+            lookup.level_bucket.setdefault(out_parent[new], bucket[old])  # siblings come best first
+        return DraftTree.from_parents(
+            torch.tensor([tokens[i] for i in keep], dtype=torch.long), out_parent, sampling=DraftSampling.DETERMINISTIC
         )

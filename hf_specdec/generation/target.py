@@ -1,0 +1,181 @@
+"""`PlannedModel`: the one owner of planned forwards of a model (the target, or a draft model) over a `PagedCache`.
+
+Every speculative forward goes the same way: build the `AttentionPlan` (reserving the new tokens' slots), run the
+model with the plan active in this thread, then decide what the cache keeps (a prefill chunk, accepted tree nodes)
+or forget it. The speculative loop, the draft-model assistant, the step-cost measurement and the kernel benchmark
+all do it through this class, so none of them touches the cache's allocator or transformers' attention switch::
+
+    with PlannedModel(model) as target:                           # one generate() call
+        rows = target.add_rows(2)
+        out = target.forward(rows, tokens, positions, q_lens)       # causal chunks (prefill)
+        target.commit_chunks(rows, q_lens)
+        out = target.forward(rows, tokens, positions, q_lens, masks)  # trees
+        target.commit_trees(rows, accepted)
+
+Entering the block chooses the attention backend once for the call (`choose_backend`), makes the model's attention
+implementation serve planned forwards (`install_for`: the model and its config are not modified) and, on CPU, runs
+the model's linears on pre-packed weights for this thread (`packed_linears`). Leaving it frees every row, also
+after an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..attention.backend import choose_backend, install_for, planned
+from ..attention.plan import AttentionPlan, build_plan
+from ..cache.paged import PagedCache
+from ..kernels.cpu_linear import packed_linears
+
+
+@dataclass
+class PlannedOutput:
+    """What a planned forward returns.
+
+    Attributes:
+        logits: `[K, V]` logits at the kept positions (``logits_to_keep``; all `N` packed positions for 0).
+        hidden_states: layer -> `[N, H]` hidden states of every packed position (transformers' ``hidden_states``
+            indices), or None when none were asked for.
+        cu_seqlens: `[B + 1]` int64 (CPU) offsets of each row's tokens in the packed batch.
+    """
+
+    logits: torch.Tensor
+    hidden_states: dict[int, torch.Tensor] | None
+    cu_seqlens: torch.Tensor
+
+
+class PlannedModel:
+    """Planned forwards of ``model`` over its own `PagedCache`, for the length of one ``with`` block.
+
+    Args:
+        model: a transformers causal LM.
+        backend: ``"triton"``, ``"torch"`` or None (``HF_SPECDEC_ATTENTION``, else automatic; see `choose_backend`).
+        block_size: tokens per cache block.
+        pack_linears: run the model's CPU fp32 linears on pre-packed weights in this thread (None: when it pays and
+            memory allows; see ``kernels/cpu_linear.py``).
+    """
+
+    def __init__(self, model, *, backend: str | None = None, block_size: int = 16, pack_linears: bool | None = None):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.backend = choose_backend(self.device, backend)
+        self.cache = PagedCache(model.config, block_size=block_size)
+        self._pack_linears = pack_linears
+        self._stack: contextlib.ExitStack | None = None
+
+    # ------------------------------------------------------------------ call scope
+    def __enter__(self) -> PlannedModel:
+        install_for(self.model)
+        stack = contextlib.ExitStack()
+        stack.enter_context(packed_linears(self.model, enabled=self._pack_linears))
+        self._stack = stack
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Free every row and leave the call scope (idempotent)."""
+        for row in range(self.cache.allocator.num_rows):
+            self.free(row)
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+
+    # ------------------------------------------------------------------ rows
+    def add_rows(self, n: int) -> list[int]:
+        """``n`` new empty cache rows; returns their indices."""
+        return self.cache.add_rows(n)
+
+    def length(self, row: int) -> int:
+        """Committed tokens of ``row``."""
+        return self.cache.lengths[row]
+
+    def is_active(self, row: int) -> bool:
+        return self.cache.is_active(row)
+
+    def free(self, row: int) -> None:
+        """Give ``row``'s blocks back (no-op if already freed)."""
+        if self.cache.is_active(row):
+            self.cache.free(row)
+
+    def commit_chunks(self, rows: Sequence[int], counts: Sequence[int]) -> None:
+        """Keep the ``counts[i]`` tokens the last forward wrote after each row's committed prefix."""
+        for row, n in zip(rows, counts):
+            self.cache.commit_chunk(row, n)
+
+    def commit_trees(self, rows: Sequence[int], accepted: Sequence[torch.Tensor]) -> None:
+        """Keep the accepted tree positions of each row (per row `[1 + a]`, root first; see `PagedCache.commit`)."""
+        self.cache.commit(rows, accepted, use_triton=self.backend == "triton")
+
+    def rollback(self, row: int, length: int) -> None:
+        """Forget everything of ``row`` past ``length`` tokens."""
+        self.cache.rollback(row, length)
+
+    # ------------------------------------------------------------------ forwards
+    def plan(
+        self,
+        rows: Sequence[int],
+        positions: torch.Tensor,
+        q_lens: Sequence[int],
+        masks: Sequence[torch.Tensor | None] | None = None,
+        pending_lens: Sequence[int] | None = None,
+    ) -> AttentionPlan:
+        """The `AttentionPlan` of a forward (reserves its slots; see `build_plan`)."""
+        masks = list(masks) if masks is not None else [None] * len(rows)
+        return build_plan(self.cache, rows, q_lens, positions, masks, self.device, pending_lens, self.backend)
+
+    def forward(
+        self,
+        rows: Sequence[int],
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        q_lens: Sequence[int],
+        masks: Sequence[torch.Tensor | None] | None = None,
+        *,
+        pending_lens: Sequence[int] | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        hidden_layers: Sequence[int] | None = None,
+    ) -> PlannedOutput:
+        """One packed forward of ``q_lens[b]`` new tokens for each of ``rows``.
+
+        Args:
+            rows: `[B]` cache rows.
+            tokens: `[N]` int64 packed new tokens (row after row).
+            positions: `[N]` int64 their position ids.
+            q_lens: `[B]` new tokens per row (sums to N).
+            masks: `[B]` per row `[n, pending + n]` bool visibility of its tail, or None (causal chunk); default all
+                causal.
+            pending_lens: `[B]` uncommitted tokens already written after each row's prefix (a draft model's tree).
+            logits_to_keep: 0 for logits at every position, or `[K]` packed positions to keep.
+            hidden_layers: indices into transformers' ``hidden_states`` to return (None: none).
+        Returns:
+            a `PlannedOutput`. The cache holds the new tokens' K/V uncommitted until `commit_chunks` /
+            `commit_trees`.
+        """
+        if self._stack is None:
+            raise RuntimeError("PlannedModel.forward runs inside its call scope: use `with PlannedModel(model) as m:`")
+        plan = self.plan(rows, positions, q_lens, masks, pending_lens)
+        with planned(plan):
+            out = self.model(
+                input_ids=tokens[None],
+                position_ids=plan.positions[None],
+                use_cache=False,
+                logits_to_keep=logits_to_keep,
+                output_hidden_states=bool(hidden_layers),
+            )
+        if not plan.extras.get("layers_run"):
+            impl = getattr(self.model.config, "_attn_implementation", None)
+            raise RuntimeError(
+                f"{type(self.model).__name__}'s attention ({impl!r}) did not run hf_specdec's planned attention: its "
+                "attention layers do not dispatch through transformers' AttentionInterface; load the model with "
+                "attn_implementation='sdpa' or 'eager'"
+            )
+        hidden = None
+        if hidden_layers:
+            hidden = {layer: out.hidden_states[layer][0] for layer in hidden_layers}  # layer -> [N, H]
+        return PlannedOutput(out.logits[0], hidden, plan.cu_seqlens)  # logits [K, V]

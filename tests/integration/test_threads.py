@@ -1,0 +1,115 @@
+"""Two threads, one model: vanilla and speculative `generate` at the same time give single-threaded outputs, and
+the model (configs, modules) is exactly as before afterwards, also after an error."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from hf_specdec import DraftModelAssistant, MedusaAssistant, MedusaHeads, NgramAssistant, Proposer
+from hf_specdec.testing import tiny_causal_lm
+
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [11, 12, 13, 14, 15], [3, 9, 3, 9, 3, 9, 3], [20, 21, 22, 20, 21]]
+ROUNDS = 3  # calls per thread and prompt
+
+
+def _heads(model) -> MedusaHeads:
+    heads = MedusaHeads.for_model(model, num_heads=2, share_lm_head=True)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return heads
+
+
+def _snapshot(model) -> dict:
+    """Everything a speculative call could leave behind on the model object."""
+    configs = {}
+    for name, module in model.named_modules():
+        cfg = getattr(module, "config", None)
+        if cfg is not None:
+            configs[name] = (id(cfg), cfg._attn_implementation, repr(cfg.to_dict()))
+    patched = [name for name, module in model.named_modules() if "forward" in module.__dict__]
+    return dict(configs=configs, patched=patched, attrs=sorted(model.__dict__))
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_causal_lm("llama", num_layers=2)
+    draft = tiny_causal_lm("llama", num_layers=1, seed=1)
+    heads = _heads(model)
+    methods = {
+        "vanilla": lambda: None,
+        "ngram": NgramAssistant,
+        "medusa": lambda: MedusaAssistant(heads),
+        "draft": lambda: DraftModelAssistant(draft, depth=3),
+    }
+    return model, methods
+
+
+def _run(model, make_assistant, prompt: list[int]) -> list[int]:
+    ids = torch.tensor([prompt])
+    assistant = make_assistant()
+    kwargs = {} if assistant is None else {"assistant": assistant}
+    return model.generate(ids, max_new_tokens=16, do_sample=False, **kwargs)[0].tolist()
+
+
+def test_vanilla_and_speculative_threads_on_one_model(setup):
+    model, methods = setup
+    before = _snapshot(model)
+    expected = {(m, i): _run(model, make, p) for m, make in methods.items() for i, p in enumerate(PROMPTS)}
+    vanilla = {i: expected["vanilla", i] for i in range(len(PROMPTS))}
+    assert all(expected[m, i] == vanilla[i] for m in methods for i in range(len(PROMPTS))), "greedy != vanilla"
+
+    got: dict[str, list] = {m: [] for m in methods}
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(methods))
+
+    def worker(method: str) -> None:
+        try:
+            start.wait(timeout=30)
+            for _ in range(ROUNDS):
+                for i, p in enumerate(PROMPTS):
+                    got[method].append((i, _run(model, methods[method], p)))
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(m,)) for m in methods]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread did not finish"
+    assert not errors, errors
+    for method, outputs in got.items():
+        assert len(outputs) == ROUNDS * len(PROMPTS)
+        for i, tokens in outputs:
+            assert tokens == expected[method, i], f"{method} prompt {i} differs from its single-threaded output"
+    assert _snapshot(model) == before
+
+
+def test_the_model_is_unchanged_after_an_error(setup):
+    model, _ = setup
+    before = _snapshot(model)
+
+    class Failing(Proposer):
+        def propose(self, rows):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        model.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=4, assistant=Failing())
+    assert _snapshot(model) == before
+
+
+def test_an_assistant_in_use_by_another_call_is_a_clear_error(setup):
+    model, _ = setup
+    shared = NgramAssistant()
+    ids = torch.tensor([PROMPTS[0]])
+    with shared.claimed():  # as if another thread's generate call were running with it
+        with pytest.raises(RuntimeError, match="already in use by another generate call.*one assistant per thread"):
+            model.generate(ids, max_new_tokens=4, do_sample=False, assistant=shared)
+    # free again: it works, and gives vanilla's output
+    out = model.generate(ids, max_new_tokens=4, do_sample=False, assistant=shared)
+    assert torch.equal(out, model.generate(ids, max_new_tokens=4, do_sample=False))

@@ -1,0 +1,114 @@
+"""The package's imports run one way (docs/design.md, "Layers"): a module imports only from its own layer or below,
+and no two modules import each other, directly or through others. Imports inside functions count too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import hf_specdec
+
+ROOT = Path(hf_specdec.__file__).parent
+
+# lowest first; a module may import from its own layer and the layers before it
+LAYERS = [
+    ("kernels", ["kernels"]),
+    ("cache", ["cache"]),
+    ("attention", ["attention"]),
+    ("heads", ["heads", "models"]),  # models.py: loading the default model and cutting a draft from it
+    ("generation", ["generation"]),
+    ("training", ["training"]),
+    # the top: user-facing entry points; testing.py builds tiny models and test assistants for tests and examples
+    ("top", ["bench", "demo", "cli", "assistants", "testing", "__init__"]),
+]
+LAYER_OF = {part: i for i, (_, parts) in enumerate(LAYERS) for part in parts}
+# Circles known at the time of writing, owned elsewhere, each to be removed (the test fails once one is gone, so the
+# entry goes too): the demo's cli imports the package lazily for `launch` (optional gradio) while the package and the
+# app import the cli.
+KNOWN_CIRCLES = {"hf_specdec.demo -> hf_specdec.demo.app -> hf_specdec.demo.cli -> hf_specdec.demo"}
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted name -> file of every module of the package."""
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return LAYER_OF["__init__"]  # the package itself
+    if parts[1] not in LAYER_OF:
+        raise AssertionError(f"{module} is in no layer: add hf_specdec/{parts[1]} to LAYERS (and to docs/design.md)")
+    return LAYER_OF[parts[1]]
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package modules ``name`` imports (module level and inside functions)."""
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "hf_specdec"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.split(".")[0] == "hf_specdec":
+                target = node.module
+            else:
+                continue
+            for alias in node.names:  # `from pkg import submodule` imports the submodule
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in modules else target)
+    return {m for m in found if m in modules and m != name}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_no_module_imports_from_a_higher_layer():
+    upward = []
+    for name, deps in _graph().items():
+        for dep in deps:
+            if _layer(dep) > _layer(name):
+                upward.append(f"{name} ({LAYERS[_layer(name)][0]}) imports {dep} ({LAYERS[_layer(dep)][0]})")
+    assert not upward, "imports running up a layer:\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_circles():
+    graph = _graph()
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append(" -> ".join(path[path.index(dep) :] + [node, dep]))
+            elif dep not in state:
+                visit(dep, path + [node] if dep not in path else path)
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+    assert set(cycles) == KNOWN_CIRCLES, "import circles:\n" + "\n".join(sorted(set(cycles) ^ KNOWN_CIRCLES))
+
+
+def test_the_check_sees_imports_inside_functions_and_relative_ones(tmp_path):
+    source = tmp_path / "mod.py"
+    source.write_text("from ..generation import loop\n\ndef f():\n    from ..training.data import x\n")
+    modules = {"hf_specdec.heads.mod": source, "hf_specdec.generation.loop": source, "hf_specdec.training.data": source}
+    deps = _imports("hf_specdec.heads.mod", source, modules)
+    assert deps == {"hf_specdec.generation.loop", "hf_specdec.training.data"}
+    assert all(_layer(d) > _layer("hf_specdec.heads.mod") for d in deps)
