@@ -5,7 +5,7 @@ optionally masked like top-k / top-p warpers (-inf scores); a toy draft is a noi
 generation of the first L = 3 tokens is simulated with `verify_tree` over trees built like the proposers build them
 (sampled chain, deterministic top-k trees, sampled-without-replacement and i.i.d. siblings, duplicate siblings,
 zero-probability children, leaves at several depths -> bonus tokens). The Monte-Carlo joint distribution of the first
-1, 2 and 3 tokens is chi-squared against the exact enumeration (ALGORITHMS.md, "Testing losslessness").
+1, 2 and 3 tokens is chi-squared against the exact enumeration (docs/algorithms.md, "Testing losslessness").
 
 Power: with N = 4000 samples a bias of 0.03 on a cell of probability 0.2-0.3 is a 4.1-4.7 sigma effect, 0.035 a
 5 sigma one (N = 25 p (1 - p) / delta^2 for 5 sigma); the negative controls (deliberately wrong verifiers, implemented here, not
@@ -330,7 +330,7 @@ def test_a_wrong_verifier_is_caught(builder, mask, seed, verifier):
 
 
 def test_the_known_bug_gives_five_ninths():
-    """ALGORITHMS.md: q = (0.9, 0.1), p = (0.5, 0.5), deterministic child A: the buggy ratio rule accepts A with 5/9."""
+    """docs/algorithms.md: q = (0.9, 0.1), p = (0.5, 0.5), deterministic child A: the buggy ratio rule accepts A with 5/9."""
     p = torch.tensor([0.5, 0.5], dtype=torch.float64).log()
     tree = DraftTree.chain([0], draft_probs=torch.tensor([[0.9, 0.1], [0.5, 0.5]], dtype=torch.float64))
     scores = torch.stack([p, p])

@@ -294,7 +294,7 @@ def test_move_kv_rejects_mismatched_moves():
 
 
 @pytest.mark.parametrize("block_size", [1, 4])
-def test_commit_rows_with_triton_copy_equals_torch_copy(block_size, monkeypatch):
+def test_commit_with_triton_copy_equals_torch_copy(block_size, monkeypatch):
     hkv, d = 2, 16
     caches = []
     for _ in range(2):

@@ -1,6 +1,6 @@
 """Unit tests of the verification rules (hf_specdec/generation/verify.py) on hand-computed 3-token examples.
 
-Each rule is pinned down on one tree level by Monte Carlo against closed-form probabilities (ALGORITHMS.md):
+Each rule is pinned down on one tree level by Monte Carlo against closed-form probabilities (docs/algorithms.md):
 which child is accepted, and which token comes next when none is. Whole-sequence exactness is in
 test_sampling_distribution.py.
 """
@@ -73,7 +73,7 @@ def _assert_law(counts: Counter, law: dict, n=N_MC):
 
 
 def _reference_level_law(p, q, kids, sampling) -> dict:
-    """The sequential rule of ALGORITHMS.md, written out literally in float64 Python, as exact probabilities."""
+    """The sequential rule of docs/algorithms.md, written out literally in float64 Python, as exact probabilities."""
     R = list(p)
     D = list(q) if q is not None else None
     law, reach = {}, 1.0  # reach = probability that every earlier child was rejected
@@ -123,7 +123,7 @@ def test_greedy_accepts_the_argmax_path():
 
 # ---------------------------------------------------------------------------------------- deterministic
 def test_deterministic_children_accepted_with_target_probability():
-    """ALGORITHMS.md: p = (0.5, 0.3, 0.2), children [0, 1] -> P(0) = 0.5, P(1) = 0.3, P(next = 2 at root) = 0.2."""
+    """docs/algorithms.md: p = (0.5, 0.3, 0.2), children [0, 1] -> P(0) = 0.5, P(1) = 0.3, P(next = 2 at root) = 0.2."""
     tree, scores = _one_level([0, 1], [0.5, 0.3, 0.2])
     law = {("child", 0): 0.5, ("child", 1): 0.3, ("token", 2): 0.2}
     _assert_law(_level_outcomes(tree, scores), law)

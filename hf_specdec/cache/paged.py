@@ -287,6 +287,11 @@ class PagedCache(Cache):
         """``n`` new empty rows; returns their indices."""
         return self.allocator.add_rows(n)
 
+    @property
+    def num_rows(self) -> int:
+        """Rows ever added (freed rows keep their index)."""
+        return self.allocator.num_rows
+
     def is_active(self, row: int) -> bool:
         """Whether ``row`` still holds blocks (not yet `free` d)."""
         return self.allocator.active[row]

@@ -1,4 +1,4 @@
-"""Acceptance metrics of a speculative generate() call (the vLLM / Spec-Bench definitions, ALGORITHMS.md)."""
+"""Acceptance metrics of a speculative generate() call (the vLLM / Spec-Bench definitions, docs/algorithms.md)."""
 
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ class PlannedModel:
 
     def close(self) -> None:
         """Free every row and leave the call scope (idempotent)."""
-        for row in range(self.cache.allocator.num_rows):
+        for row in range(self.cache.num_rows):
             self.free(row)
         stack, self._stack = self._stack, None
         if stack is not None:

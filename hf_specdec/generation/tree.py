@@ -21,7 +21,7 @@ import torch
 
 
 class DraftSampling(str, enum.Enum):
-    """How a proposer chose the children of each node; the verifier picks its rule from this (ALGORITHMS.md)."""
+    """How a proposer chose the children of each node; the verifier picks its rule from this (docs/algorithms.md)."""
 
     DETERMINISTIC = "deterministic"  # top-k / lookup: children are a function of the context, no q needed
     WITHOUT_REPLACEMENT = "without_replacement"  # children drawn from q without replacement (Sequoia)

@@ -1,6 +1,6 @@
 """Verification of draft trees against the target: which nodes are accepted, and the next root token.
 
-One module for every rule (ALGORITHMS.md). Inputs are per row: the `DraftTree` and the target's processed scores at
+One module for every rule (docs/algorithms.md). Inputs are per row: the `DraftTree` and the target's processed scores at
 every tree position (after the same logits processors vanilla `generate` applies, each node with its own context).
 The loop calls `verify_tree` for every row; it dispatches on ``do_sample``, ``acceptance`` and ``tree.sampling``:
 

@@ -15,7 +15,7 @@ is the sum of its scores, Sequoia); parents always outscore their children, so t
 best first. ``A`` starts from a prior and follows what the target accepts, per row: after rejections the trees get
 shallow and narrow, after acceptances deep, up to ``max_depth``.
 
-Compared with the references (ALGORITHMS.md, "n-gram trees"): transformers' prompt lookup drafts one chain from the
+Compared with the references (docs/algorithms.md, "n-gram trees"): transformers' prompt lookup drafts one chain from the
 leftmost match of the last <= 2 tokens, vLLM one chain from the longest match; SuffixDecoding merges several matches
 into a frequency-scored tree. This does the latter over prompt + output, ranks matches by their full matched length
 (extended past ``max_ngram``, up to 16 tokens back), continues a match that runs into the present periodically (the
