@@ -97,6 +97,18 @@ class OracleProposer(Proposer):
         return trees
 
 
+def random_medusa_heads(model, share_lm_head: bool = True, num_heads: int = 3, seed: int = 0):
+    """`MedusaHeads` for ``model`` with random weights (std 0.3): drafts that are sometimes right on a tiny model."""
+    from .heads.medusa import MedusaHeads
+
+    heads = MedusaHeads.for_model(model, num_heads=num_heads, share_lm_head=share_lm_head)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return heads
+
+
 def left_pad(rows, pad=0):
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)

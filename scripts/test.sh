@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the test suite: the main suite (real default model included), then the Triton kernels in interpreter mode.
+# Runs the test suite: tests/unit, tests/integration and tests/training (real default model included), then the
+# Triton kernels of tests/kernels in interpreter mode.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
@@ -10,6 +11,6 @@ run() {
   if [ "$rc" -eq 5 ]; then echo "no tests collected by: $*"; rc=1; fi  # an empty run is a failure here
   if [ "$rc" -ne 0 ]; then status=$rc; fi
 }
-run python -m pytest -q -p no:cacheprovider tests --ignore=tests/test_tree_attention_triton.py "$@"
-run env TRITON_INTERPRET=1 python -m pytest -q -p no:cacheprovider tests/test_tree_attention_triton.py
+run python -m pytest -q -p no:cacheprovider tests --ignore=tests/kernels "$@"
+run env TRITON_INTERPRET=1 python -m pytest -q -p no:cacheprovider tests/kernels
 exit $status

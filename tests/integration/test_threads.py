@@ -8,20 +8,11 @@ import threading
 import pytest
 import torch
 
-from hf_specdec import DraftModelAssistant, MedusaAssistant, MedusaHeads, NgramAssistant, Proposer
-from hf_specdec.testing import tiny_causal_lm
+from hf_specdec import DraftModelAssistant, MedusaAssistant, NgramAssistant, Proposer
+from hf_specdec.testing import random_medusa_heads, tiny_causal_lm
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [11, 12, 13, 14, 15], [3, 9, 3, 9, 3, 9, 3], [20, 21, 22, 20, 21]]
 ROUNDS = 3  # calls per thread and prompt
-
-
-def _heads(model) -> MedusaHeads:
-    heads = MedusaHeads.for_model(model, num_heads=2, share_lm_head=True)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    return heads
 
 
 def _snapshot(model) -> dict:
@@ -39,7 +30,7 @@ def _snapshot(model) -> dict:
 def setup():
     model = tiny_causal_lm("llama", num_layers=2)
     draft = tiny_causal_lm("llama", num_layers=1, seed=1)
-    heads = _heads(model)
+    heads = random_medusa_heads(model, num_heads=2)
     methods = {
         "vanilla": lambda: None,
         "ngram": NgramAssistant,

@@ -23,7 +23,7 @@ from hf_specdec.generation.proposers.medusa import (
 from hf_specdec.generation.tree import DraftSampling, DraftTree
 from hf_specdec.generation.tree_shapes import expected_accepted_tokens, optimal_tree_choices
 from hf_specdec.heads.medusa import MedusaHeads
-from hf_specdec.testing import tiny_causal_lm
+from hf_specdec.testing import random_medusa_heads, tiny_causal_lm
 
 H, V = 32, 97
 
@@ -215,15 +215,6 @@ def test_assistant_resolution_for_medusa_heads():
 
 
 # ---------------------------------------------------------------------------------------------- generate()
-def random_heads(model, share_lm_head=True, num_heads=3, seed=0):
-    heads = MedusaHeads.for_model(model, num_heads=num_heads, share_lm_head=share_lm_head)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    return heads
-
-
 def first_difference(a: torch.Tensor, b: torch.Tensor) -> str:
     for r in range(a.shape[0]):
         diff = (a[r] != b[r]).nonzero()
@@ -236,7 +227,7 @@ def first_difference(a: torch.Tensor, b: torch.Tensor) -> str:
 @pytest.mark.parametrize("share_lm_head", [True, False])
 def test_greedy_generate_with_random_heads_equals_vanilla_batch_1(share_lm_head):
     model = tiny_causal_lm("llama")
-    heads = random_heads(model, share_lm_head)
+    heads = random_medusa_heads(model, share_lm_head)
     ids = torch.tensor([[1, 17, 33, 8, 61, 5]])
     want = model.generate(ids, max_new_tokens=24, do_sample=False)
     got = model.generate(ids, max_new_tokens=24, do_sample=False, assistant=heads)
@@ -245,7 +236,7 @@ def test_greedy_generate_with_random_heads_equals_vanilla_batch_1(share_lm_head)
 
 def test_greedy_generate_with_random_heads_equals_vanilla_batch_4_left_padded():
     model = tiny_causal_lm("llama")
-    heads = random_heads(model, seed=1)
+    heads = random_medusa_heads(model, seed=1)
     prompts = [[1, 17, 33, 8], [1, 5], [1, 90, 91, 92, 93, 40], [1, 64, 3]]
     width = max(map(len, prompts))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
@@ -258,7 +249,7 @@ def test_greedy_generate_with_random_heads_equals_vanilla_batch_4_left_padded():
 @pytest.mark.parametrize("arch", ["qwen3", "mistral", "gemma"])
 def test_greedy_generate_with_random_heads_equals_vanilla_on_other_architectures(arch):
     model = tiny_causal_lm(arch)
-    heads = random_heads(model, seed=2)
+    heads = random_medusa_heads(model, seed=2)
     ids = torch.tensor([[0, 0, 1, 17, 33], [1, 5, 9, 12, 60]])
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
     want = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
@@ -312,7 +303,7 @@ def test_perfect_heads_are_fully_accepted():
 
 def test_sampling_with_medusa_heads_runs_and_is_reproducible():
     model = tiny_causal_lm("llama")
-    heads = random_heads(model)
+    heads = random_medusa_heads(model)
     ids = torch.tensor([[1, 17, 33, 8]])
     outs = []
     for _ in range(2):
@@ -352,7 +343,7 @@ def test_adaptive_depth_stops_drafting_when_it_does_not_pay_and_probes():
 
 def test_adaptive_medusa_needs_a_cost_table_and_keeps_greedy_output():
     model = tiny_causal_lm("llama")
-    heads = random_heads(model, seed=3)
+    heads = random_medusa_heads(model, seed=3)
     assert MedusaAssistant(heads).adaptive is None  # untuned heads: no cost table, static tree
     with pytest.raises(ValueError, match="step_cost"):
         MedusaAssistant(heads, adaptive=True)

@@ -2,7 +2,7 @@
 
 Runs on a GPU, or on a CPU under Triton's interpreter:
 
-    TRITON_INTERPRET=1 HF_SPECDEC_ATTENTION=triton python -m pytest tests/test_tree_attention_triton.py
+    TRITON_INTERPRET=1 HF_SPECDEC_ATTENTION=triton python -m pytest tests/kernels/test_tree_attention_triton.py
 
 Without triton, or on a CPU-only machine without ``TRITON_INTERPRET=1``, every test here is skipped.
 Shapes are small on purpose: the interpreter runs each program instance in Python.

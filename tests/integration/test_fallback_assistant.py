@@ -2,12 +2,11 @@
 
 import pytest
 import torch
-from test_medusa_proposer import random_heads
 
 import hf_specdec
 from hf_specdec import DraftTree, FallbackAssistant, NgramAssistant, Proposer
 from hf_specdec.heads.medusa import MedusaHeads
-from hf_specdec.testing import OracleProposer, assert_same_tokens, left_pad, tiny_causal_lm
+from hf_specdec.testing import OracleProposer, assert_same_tokens, left_pad, random_medusa_heads, tiny_causal_lm
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 5], [9, 9, 8, 7, 6, 5, 4], [12, 13, 12, 13, 12, 13, 12, 13, 12]]
 
@@ -109,7 +108,7 @@ def test_greedy_ngram_then_medusa_heads_equals_vanilla(batch):
     ids, mask = left_pad(PROMPTS[:batch])
     expected = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
     for fb in (
-        FallbackAssistant(NgramAssistant(), random_heads(model)),  # heads resolved against the target
+        FallbackAssistant(NgramAssistant(), random_medusa_heads(model)),  # heads resolved against the target
         FallbackAssistant(NgramAssistant(), OracleProposer(model, depth=3)),
     ):
         out = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, assistant=fb)
