@@ -14,6 +14,7 @@ _RESOLVERS: list[tuple[str, str] | Callable] = [
     ("hf_specdec.generation.proposers.draft_model", "draft_model_proposer_for"),
     ("hf_specdec.generation.proposers.medusa", "medusa_proposer_for"),
     ("hf_specdec.generation.proposers.mlp_speculator", "mlp_speculator_proposer_for"),
+    ("hf_specdec.generation.proposers.eagle", "eagle_proposer_for"),
 ]
 
 

@@ -1,0 +1,312 @@
+"""EAGLE proposer: an `EagleHead` drafting EAGLE-2's dynamic token tree over the target's own features.
+
+Features come from the verification forward itself: the loop hands `observe` the target's hidden states at every
+token it commits (``hidden_state_layers`` = the head's feature layers), so no extra target pass is needed. The head
+keeps its own KV cache (`EagleKVCache`, one slot per batch row) over the pairs ``(feature t, token t + 1)`` of the
+committed text, prompt included: after prefill the prompt's pairs, after each step the pairs of the accepted path
+with the target's *true* features. The tree's own keys and values live in a scratch buffer for one `propose` and are
+dropped afterwards, so the cache is always exactly the accepted path (upstream EAGLE re-encodes accepted tokens the
+same way).
+
+EAGLE-2's dynamic expansion (Li et al. 2024, arXiv:2406.16858, section 4), vectorised over the frontier and over the
+rows: the root's top-k children form the first frontier; each of ``depth - 1`` head passes expands every frontier node
+(one batched forward of ``B x k`` queries), scores its top-k children by cumulative draft log-probability and keeps the
+best k of the ``k x k`` as the next frontier; finally the ``num_nodes`` best-scored candidates form the tree. A parent
+always scores at least as high as its child (log-probabilities are <= 0) and ties are broken by depth, so the kept set
+is a tree; nodes are emitted in candidate order, so parents precede children. Children are a deterministic top-k of
+the context, so the tree is `DraftSampling.DETERMINISTIC` and the verifier stays exact for sampling too.
+
+Tree size: with a step-cost table ``{nodes: cost / plain decoding step}`` (measured on this machine when the head was
+trained: ``head.tree["step_cost"]``, or passed in), each row keeps the prefix of its ranked nodes that maximises
+``(1 + calibrated sum of path probabilities) / cost``; drafting nothing is an option. The calibration is the row's
+accepted / predicted tokens so far. Trees carry ``scores`` (path probabilities) and ``source`` for a budgeter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ...heads.eagle import EagleHead, EagleKVCache
+from ..tree import DraftSampling, DraftTree
+from .base import Proposer, ProposerSetup, RowFeedback, RowState
+
+DEFAULT_TOP_K = 6
+DEFAULT_DEPTH = 5
+DEFAULT_NUM_NODES = 24  # CPU-sized; EAGLE-2 uses 60 on a GPU
+_CAL_PRIOR = 4.0  # the calibration's prior weight, in predicted tokens
+
+
+def expand_dynamic_tree(
+    head: EagleHead,
+    cache: EagleKVCache,
+    slots: torch.Tensor,
+    root_out: torch.Tensor,
+    root_logp: torch.Tensor,
+    top_k: int,
+    depth: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """EAGLE-2's expansion for ``B`` rows at once: every candidate node with its score, token, parent and depth.
+
+    Args:
+        head: the draft head.
+        cache: the head's cache; ``slots`` `[B]` are the rows' slots (their committed pairs end with the root's).
+        root_out: `[B, H]` the head's output at the root's pair (the feature that predicts depth 1).
+        root_logp: `[B, V']` log-probabilities of depth 1 over the draft vocabulary.
+        top_k: children per expanded node, and frontier width.
+        depth: tree depth (``depth - 1`` head passes).
+    Returns:
+        ``(score, token, parent, node_depth)``, each `[B, C]` with ``C = k + (depth - 1) k^2`` candidates in creation
+        order: cumulative log-probability, token id, parent candidate index (-1 = root), depth.
+    """
+    b, k = root_logp.shape[0], min(top_k, root_logp.shape[-1])
+    dev = root_logp.device
+    score, idx = root_logp.topk(k, dim=-1)  # [B, k]
+    scores, tokens = [score], [head.draft_to_token(idx)]
+    parents, depths = [torch.full((b, k), -1, device=dev)], [torch.ones(b, k, dtype=torch.long, device=dev)]
+    front_cand = torch.arange(k, device=dev).expand(b, k)  # [B, k] candidate index of each frontier node
+    front_feat = root_out.unsqueeze(1).expand(b, k, root_out.shape[-1])  # [B, k, H] the parents' outputs
+    front_score, front_tok = score, tokens[0]
+    lengths = cache.lengths[slots]  # [B]
+    past = int(lengths.max())
+    pk, pv = cache.key[slots, :, :past], cache.value[slots, :, :past]  # [B, kvh, L, D]
+    seen = torch.arange(past, device=dev)[None, :] < lengths[:, None]  # [B, L]
+    anc = torch.zeros(b, 0, 0, dtype=torch.bool, device=dev)  # [B, P, P] ancestry among processed nodes
+    front_proc = torch.full((b, k), -1, device=dev)  # [B, k] processed index of each frontier node's parent
+    n_cand = k
+    for d in range(1, depth):
+        p = anc.shape[1]
+        parent_rows = torch.zeros(b, k, p, dtype=torch.bool, device=dev)
+        if p:
+            has = front_proc >= 0
+            gathered = anc.gather(1, front_proc.clamp(min=0)[..., None].expand(b, k, p))  # [B, k, P]
+            parent_rows = (gathered | torch.nn.functional.one_hot(front_proc.clamp(min=0), p).bool()) & has[..., None]
+        mask = torch.cat(
+            [
+                seen[:, None, :].expand(b, k, past),
+                parent_rows,
+                torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k),
+            ],
+            dim=-1,
+        )  # [B, k, L + P + k]
+        positions = (lengths - 1 + d)[:, None].expand(b, k)
+        out, nk, nv = head.layer_forward(front_tok, front_feat, positions, mask, pk, pv)  # out [B, k, H]
+        pk, pv = torch.cat([pk, nk], dim=2), torch.cat([pv, nv], dim=2)
+        new_anc = torch.cat([parent_rows, torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)], dim=-1)
+        anc = torch.cat([torch.nn.functional.pad(anc, (0, k)), new_anc], dim=1)  # [B, P + k, P + k]
+        logp = torch.log_softmax(head.logits(out), dim=-1)  # [B, k, V']
+        child_lp, child_idx = logp.topk(k, dim=-1)  # [B, k, k]
+        cum = (front_score[..., None] + child_lp).reshape(b, k * k)  # [B, k * k]
+        child_tok = head.draft_to_token(child_idx).reshape(b, k * k)
+        child_parent = front_cand[..., None].expand(b, k, k).reshape(b, k * k)
+        scores.append(cum)
+        tokens.append(child_tok)
+        parents.append(child_parent)
+        depths.append(torch.full((b, k * k), d + 1, dtype=torch.long, device=dev))
+        if d + 1 < depth:  # the next frontier: the best k children
+            front_score, best = cum.topk(k, dim=-1)  # [B, k]
+            front_tok = child_tok.gather(1, best)
+            front_cand = n_cand + best
+            front_proc = p + best // k  # the chosen children's parents are this pass's processed nodes
+            front_feat = out.gather(1, (best // k)[..., None].expand(b, k, out.shape[-1]))
+        n_cand += k * k
+    return torch.cat(scores, 1), torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(depths, 1)
+
+
+def select_tree_nodes(
+    score: torch.Tensor, node_depth: torch.Tensor, max_depth: torch.Tensor, num_nodes: int
+) -> torch.Tensor:
+    """The candidates each row keeps: the ``num_nodes`` best by score (ties: shallower first), none deeper than the
+    row's ``max_depth``.
+
+    Args:
+        score: `[B, C]` cumulative log-probabilities (a child never above its parent).
+        node_depth: `[B, C]` depth of each candidate.
+        max_depth: `[B]` deepest node allowed per row.
+        num_nodes: nodes per row at most.
+    Returns:
+        `[B, C]` bool, the kept candidates (closed under parents: a kept node's parent is kept).
+    """
+    allowed = (node_depth <= max_depth[:, None]) & (score > float("-inf"))  # a zero-probability draft never pays
+    key = torch.where(allowed, score, torch.full_like(score, float("-inf")))
+    order = torch.sort(node_depth, dim=1, stable=True).indices  # shallower first among equal scores
+    order = order.gather(1, torch.sort(key.gather(1, order), dim=1, descending=True, stable=True).indices)
+    n = min(num_nodes, score.shape[1])
+    keep = torch.zeros_like(allowed)
+    keep.scatter_(1, order[:, :n], True)
+    return keep & allowed
+
+
+class EagleAssistant(Proposer):
+    """Drafts EAGLE-2 dynamic trees with an `EagleHead` (EAGLE-1/2 or EAGLE-3 weights).
+
+    Args:
+        head: the draft head.
+        top_k: children per expanded node and frontier width (default: the head's ``tree["top_k"]``, else 6).
+        depth: tree depth (default: ``tree["depth"]``, else 5).
+        num_nodes: nodes per tree at most (default: ``tree["num_nodes"]``, else 24).
+        step_cost: ``{nodes: cost of a step / a plain decoding step}`` measured on this machine, to cut each row's
+            tree to the size that pays (default: the head's ``tree["step_cost"]``; None = always ``num_nodes``).
+    """
+
+    sampling = DraftSampling.DETERMINISTIC
+
+    def __init__(
+        self,
+        head: EagleHead,
+        top_k: int | None = None,
+        depth: int | None = None,
+        num_nodes: int | None = None,
+        step_cost: dict[int, float] | None = None,
+    ):
+        if not isinstance(head, EagleHead):
+            raise TypeError(f"EagleAssistant needs an EagleHead, got {type(head).__name__}")
+        tree = head.tree or {}
+        self.head = head
+        self.top_k = int(top_k or tree.get("top_k") or DEFAULT_TOP_K)
+        self.depth = int(depth or tree.get("depth") or DEFAULT_DEPTH)
+        self.num_nodes = int(num_nodes if num_nodes is not None else tree.get("num_nodes") or DEFAULT_NUM_NODES)
+        if self.top_k < 1 or self.depth < 1 or self.num_nodes < 0:
+            raise ValueError(f"invalid EAGLE tree: top_k={self.top_k}, depth={self.depth}, num_nodes={self.num_nodes}")
+        cost = step_cost if step_cost is not None else tree.get("step_cost")
+        self.step_cost = {int(n): float(c) for n, c in cost.items()} if cost else None
+        self.hidden_state_layers = head.feature_layers if head.version == 1 or head.aux_layers else None
+        self.cache: EagleKVCache | None = None
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._calibration: dict[int, list[float]] = {}
+
+    def __repr__(self) -> str:
+        return f"EagleAssistant(top_k={self.top_k}, depth={self.depth}, num_nodes={self.num_nodes})"
+
+    # ------------------------------------------------------------------ lifecycle
+    def validate(self, target: torch.nn.Module) -> None:
+        self.head.bind(target)
+        self.hidden_state_layers = self.head.feature_layers
+
+    def start(self, setup: ProposerSetup) -> None:
+        super().start(setup)
+        self.cache = self.head.new_cache(max(1, setup.batch_size))
+        self._pending, self._calibration = {}, {}
+
+    def finish(self) -> None:
+        self.cache = None
+        self._pending, self._calibration = {}, {}
+
+    def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
+        layers = self.head.feature_layers
+        for row, fb in zip(rows, feedback):
+            if fb.hidden_states is None or any(layer not in fb.hidden_states for layer in layers):
+                raise RuntimeError(f"EagleAssistant needs the target's hidden states of layers {list(layers)}")
+            feats = torch.cat([fb.hidden_states[layer] for layer in layers], dim=-1)  # [m, F]
+            nxt = torch.cat([fb.new_tokens[1:].long(), fb.new_tokens.new_tensor([fb.next_token]).long()])  # [m]
+            if row.row in self._pending:  # not drafted for since: the pairs queue up
+                old_f, old_t = self._pending[row.row]
+                feats, nxt = torch.cat([old_f, feats]), torch.cat([old_t, nxt])
+            self._pending[row.row] = (feats.detach(), nxt)
+            scores = getattr(fb.tree, "scores", None) if fb.tree is not None else None
+            if scores is not None and fb.tree.num_nodes:
+                cal = self._calibration.setdefault(row.row, [0.0, 0.0])
+                cal[0] += fb.num_accepted
+                cal[1] += float(scores.sum())
+
+    # ------------------------------------------------------------------ drafting
+    def _commit(self, slots: torch.Tensor, pending: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Run the rows' pending pairs through the head into its cache; `[B, H]` output at each row's last pair."""
+        cache, head = self.cache, self.head
+        b, m = len(pending), [p[1].numel() for p in pending]
+        q = max(m)
+        dev = cache.key.device
+        feats = torch.zeros(b, q, pending[0][0].shape[-1], dtype=pending[0][0].dtype, device=dev)
+        toks = torch.zeros(b, q, dtype=torch.long, device=dev)
+        for i, (f, t) in enumerate(pending):
+            feats[i, : m[i]], toks[i, : m[i]] = f.to(dev), t.to(dev)
+        lengths = cache.lengths[slots]  # [B]
+        cache.reserve(int((lengths + torch.tensor(m, device=dev)).max()))
+        past = int(lengths.max())
+        seen = (torch.arange(past, device=dev)[None, :] < lengths[:, None])[:, None, :].expand(b, q, past)
+        valid = torch.arange(q, device=dev)[None, :] < torch.tensor(m, device=dev)[:, None]  # [B, q]
+        causal = torch.ones(q, q, dtype=torch.bool, device=dev).tril() & valid[:, None, :]
+        causal = causal | torch.eye(q, dtype=torch.bool, device=dev)  # padding queries see themselves only
+        mask = torch.cat([seen & valid[..., None], causal], dim=-1)  # [B, q, L + q]
+        positions = lengths[:, None] + torch.arange(q, device=dev)[None, :]
+        pk, pv = cache.key[slots, :, :past], cache.value[slots, :, :past]
+        out, nk, nv = head.layer_forward(toks, feats, positions, mask, pk, pv)  # [B, q, H]
+        for i, slot in enumerate(slots.tolist()):
+            n0 = int(lengths[i])
+            cache.key[slot, :, n0 : n0 + m[i]] = nk[i, :, : m[i]]
+            cache.value[slot, :, n0 : n0 + m[i]] = nv[i, :, : m[i]]
+        cache.lengths[slots] = lengths + torch.tensor(m, device=dev)
+        return out[torch.arange(b, device=dev), torch.tensor(m, device=dev) - 1]
+
+    @torch.no_grad()
+    def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
+        trees = [DraftTree.empty(r.tokens.device) for r in rows]
+        ready = [i for i, r in enumerate(rows) if r.max_depth > 0 and r.row in self._pending]
+        if not ready or self.num_nodes == 0:
+            return trees
+        slots = torch.tensor([rows[i].row for i in ready], device=self.cache.key.device)
+        root_out = self._commit(slots, [self._pending.pop(rows[i].row) for i in ready])  # [B, H]
+        root_logp = torch.log_softmax(self.head.logits(root_out), dim=-1)  # [B, V']
+        max_depth = torch.tensor([min(rows[i].max_depth, self.depth) for i in ready], device=root_logp.device)
+        depth = int(max_depth.max())
+        score, token, parent, node_depth = expand_dynamic_tree(
+            self.head, self.cache, slots, root_out, root_logp, self.top_k, depth
+        )
+        keep = select_tree_nodes(score, node_depth, max_depth, self.num_nodes)  # [B, C]
+        for j, i in enumerate(ready):
+            trees[i] = self._row_tree(rows[i], score[j], token[j], parent[j], node_depth[j], keep[j])
+        return trees
+
+    def _row_tree(self, row: RowState, score, token, parent, node_depth, keep) -> DraftTree:
+        """One row's kept candidates as a `DraftTree` (candidate order: parents first), cut to the size that pays."""
+        idx = keep.nonzero().flatten()  # [n] ascending candidate index
+        if self.step_cost is not None:
+            idx = self._cut(row.row, idx, score)
+        device = row.tokens.device
+        if idx.numel() == 0:
+            return DraftTree.empty(device)
+        remap = torch.full((keep.numel(),), -1, dtype=torch.long, device=keep.device)
+        remap[idx] = torch.arange(idx.numel(), device=keep.device)
+        par = parent[idx]
+        new_parent = torch.where(par >= 0, remap[par.clamp(min=0)], par)
+        tree = DraftTree(token[idx].to(device), new_parent.to(device), node_depth[idx].to(device), self.sampling)
+        tree.scores, tree.source = score[idx].exp().float(), "eagle"  # path probabilities, for a budgeter
+        return tree
+
+    def _cut(self, row: int, idx: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
+        """The prefix of the row's nodes ranked by score that maximises expected tokens / step cost."""
+        prob = score[idx].exp().double()
+        order = torch.sort(prob, descending=True, stable=True).indices  # parents never rank below children
+        acc, pred = self._calibration.get(row, [0.0, 0.0])
+        factor = (acc + _CAL_PRIOR) / (pred + _CAL_PRIOR)
+        gain = 1.0 + factor * torch.cat([prob.new_zeros(1), prob[order].cumsum(0)])  # [n + 1]
+        cost = torch.tensor([self._cost(n) for n in range(gain.numel())], dtype=torch.float64)
+        best = int(torch.argmax(gain / cost))
+        return torch.sort(idx[order[:best]]).values
+
+    def _cost(self, nodes: int) -> float:
+        """Cost of a step verifying ``nodes`` draft nodes, relative to a plain decoding step (linear in between)."""
+        if nodes == 0:
+            return 1.0
+        known = sorted(self.step_cost)
+        if nodes in self.step_cost:
+            return self.step_cost[nodes]
+        lo = max([n for n in known if n < nodes], default=0)
+        hi = min([n for n in known if n > nodes], default=None)
+        c_lo = 1.0 if lo == 0 else self.step_cost[lo]
+        if hi is None:  # beyond the table: extend the last segment's slope
+            prev = max([n for n in known if n < lo], default=0)
+            c_prev = 1.0 if prev == 0 else self.step_cost[prev]
+            return c_lo + (nodes - lo) * (c_lo - c_prev) / max(lo - prev, 1)
+        return c_lo + (nodes - lo) * (self.step_cost[hi] - c_lo) / (hi - lo)
+
+
+def eagle_proposer_for(obj, target) -> Proposer | None:
+    """``assistant=`` resolver: an `EagleAssistant` when ``obj`` is an `EagleHead`, else None."""
+    if isinstance(obj, EagleHead):
+        return EagleAssistant(obj)
+    return None
+
+
+__all__ = ["EagleAssistant", "eagle_proposer_for", "expand_dynamic_tree", "select_tree_nodes"]
