@@ -5,6 +5,8 @@
 ``hf_specdec.uninstall()`` restores transformers' own ``generate`` (``hf_specdec.install()`` patches it again).
 """
 
+import importlib
+
 from .attention.backend import register as _register_attention
 from .cache.paged import PagedCache
 from .generation.hook import install, uninstall
@@ -21,37 +23,25 @@ install()
 __version__ = "0.1.0"
 
 
+# Heavier pieces load on first use: public name -> the module (relative to this package) that defines it.
+_LAZY = {
+    "NgramAssistant": ".generation.proposers.ngram",
+    "DraftModelAssistant": ".generation.proposers.draft_model",
+    "MedusaHeads": ".heads.medusa",
+    "MedusaAssistant": ".generation.proposers.medusa",
+    "FallbackAssistant": ".generation.proposers.fallback",
+    "load_default_assistant": ".assistants",
+    "load_default_model": ".models",
+    "default_model_dir": ".models",
+    "chat_prompt_ids": ".models",
+    "draft_model_from_layers": ".models",
+}
+
+
 def __getattr__(name):
-    # heavier pieces load on first use
-    if name == "NgramAssistant":
-        from .generation.proposers.ngram import NgramAssistant
-
-        return NgramAssistant
-    if name == "DraftModelAssistant":
-        from .generation.proposers.draft_model import DraftModelAssistant
-
-        return DraftModelAssistant
-    if name == "MedusaHeads":
-        from .heads.medusa import MedusaHeads
-
-        return MedusaHeads
-    if name == "MedusaAssistant":
-        from .generation.proposers.medusa import MedusaAssistant
-
-        return MedusaAssistant
-    if name == "FallbackAssistant":
-        from .generation.proposers.fallback import FallbackAssistant
-
-        return FallbackAssistant
-    if name == "load_default_assistant":
-        from .assistants import load_default_assistant
-
-        return load_default_assistant
-    if name in ("load_default_model", "default_model_dir", "chat_prompt_ids", "draft_model_from_layers"):
-        from . import models
-
-        return getattr(models, name)
-    raise AttributeError(f"module 'hf_specdec' has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'hf_specdec' has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name], __name__), name)
 
 
 __all__ = [

@@ -99,22 +99,31 @@ class DraftModelAssistant(Proposer):
         top = logq.topk(k, dim=-1)
         return top.indices, top.values, None
 
-    def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
+    def _feed_new_tokens(self, rows: Sequence[RowState]) -> tuple[list[int], torch.Tensor]:
+        """Level 0: feed each row's tokens the draft has not seen (ending with the root) and commit them.
+
+        Returns:
+            the rows' draft cache rows, and `[B, V]` fp32 draft logits at each root (the depth-1 distribution).
+        """
         device = rows[0].tokens.device
         for r in rows:
             if r.row not in self.cache_rows:
                 self.cache_rows[r.row] = self.draft.add_rows(1)[0]
                 self.cached[r.row] = 0
-        # Level 0: feed what the draft has not seen (ends with the root) -> distribution over depth-1 children.
-        feed = [r.tokens[self.cached[r.row] :] for r in rows]
+        feed = [r.tokens[self.cached[r.row] :] for r in rows]  # per row [n]
         q_lens = [f.numel() for f in feed]
         positions = torch.cat([torch.arange(self.cached[r.row], r.tokens.numel(), device=device) for r in rows])
         cache_rows = [self.cache_rows[r.row] for r in rows]
-        last = torch.tensor(q_lens, device=device).cumsum(0) - 1
+        last = torch.tensor(q_lens, device=device).cumsum(0) - 1  # [B] each row's root in the packed batch
         logits = self._forward(torch.cat(feed), positions, cache_rows, q_lens, [None] * len(rows), None, last)
         self.draft.commit_chunks(cache_rows, q_lens)  # the fed tokens stay; last step's tree is forgotten
         for r in rows:
             self.cached[r.row] = r.tokens.numel()
+        return cache_rows, logits
+
+    def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
+        device = rows[0].tokens.device
+        cache_rows, logits = self._feed_new_tokens(rows)
 
         depth_cap = [min(self.depth, r.max_depth) for r in rows]
         # Per row: node lists (token, parent, depth, score); q rows per expanded position (sampling).
