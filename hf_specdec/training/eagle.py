@@ -1,0 +1,326 @@
+"""Training an EAGLE-1/2 head (Li et al. 2024, arXiv:2401.15077, section 4.3) on self-distillation data, target frozen.
+
+The data (`hf_specdec.training.data`) holds, per sequence, the token ids and the target's final normed hidden states
+``f_t`` (teacher forcing over the target's own answers, and over the prompts). The head reads the pairs
+``(f_t, token_{t+1})`` of a window with causal attention, as it does while drafting, and at every pair is trained to
+
+- regress the next feature: SmoothL1(``out_t``, ``f_{t+1}``) (``reg_weight``, EAGLE's L_reg), and
+- predict the target's next token: cross-entropy of the logits ``lm_head(out_t)`` against the target's choice at
+  ``t + 1`` (``token_weight``, EAGLE's L_cls). In answers that is the next answer token (the answers are greedy); in
+  prompts, the target's arg-max ``lm_head(f_{t+1})``. Both are restricted to the head's draft vocabulary (the most
+  frequent tokens of the training data), which is also what the head drafts over, so the target's lm_head costs
+  ``V'`` rows per position instead of ``V``.
+
+Input features get EAGLE's uniform noise (``noise`` x the features' standard deviation) so that the head tolerates its
+own, imperfect features when it drafts several steps ahead. Held-out metric: top-1 = how often the head's arg-max at
+pair t equals the target's token t + 2 at answer positions (the first draft token's acceptance under greedy decoding).
+
+    head, report = train_eagle(model, load_distillation_data(folders), "out/eagle", EagleTrainingConfig())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..heads.eagle import EagleHead
+from .data import DistillationData
+from .run import REPORT_NAME, HeldOutSplit, TrainingRun, lr_lambda, split_sequences, step_counts
+
+HEAD_DIR = "head"
+
+
+@dataclass
+class EagleTrainingConfig:
+    """Hyper-parameters of `train_eagle` (EAGLE's defaults where they apply).
+
+    Attributes:
+        window: pairs per training window (a longer sequence is cut into windows).
+        positions_per_step: windows per optimisation step.
+        epochs / max_steps: training length.
+        lr / weight_decay / warmup_steps / max_grad_norm: AdamW and the warm-up + cosine schedule.
+        reg_weight / token_weight: weights of the feature regression and the token loss.
+        noise: uniform noise on the input features, as a fraction of their standard deviation.
+        draft_vocab: size of the draft (and loss) vocabulary; 0 = the full vocabulary.
+        eval_fraction / eval_positions / eval_every: held-out sequences, scored answer positions, cadence.
+        checkpoint_every / keep_checkpoints / seed: resumable runs.
+    """
+
+    window: int = 256
+    positions_per_step: int = 4
+    epochs: float = 3.0
+    max_steps: int | None = None
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    max_grad_norm: float = 0.5
+    reg_weight: float = 1.0
+    token_weight: float = 0.5
+    noise: float = 0.1
+    draft_vocab: int = 8192
+    eval_fraction: float = 0.05
+    eval_positions: int = 2048
+    eval_every: int = 100
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 2
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.window < 2 or self.positions_per_step < 1:
+            raise ValueError(
+                f"window must be >= 2 and positions_per_step >= 1, got {self.window}, {self.positions_per_step}"
+            )
+        if self.reg_weight < 0 or self.token_weight < 0 or self.reg_weight + self.token_weight == 0:
+            raise ValueError("reg_weight and token_weight must be >= 0, not both 0")
+
+
+# ---------------------------------------------------------------------------------------------------- windows
+def window_starts(data: DistillationData, seq_ids: torch.Tensor, window: int) -> torch.Tensor:
+    """`[W]` flat start positions of the windows of ``window`` pairs that tile the given sequences (pairs
+    ``t = start .. end - 2`` of a sequence: feature t beside token t + 1, next feature t + 1)."""
+    starts = []
+    for s, _, e in data.seq_bounds[seq_ids].tolist():
+        starts += list(range(s, e - 1, window))
+    return torch.tensor(starts, dtype=torch.long)
+
+
+def _windows(data: DistillationData, starts: torch.Tensor, window: int) -> tuple[torch.Tensor, ...]:
+    """``(t, valid)``: `[B, W]` flat pair positions of each window (clamped) and which are real pairs."""
+    end = data.seq_end[starts] - 1  # one past the last pair
+    t = starts[:, None] + torch.arange(window)[None, :]  # [B, W]
+    valid = t < end[:, None]
+    return torch.where(valid, t, starts[:, None]), valid
+
+
+def token_targets(data: DistillationData, lm_weight: torch.Tensor, vocab: torch.Tensor, chunk: int = 4096):
+    """`[N]` the target's choice at t + 1 per position t, as an index into ``vocab`` (-100 = outside it / none).
+
+    Answer positions take the next answer token (greedy answers: the target's own arg-max); prompt positions the
+    arg-max of the target's lm_head rows ``vocab`` over ``f_{t+1}``.
+    """
+    n = data.input_ids.numel()
+    index = torch.full((int(lm_weight.shape[0]),), -100, dtype=torch.long)
+    index[vocab] = torch.arange(vocab.numel())
+    labels = torch.full((n,), -100, dtype=torch.long)
+    pos = torch.arange(n)
+    in_answer = (pos + 2 >= data.answer_start) & (pos + 2 < data.seq_end)
+    labels[in_answer] = index[data.input_ids[pos[in_answer] + 2]]
+    prompt = ((~in_answer) & (pos + 1 < data.seq_end)).nonzero().flatten()
+    rows = lm_weight[vocab].float()  # [V', H]
+    for i in range(0, prompt.numel(), chunk):
+        p = prompt[i : i + chunk]
+        labels[p] = (data.hidden[p + 1].float() @ rows.T).argmax(-1)
+    return labels
+
+
+def draft_vocabulary(data: DistillationData, seq_ids: torch.Tensor, size: int, vocab_size: int):
+    """``(ids, coverage)``: the ``size`` most frequent tokens of the given sequences (sorted ids) and the share of
+    their answer tokens it covers."""
+    mask = torch.zeros(data.input_ids.numel(), dtype=torch.bool)
+    answers = torch.zeros_like(mask)
+    for s, a, e in data.seq_bounds[seq_ids].tolist():
+        mask[s:e], answers[a:e] = True, True
+    counts = torch.bincount(data.input_ids[mask], minlength=vocab_size)
+    ids = counts.topk(min(size, vocab_size)).indices.sort().values
+    hit = torch.zeros(vocab_size, dtype=torch.bool)
+    hit[ids] = True
+    covered = float(hit[data.input_ids[answers]].float().mean()) if bool(answers.any()) else 1.0
+    return ids, covered
+
+
+# ---------------------------------------------------------------------------------------------------- loss
+def eagle_loss(
+    head: EagleHead,
+    data: DistillationData,
+    labels: torch.Tensor,
+    starts: torch.Tensor,
+    cfg: EagleTrainingConfig,
+    feature_std: float,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, dict]:
+    """The weighted EAGLE loss over the windows at ``starts`` `[B]`, and its parts (floats)."""
+    t, valid = _windows(data, starts, cfg.window)  # [B, W]
+    dtype = head.fc.weight.dtype
+    feats = data.hidden[t].to(dtype)  # [B, W, H]
+    if cfg.noise and head.training:
+        u = torch.rand(feats.shape, generator=generator, dtype=dtype)
+        feats = feats + (u * 2 - 1) * cfg.noise * feature_std
+    tokens = data.input_ids[t + 1]  # [B, W]
+    target = data.hidden[t + 1].to(dtype)  # [B, W, H]
+    out, logits = head(tokens, feats)  # [B, W, H], [B, W, V']
+    reg = F.smooth_l1_loss(out[valid], target[valid])
+    lab = labels[t].masked_fill(~valid, -100)
+    tok = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), lab.reshape(-1), ignore_index=-100)
+    tok = torch.nan_to_num(tok)  # a batch without any label
+    loss = cfg.reg_weight * reg + cfg.token_weight * tok
+    return loss, {"reg": float(reg.detach()), "token": float(tok.detach())}
+
+
+@torch.no_grad()
+def evaluate_eagle(head: EagleHead, data: DistillationData, seq_ids: torch.Tensor, max_positions: int) -> dict:
+    """Held-out top-1 / top-4 of the first draft token at answer positions, each sequence read whole.
+
+    Returns:
+        ``{"top1", "top4", "positions"}``: how often the target's next answer token (t + 2) is the head's arg-max /
+        among its 4 best at pair t, over at most ``max_positions`` positions (sequences in order).
+    """
+    was = head.training
+    head.eval()
+    hit1 = hit4 = total = 0
+    for s, a, e in data.seq_bounds[seq_ids].tolist():
+        if total >= max_positions or e - s < 3:
+            continue
+        t = torch.arange(s, e - 1)
+        _, logits = head(data.input_ids[t + 1][None], data.hidden[t][None].to(head.fc.weight.dtype))
+        pos = torch.arange(max(s, a - 2), e - 2)  # token t + 2 is an answer token
+        top = head.draft_to_token(logits[0, pos - s].topk(4, dim=-1).indices)  # [p, 4]
+        want = data.input_ids[pos + 2]
+        hit1 += int((top[:, 0] == want).sum())
+        hit4 += int((top == want[:, None]).any(-1).sum())
+        total += int(pos.numel())
+    head.train(was)
+    return {"top1": round(hit1 / max(total, 1), 4), "top4": round(hit4 / max(total, 1), 4), "positions": total}
+
+
+# ---------------------------------------------------------------------------------------------------- training
+def train_eagle(
+    model: torch.nn.Module,
+    data: DistillationData,
+    out_dir: str | Path,
+    cfg: EagleTrainingConfig | None = None,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+) -> tuple[EagleHead, dict]:
+    """Train a fresh EAGLE-1/2 head for ``model`` on ``data``; write ``out_dir/head`` and the report.
+
+    Args:
+        model: the target (frozen; only its embeddings and lm_head are read).
+        data: self-distillation data built for ``model`` (`load_distillation_data`).
+        out_dir: output folder: ``checkpoints/``, ``head/`` (`EagleHead.save_pretrained`), ``training_report.json``.
+        cfg: hyper-parameters.
+        resume: continue from the latest checkpoint in ``out_dir`` (same settings required).
+        progress: tqdm bars.
+    Returns:
+        ``(head, report)``.
+    """
+    cfg = cfg or EagleTrainingConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    train_seqs, eval_seqs = split_sequences(data, cfg.eval_fraction, cfg.seed)
+    lm_weight = model.get_output_embeddings().weight.detach()
+    vocab_size = int(lm_weight.shape[0])
+    if cfg.draft_vocab and cfg.draft_vocab < vocab_size:
+        vocab, coverage = draft_vocabulary(data, train_seqs, cfg.draft_vocab, vocab_size)
+    else:
+        vocab, coverage = None, 1.0
+    head = EagleHead.for_model(model, version=1, draft_vocab=vocab).train()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    labels = token_targets(data, lm_weight, vocab if vocab is not None else torch.arange(vocab_size))
+    starts = window_starts(data, train_seqs, cfg.window)
+    split = HeldOutSplit(train_seqs, eval_seqs, starts, torch.zeros(0, dtype=torch.long))
+    _, total = step_counts(starts.numel(), cfg.positions_per_step, cfg.epochs, cfg.max_steps)
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps, total))
+    run = TrainingRun(out, cfg, head, "head", optimizer, scheduler)
+    run.resume(resume, same=("window", "draft_vocab", "seed"))
+    feature_std = float(data.hidden[:: max(1, data.hidden.shape[0] // 4096)].float().std())
+    gen = torch.Generator().manual_seed(cfg.seed + 17)
+
+    def loss_of(batch: torch.Tensor) -> torch.Tensor:
+        return eagle_loss(head, data, labels, batch, cfg, feature_std, gen)[0]
+
+    def evaluate() -> dict:
+        return evaluate_eagle(head, data, eval_seqs, cfg.eval_positions) if eval_seqs.numel() else {}
+
+    before, after = run.train(starts, total, loss_of, evaluate, desc="eagle head", metric="top1", progress=progress)
+    head.eval()
+    report = run.report(data, split, before, after)
+    report.update(
+        draft_vocab=int(vocab.numel()) if vocab is not None else None,
+        draft_vocab_answer_coverage=round(coverage, 4),
+        feature_std=round(feature_std, 4),
+        train_windows=int(starts.numel()),
+    )
+    head.model_card = {
+        "training_data": report["training_data"],
+        "held_out_top1": (after or {}).get("top1"),
+        "notes": "EAGLE-1/2 head trained by hf-specdec (feature regression + token loss, target frozen).",
+    }
+    head.save_pretrained(out / HEAD_DIR)
+    (out / REPORT_NAME).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return head, report
+
+
+def measure_eagle_step_cost(
+    model: torch.nn.Module, head: EagleHead, sizes: Sequence[int], top_k: int, depth: int, context: int = 384
+) -> dict[int, float]:
+    """``{n: cost}``: a speculative step verifying ``n`` nodes plus the head drafting its next tree (``depth - 1``
+    passes of ``top_k`` frontier nodes over a ``context``-long head cache), relative to a plain decoding step, timed on
+    this machine (`step_cost_curve`)."""
+    from ..generation.proposers.eagle import expand_dynamic_tree
+    from .step_cost import step_cost_curve
+
+    head.eval()
+    cache = head.new_cache(1, capacity=context + 1)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        cache.key.normal_(generator=gen)
+        cache.value.normal_(generator=gen)
+    cache.lengths[:] = context
+    slots = torch.zeros(1, dtype=torch.long)
+    root_out = torch.randn(1, head.hidden_size, generator=gen).to(head.fc.weight.dtype)
+
+    @torch.no_grad()
+    def draft() -> None:
+        logp = torch.log_softmax(head.logits(root_out), dim=-1)
+        expand_dynamic_tree(head, cache, slots, root_out, logp, top_k, depth)
+
+    return step_cost_curve(model, sizes, draft, context)
+
+
+def tune_eagle_tree(
+    model: torch.nn.Module, head: EagleHead, sizes: Sequence[int] = (4, 8, 16, 24, 32), top_k: int = 6, depth: int = 5
+) -> dict:
+    """Measure the step cost of each tree size on this machine and store the tree defaults in ``head.tree``
+    (``top_k``, ``depth``, ``num_nodes`` = the largest size, ``step_cost``): `EagleAssistant` then cuts each row's
+    tree to the size whose calibrated expected tokens per cost is best. Returns ``head.tree``."""
+    cost = measure_eagle_step_cost(model, head, sizes, top_k, depth)
+    head.tree = {
+        "top_k": top_k,
+        "depth": depth,
+        "num_nodes": max(sizes),
+        "step_cost": {str(n): round(c, 4) for n, c in cost.items()},
+    }
+    return head.tree
+
+
+def config_from_dict(values: dict) -> EagleTrainingConfig:
+    """An `EagleTrainingConfig` from a dict (unknown keys are an error naming the valid ones)."""
+    names = {f.name for f in dataclasses.fields(EagleTrainingConfig)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"unknown EAGLE training settings {unknown}; valid: {sorted(names)}")
+    return EagleTrainingConfig(**values)
+
+
+__all__ = [
+    "EagleTrainingConfig",
+    "draft_vocabulary",
+    "eagle_loss",
+    "evaluate_eagle",
+    "token_targets",
+    "measure_eagle_step_cost",
+    "train_eagle",
+    "tune_eagle_tree",
+    "window_starts",
+]
