@@ -142,3 +142,41 @@ register_default_assistant(
     description="MedusaAssistant with the shipped Medusa-1 heads and their tuned tree",
     requires=_medusa_heads_ship,
 )
+
+
+DEFAULT_EAGLE_DIR = ASSETS / "eagle-smollm2-135m-instruct"
+
+
+def _eagle_head_ships() -> bool:
+    return (DEFAULT_EAGLE_DIR / "config.json").is_file()
+
+
+@functools.lru_cache(maxsize=1)
+def default_eagle_head():
+    """The EAGLE-1/2 head trained for the default model that ships inside the package (loaded once, CPU, fp32); it
+    carries its tree defaults and measured step costs (model card: ``hf_specdec/assets/eagle-smollm2-135m-instruct``)."""
+    from .heads.eagle import EagleHead
+
+    if not _eagle_head_ships():
+        raise FileNotFoundError(f"the shipped EAGLE head is missing from {DEFAULT_EAGLE_DIR} (broken install?)")
+    return EagleHead.from_pretrained(DEFAULT_EAGLE_DIR).eval()
+
+
+def _eagle_assistant() -> Proposer:
+    from .generation.proposers.eagle import EagleAssistant
+
+    return EagleAssistant(default_eagle_head())
+
+
+register_default_assistant(
+    "eagle",
+    _eagle_assistant,
+    description="EagleAssistant: the shipped EAGLE-1/2 head drafting EAGLE-2 dynamic trees",
+    requires=_eagle_head_ships,
+)
+register_default_assistant(
+    "ngram+eagle",
+    lambda: FallbackAssistant(NgramAssistant(), _eagle_assistant()),
+    description="FallbackAssistant: prompt lookup (NgramAssistant) where it finds a match, else the shipped EAGLE head",
+    requires=_eagle_head_ships,
+)
