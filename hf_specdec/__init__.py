@@ -35,6 +35,8 @@ _LAZY = {
     "default_model_dir": ".models",
     "chat_prompt_ids": ".models",
     "draft_model_from_layers": ".models",
+    "packed_weights": ".kernels.cpu_linear",
+    "release_packed_weights": ".kernels.cpu_linear",
 }
 
 
@@ -65,4 +67,6 @@ __all__ = [
     "FallbackAssistant",
     "load_default_model",
     "load_default_assistant",
+    "packed_weights",
+    "release_packed_weights",
 ]

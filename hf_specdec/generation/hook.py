@@ -15,6 +15,7 @@ import types
 
 from transformers.generation import GenerationMixin, StoppingCriteriaList, StopStringCriteria
 
+from .inputs import check_prompt
 from .loop import generate as speculative_generate
 
 _ORIGINAL = GenerationMixin.generate
@@ -34,6 +35,9 @@ def _routed_generate(self, *args, assistant=None, **kwargs):
         )
     if len(args) > 2:
         raise ValueError("with assistant=, pass generate's options after inputs and generation_config by keyword")
+    inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
+    if inputs is not None or kwargs.get("inputs_embeds") is not None:  # before transformers reads them
+        check_prompt(self, inputs, kwargs.get("attention_mask"), kwargs.get("inputs_embeds"))
     kwargs["custom_generate"] = speculative_generate
     streamer = kwargs.pop("streamer", None)
     tokenizer = kwargs.pop("tokenizer", None)

@@ -28,10 +28,7 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, model_kwarg
             f"{type(model).__name__} is an encoder-decoder model; hf_specdec's assistant= supports decoder-only "
             "causal language models"
         )
-    if input_ids is None or input_ids.dim() != 2:
-        raise ValueError("hf_specdec needs input_ids of shape [batch, length] (inputs_embeds is not supported)")
-    if input_ids.shape[1] == 0 or input_ids.shape[0] == 0:
-        raise ValueError("empty prompt: input_ids has no tokens; pass at least one token per row")
+    check_prompt(model, input_ids, model_kwargs.get("attention_mask"), model_kwargs.get("inputs_embeds"))
     _validate_generation_config(generation_config)
     cache = model_kwargs.get("past_key_values")
     if cache is not None and getattr(cache, "_is_user_defined", False) and cache.get_seq_length() > 0:
@@ -43,6 +40,87 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, model_kwarg
         raise ValueError(
             f"model inputs {extra} are not supported with an assistant (only input_ids and attention_mask)"
         )
+
+
+def check_prompt(model, input_ids, attention_mask=None, inputs_embeds=None) -> None:
+    """Refuse, with a message naming the argument, its shape/dtype and what is expected, a prompt vanilla would
+    reject (or silently misread): no ids, ``inputs_embeds``, ids that are not a 2-D integer tensor, ids outside the
+    vocabulary, an ``attention_mask`` of another shape or with values other than 0/1.
+
+    Runs before transformers prepares the call (the ``assistant=`` hook) and again inside `validate_call`.
+
+    Args:
+        model: the target model (its input embedding gives the vocabulary size).
+        input_ids: `[B, W]` integer prompt ids.
+        attention_mask: `[B, W]` 0/1 (left padding), or None.
+        inputs_embeds: must be None (not supported with an assistant).
+    """
+    if inputs_embeds is not None:
+        raise ValueError(
+            f"inputs_embeds (shape {_shape(inputs_embeds)}) is not supported with an assistant: speculative decoding "
+            "drafts and verifies token ids; pass input_ids (the tokenizer's output) instead"
+        )
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(
+            f"input_ids must be a torch.Tensor of shape [batch, length], got {type(input_ids).__name__}; "
+            "pass tokenizer(..., return_tensors='pt').input_ids"
+        )
+    if input_ids.dim() != 2:
+        hint = "; add the batch dimension: ids[None] (or ids.unsqueeze(0))" if input_ids.dim() == 1 else ""
+        raise ValueError(
+            f"input_ids must have shape [batch, length], got a {input_ids.dim()}-D tensor of shape "
+            f"{_shape(input_ids)}{hint}"
+        )
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise TypeError(
+            f"input_ids must hold integer token ids (torch.long), got dtype {input_ids.dtype} of shape "
+            f"{_shape(input_ids)}; token ids are not rounded: pass the tokenizer's ids (or .long() them yourself)"
+        )
+    if input_ids.numel() == 0:
+        raise ValueError(
+            f"empty prompt: input_ids has shape {_shape(input_ids)}; pass at least one token per row "
+            "(a BOS token for an unconditional start)"
+        )
+    _check_vocabulary(model, input_ids)
+    if attention_mask is not None:
+        _check_attention_mask(attention_mask, input_ids)
+
+
+def _shape(t: torch.Tensor) -> list[int]:
+    return list(t.shape)
+
+
+def _check_vocabulary(model, input_ids: torch.Tensor) -> None:
+    """Every id must index the model's input embedding `[V, H]`."""
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocab = getattr(embedding, "num_embeddings", None)
+    if vocab is None:
+        return
+    bad = (input_ids < 0) | (input_ids >= vocab)  # [B, W]
+    if bool(bad.any()):
+        row, col = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"input_ids row {row} holds token id {int(input_ids[row, col])} (position {col}) outside the model's "
+            f"vocabulary of {vocab} ids (0..{vocab - 1}); were the ids made by another model's tokenizer?"
+        )
+
+
+def _check_attention_mask(attention_mask, input_ids: torch.Tensor) -> None:
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a torch.Tensor like input_ids, got {type(attention_mask).__name__}")
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask has shape {_shape(attention_mask)} but input_ids has shape {_shape(input_ids)}; they "
+            "must match (one 0/1 entry per token: 1 = prompt token, 0 = left padding)"
+        )
+    if attention_mask.dtype != torch.bool:
+        values = attention_mask.unique()
+        odd = values[(values != 0) & (values != 1)]
+        if odd.numel():
+            raise ValueError(
+                f"attention_mask (dtype {attention_mask.dtype}, shape {_shape(attention_mask)}) must hold only 0 and "
+                f"1 (1 = prompt token, 0 = left padding), got {odd[:4].tolist()}; hf_specdec does not take soft masks"
+            )
 
 
 def _validate_generation_config(generation_config) -> None:
@@ -88,3 +166,19 @@ def prompt_starts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) 
             )
         starts.append(width - n)
     return starts
+
+
+def check_int(owner: str, name: str, value, minimum: int | None = None) -> None:
+    """Refuse a constructor argument that is not an int (bools and floats such as 2.5 included) or is too small."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{owner} {name} must be an int, got {value!r} ({type(value).__name__})")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{owner} {name} must be at least {minimum}, got {value}")
+
+
+def check_number(owner: str, name: str, value, low: float, high: float) -> None:
+    """Refuse a constructor argument that is not a real number in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{owner} {name} must be a number in [{low}, {high}], got {value!r} ({type(value).__name__})")
+    if not low <= value <= high:
+        raise ValueError(f"{owner} {name} must be in [{low}, {high}], got {value}")

@@ -142,6 +142,7 @@ def generate(
     typical_epsilon: float = 0.09,
     typical_delta: float = 0.3,
     hf_specdec_streamer=None,
+    keep_packed: bool = False,
     **model_kwargs,
 ):
     """Speculative decoding with ``assistant`` (a transformers ``custom_generate`` callable).
@@ -160,6 +161,8 @@ def generate(
             distribution). Only used when sampling.
         hf_specdec_streamer: the ``streamer=`` of ``model.generate`` (the hook passes it under this name, because
             transformers does not forward a streamer to a ``custom_generate`` callable).
+        keep_packed: on CPU, keep the target's pre-packed linear weights after the call (until
+            ``hf_specdec.release_packed_weights(model)``) instead of releasing them; see `hf_specdec.packed_weights`.
     Returns:
         `[B, W + G]` token ids like vanilla `generate`, or a `GenerateDecoderOnlyOutput` with an extra
         ``spec_stats`` attribute when ``return_dict_in_generate=True``.
@@ -180,7 +183,7 @@ def generate(
     returns = bool(generation_config.return_dict_in_generate)
     if hf_specdec_streamer is not None:
         hf_specdec_streamer.put(input_ids.cpu())
-    with PlannedModel(model) as target, proposer.claimed():
+    with PlannedModel(model, keep_packed=keep_packed) as target, proposer.claimed():
         call = _Call(
             model=model,
             target=target,
@@ -202,6 +205,7 @@ def generate(
             _prefill(call, rows)
             while active := [r for r in rows if not r.finished]:
                 _step(call, active)
+            call.stats.packed_weight_bytes = target.packed_bytes()
         finally:
             proposer.finish()
     if hf_specdec_streamer is not None:

@@ -17,6 +17,8 @@ class SpecStats:
         accepted_per_depth: entry d-1 counts the steps that accepted at least d drafted tokens.
         time_propose / time_verify / time_other: seconds in the proposer, in target forwards + acceptance, and in
             everything else (prefill included in verify).
+        packed_weight_bytes: bytes held by the target's pre-packed CPU linear weights when the call ended (0 when
+            it did not pack; released after the call unless ``keep_packed=True``; see ``kernels/cpu_linear.py``).
     """
 
     steps: int = 0
@@ -27,6 +29,7 @@ class SpecStats:
     time_propose: float = 0.0
     time_verify: float = 0.0
     time_other: float = 0.0
+    packed_weight_bytes: int = 0
 
     @property
     def tau(self) -> float:

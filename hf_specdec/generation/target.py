@@ -29,7 +29,7 @@ import torch
 from ..attention.backend import choose_backend, install_for, planned
 from ..attention.plan import AttentionPlan, build_plan
 from ..cache.paged import PagedCache
-from ..kernels.cpu_linear import packed_linears
+from ..kernels.cpu_linear import packed_bytes, packed_linears
 
 
 @dataclass
@@ -57,21 +57,32 @@ class PlannedModel:
         block_size: tokens per cache block.
         pack_linears: run the model's CPU fp32 linears on pre-packed weights in this thread (None: when it pays and
             memory allows; see ``kernels/cpu_linear.py``).
+        keep_packed: keep the packed copies after the block (``generate(..., keep_packed=True)``); by default they
+            are released when the block exits.
     """
 
-    def __init__(self, model, *, backend: str | None = None, block_size: int = 16, pack_linears: bool | None = None):
+    def __init__(
+        self,
+        model,
+        *,
+        backend: str | None = None,
+        block_size: int = 16,
+        pack_linears: bool | None = None,
+        keep_packed: bool = False,
+    ):
         self.model = model
         self.device = next(model.parameters()).device
         self.backend = choose_backend(self.device, backend)
         self.cache = PagedCache(model.config, block_size=block_size)
         self._pack_linears = pack_linears
+        self._keep_packed = keep_packed
         self._stack: contextlib.ExitStack | None = None
 
     # ------------------------------------------------------------------ call scope
     def __enter__(self) -> PlannedModel:
         install_for(self.model)
         stack = contextlib.ExitStack()
-        stack.enter_context(packed_linears(self.model, enabled=self._pack_linears))
+        stack.enter_context(packed_linears(self.model, enabled=self._pack_linears, keep=self._keep_packed))
         self._stack = stack
         return self
 
@@ -85,6 +96,10 @@ class PlannedModel:
         stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()
+
+    def packed_bytes(self) -> int:
+        """Bytes the model's pre-packed CPU weights hold now (0 when none; see ``kernels/cpu_linear.py``)."""
+        return packed_bytes(self.model)
 
     # ------------------------------------------------------------------ rows
     def add_rows(self, n: int) -> list[int]:

@@ -22,6 +22,20 @@ patches) are left alone.
 Thread safety: the patched layers run packed weights only for the thread (context) that entered the block for their
 model (a `contextvars.ContextVar`); any other caller of the same model, a vanilla ``generate`` in another thread
 say, runs stock `F.linear`. Concurrent blocks on one model share the patch (reference-counted under a lock).
+
+Memory and when it runs. MKL's packed buffer is larger than the weight (3.35x allocated for SmolLM2's matrices, of
+which ~2.4x becomes resident), so the copies roughly triple the linear weights' footprint while they are held. They
+are therefore made only where they pay and dropped when they stop paying:
+
+- only forwards of `MIN_ROWS` to `MAX_ROWS` rows (verify forwards of small trees) use them; a prefill of a long
+  prompt runs stock `F.linear` and packs nothing (its GEMM amortises MKL's re-pack over all its rows);
+- a single call packs only from its `PACK_AFTER`-th such forward, so short answers never pay the packing;
+- the copies are released when the call ends, unless the caller keeps them: ``generate(..., keep_packed=True)``
+  (kept until `release_packed_weights`) or the ``with packed_weights(model):`` block, which packs at once (the
+  warm-up) and keeps the copies for every call inside it.
+
+`packed_bytes(model)` says how many bytes the copies of ``model`` hold (allocated; ``spec_stats.packed_weight_bytes``
+reports it at the end of a call).
 """
 
 from __future__ import annotations
@@ -30,6 +44,7 @@ import contextlib
 import contextvars
 import os
 import threading
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +52,10 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 MIN_ROWS = 4  # below this MKL's matrix-vector path is as fast as the packed GEMM (measured; docs/results.md)
+MAX_ROWS = 256  # above this (prefill) the GEMM amortises its own re-pack: stock kernels, nothing packed
+PACK_AFTER = 32  # a call that does not keep its copies packs from its 32nd verify forward (short calls never pack)
+# MKL's packed buffer over the weight's own size (measured on SmolLM2-135M's matrices: 3.35x allocated)
+PACKED_SIZE_FACTOR = 3.4
 ENV_FLAG = "HF_SPECDEC_PACKED_LINEAR"
 # Fraction of the machine's available memory the packed copies may take.
 MEMORY_FRACTION = 0.5
@@ -48,6 +67,9 @@ _ENTERED: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("hf_sp
 # model id -> [number of open blocks, the layers patched]
 _USERS: dict[int, list] = {}
 _USERS_LOCK = threading.Lock()
+# models whose copies outlive a call: open `packed_weights` blocks per model, and models pinned by keep_packed=True
+_KEEP_BLOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PINNED: weakref.WeakSet = weakref.WeakSet()
 
 
 def available() -> bool:
@@ -104,14 +126,24 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def _packed_forward(module: nn.Linear, model_id: int):
-    weight, bias = module.weight, module.bias
+def _kept(model: nn.Module) -> bool:
+    """Whether ``model``'s copies outlive the call (an open `packed_weights` block, or ``keep_packed=True``)."""
+    return model in _PINNED or _KEEP_BLOCKS.get(model, 0) > 0
+
+
+def _packed_forward(module: nn.Linear, model: nn.Module):
+    """``module``'s instance-level forward: packed weights for this thread's verify forwards, `F.linear` otherwise."""
+    weight, bias, key = module.weight, module.bias, id(model)
+    seen = [0]  # eligible forwards of this layer since it was patched (shared by the calls open on the model)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.dim() else 0
-        if rows < MIN_ROWS or x.dtype != torch.float32 or x.device.type != "cpu" or torch.is_grad_enabled():
+        if not MIN_ROWS <= rows <= MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu":
             return F.linear(x, weight, bias)
-        if model_id not in _ENTERED.get():  # another thread's call of the same model: stock kernels
+        if torch.is_grad_enabled() or key not in _ENTERED.get():  # another thread's call of the model: stock kernels
+            return F.linear(x, weight, bias)
+        seen[0] += 1
+        if seen[0] < PACK_AFTER and weight not in _PACKED and not _kept(model):
             return F.linear(x, weight, bias)
         return torch.ops.mkl._mkl_linear(x.contiguous(), packed_weight(weight), weight, bias, rows)
 
@@ -119,33 +151,46 @@ def _packed_forward(module: nn.Linear, model_id: int):
     return forward
 
 
-@contextlib.contextmanager
-def packed_linears(model: nn.Module, enabled: bool | None = None):
-    """Run ``model``'s fp32 CPU `nn.Linear` layers on pre-packed weights inside the block (see the module doc).
-
-    ``enabled=None`` decides by itself (CPU fp32 layers, MKL, ``HF_SPECDEC_PACKED_LINEAR``, free memory); ``False``
-    makes this a no-op; ``True`` skips the memory check. Yields the number of layers patched.
-    """
+def _layers_to_pack(model: nn.Module, enabled: bool | None) -> list[nn.Linear]:
+    """The layers to patch: none when switched off, unavailable, or when the copies would not fit in memory."""
     if enabled is False or not available() or (enabled is None and not _enabled_by_env()):
-        yield 0
-        return
+        return []
     layers = [m for m in model.modules() if _eligible(m)]
     if enabled is None and layers:
         weights = {id(m.weight): m.weight for m in layers}.values()
-        need = sum(w.numel() * w.element_size() for w in weights if w not in _PACKED)
+        need = PACKED_SIZE_FACTOR * sum(w.numel() * w.element_size() for w in weights if w not in _PACKED)
         free = _available_memory_bytes()
         if free is not None and need > MEMORY_FRACTION * free:
-            layers = []
+            return []
+    return layers
+
+
+@contextlib.contextmanager
+def packed_linears(model: nn.Module, enabled: bool | None = None, keep: bool = False):
+    """Run ``model``'s fp32 CPU `nn.Linear` layers on pre-packed weights inside the block (see the module doc).
+
+    Args:
+        model: the model whose linears are patched for this thread.
+        enabled: None decides by itself (CPU fp32 layers, MKL, ``HF_SPECDEC_PACKED_LINEAR``, free memory); False
+            makes this a no-op; True skips the memory check.
+        keep: keep the copies after the block (until `release_packed_weights`), and pack from the first verify
+            forward instead of the `PACK_AFTER`-th.
+    Yields:
+        the number of layers patched.
+    """
+    layers = _layers_to_pack(model, enabled)
     if not layers:
         yield 0
         return
     key = id(model)
     with _USERS_LOCK:
+        if keep:
+            _PINNED.add(model)
         entry = _USERS.get(key)
         if entry is None:
             patched = [m for m in layers if "forward" not in m.__dict__]
             for m in patched:
-                m.forward = _packed_forward(m, key)
+                m.forward = _packed_forward(m, model)
             entry = _USERS[key] = [0, patched]
         entry[0] += 1
     token = _ENTERED.set(_ENTERED.get() | {key})
@@ -159,12 +204,57 @@ def packed_linears(model: nn.Module, enabled: bool | None = None):
                 for m in entry[1]:
                     m.__dict__.pop("forward", None)
                 del _USERS[key]
+                if not _kept(model):
+                    release_packed_weights(model)
+
+
+@contextlib.contextmanager
+def packed_weights(model: nn.Module, enabled: bool | None = None):
+    """Pack ``model``'s CPU fp32 linear weights now and keep the copies for every ``generate`` call in the block.
+
+    The explicit warm-up: the first speculative call inside the block does not pay the packing, and no call inside
+    re-packs. The copies are released when the block exits (unless a ``keep_packed=True`` call pinned them). Does
+    nothing where packing does not apply (no MKL, not CPU fp32, ``HF_SPECDEC_PACKED_LINEAR=0``, not enough memory).
+
+    Args:
+        model: the target (or draft) model.
+        enabled: as in `packed_linears`.
+    Yields:
+        the bytes the packed copies hold (0 when nothing was packed).
+    """
+    layers = _layers_to_pack(model, enabled)
+    with _USERS_LOCK:
+        _KEEP_BLOCKS[model] = _KEEP_BLOCKS.get(model, 0) + 1
+    try:
+        with torch.no_grad():
+            for m in layers:
+                packed_weight(m.weight)
+        yield packed_bytes(model)
+    finally:
+        with _USERS_LOCK:
+            _KEEP_BLOCKS[model] -= 1
+            if _KEEP_BLOCKS[model] == 0:
+                del _KEEP_BLOCKS[model]
+            if not _kept(model) and id(model) not in _USERS:
+                release_packed_weights(model)
+
+
+def packed_bytes(model: nn.Module) -> int:
+    """Bytes allocated by the packed copies of ``model``'s weights now held (0 when none)."""
+    total = 0
+    for p in model.parameters():
+        entry = _PACKED.get(p)
+        if entry is not None:
+            total += entry[1].numel() * entry[1].element_size()
+    return total
 
 
 def release_packed_weights(model: nn.Module | None = None) -> None:
-    """Free the packed copies of ``model``'s weights (of every model when None)."""
+    """Free the packed copies of ``model``'s weights (of every model when None) and undo ``keep_packed=True``."""
     if model is None:
         _PACKED.clear()
+        _PINNED.clear()
         return
+    _PINNED.discard(model)
     for p in model.parameters():
         _PACKED.pop(p, None)

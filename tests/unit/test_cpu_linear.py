@@ -13,6 +13,12 @@ from hf_specdec.testing import OracleProposer, RandomTreeProposer, assert_same_t
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="this torch build has no MKL packed linear")
 
 
+@pytest.fixture(autouse=True)
+def _pack_at_once(monkeypatch):
+    """Tests of the packed path pack at the first verify forward (a call waits PACK_AFTER forwards by default)."""
+    monkeypatch.setattr(cpu_linear, "PACK_AFTER", 1)
+
+
 def _net(bias=True):
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(24, 40, bias=bias), nn.GELU(), nn.Linear(40, 16, bias=bias)).eval()
@@ -151,3 +157,61 @@ def test_draft_model_linears_are_packed_for_the_call_and_restored(monkeypatch):
     draft_weights = {id(p) for p in draft.parameters()}
     assert any(id(w) in draft_weights for w in packed), "the draft model's forwards did not use the packed linears"
     assert all("forward" not in m.__dict__ for m in (*model.modules(), *draft.modules()))
+
+
+def _count_packing(monkeypatch) -> list:
+    packed = []
+    real = cpu_linear.packed_weight
+    monkeypatch.setattr(cpu_linear, "packed_weight", lambda w: packed.append(w) or real(w))
+    return packed
+
+
+def test_forwards_above_max_rows_and_short_calls_pack_nothing(monkeypatch):
+    """A long prompt's prefill runs stock kernels; a call packs only from its PACK_AFTER-th verify forward."""
+    net = nn.Sequential(nn.Linear(24, 32), nn.Linear(32, 8)).eval()
+    monkeypatch.setattr(cpu_linear, "PACK_AFTER", 5)
+    packed = _count_packing(monkeypatch)
+    with torch.no_grad(), packed_linears(net, enabled=True):
+        net(torch.randn(cpu_linear.MAX_ROWS + 1, 24))  # a prefill
+        for _ in range(cpu_linear.PACK_AFTER - 1):
+            net(torch.randn(cpu_linear.MIN_ROWS, 24))  # verify forwards of a short call
+        assert not packed
+        net(torch.randn(cpu_linear.MIN_ROWS, 24))
+        assert len(packed) == 2
+        assert cpu_linear.packed_bytes(net) > 0
+    assert cpu_linear.packed_bytes(net) == 0, "the copies outlived the call"
+
+
+def test_keep_and_the_packed_weights_block_keep_the_copies_until_released(monkeypatch):
+    net = nn.Sequential(nn.Linear(24, 32), nn.Linear(32, 8)).eval()
+    x = torch.randn(cpu_linear.MIN_ROWS, 24)
+    with torch.no_grad(), packed_linears(net, enabled=True, keep=True):
+        net(x)  # kept: packs at the first verify forward
+    held = cpu_linear.packed_bytes(net)
+    weight_bytes = sum(m.weight.numel() * 4 for m in net)
+    assert held >= weight_bytes, "packed_bytes must count the whole packed buffers"
+    release_packed_weights(net)
+    assert cpu_linear.packed_bytes(net) == 0
+    with hf_specdec.packed_weights(net) as warm:  # packs at once: the warm-up
+        assert warm == cpu_linear.packed_bytes(net) > 0
+        packed = _count_packing(monkeypatch)
+        with torch.no_grad(), packed_linears(net, enabled=True):
+            net(x)
+        assert cpu_linear.packed_bytes(net) == warm, "a call inside the block released the copies"
+    assert cpu_linear.packed_bytes(net) == 0
+    assert packed and {id(w) for w in packed} <= {id(net[0].weight), id(net[1].weight)}
+
+
+def test_generate_reports_and_releases_or_keeps_the_copies(monkeypatch):
+    model = tiny_causal_lm("llama", hidden_size=64, num_layers=2)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 5, 6, 7]])
+    expected = model.generate(ids, max_new_tokens=12, do_sample=False)
+    kw = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True)
+    out = model.generate(ids, assistant=RandomTreeProposer(model.config.vocab_size, nodes=8), **kw)
+    assert_same_tokens(out.sequences, expected, "packed")
+    assert out.spec_stats.packed_weight_bytes > 0
+    assert cpu_linear.packed_bytes(model) == 0, "released after the call"
+    out = model.generate(ids, assistant=RandomTreeProposer(model.config.vocab_size, nodes=8), keep_packed=True, **kw)
+    assert cpu_linear.packed_bytes(model) == out.spec_stats.packed_weight_bytes > 0
+    release_packed_weights(model)
+    assert cpu_linear.packed_bytes(model) == 0

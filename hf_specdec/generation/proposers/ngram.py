@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..inputs import check_int, check_number
 from ..tree import DraftSampling, DraftTree, subset_parents
 from .base import Proposer, ProposerSetup, RowFeedback, RowState
 
@@ -118,15 +119,16 @@ class NgramAssistant(Proposer):
         adaptive: bool = True,
         decay: float = 0.9,
     ) -> None:
+        counts = dict(max_ngram=max_ngram, min_ngram=min_ngram, max_depth=max_depth, max_matches=max_matches)
+        counts["max_nodes"] = max_nodes
+        for name, value in counts.items():
+            check_int("NgramAssistant", name, value, minimum=1)
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"NgramAssistant needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
-        for name, value in (("max_depth", max_depth), ("max_matches", max_matches), ("max_nodes", max_nodes)):
-            if value < 1:
-                raise ValueError(f"NgramAssistant {name} must be at least 1, got {value}")
-        if not 0.0 <= min_score <= 1.0:
-            raise ValueError(f"NgramAssistant min_score is a probability in [0, 1], got {min_score}")
-        if not 0.0 <= decay <= 1.0:
-            raise ValueError(f"NgramAssistant decay must be in [0, 1], got {decay}")
+        check_number("NgramAssistant", "min_score", min_score, 0.0, 1.0)
+        check_number("NgramAssistant", "decay", decay, 0.0, 1.0)
+        if not isinstance(adaptive, bool):
+            raise TypeError(f"NgramAssistant adaptive must be True or False, got {adaptive!r}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.max_depth = max_depth
