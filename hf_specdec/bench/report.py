@@ -146,6 +146,8 @@ def markdown_report(summary: Sequence[dict], meta: dict) -> str:
     for key in ("model", "device", "threads", "batch", "max_new_tokens", "per_category", "draft", "questions", "date"):
         if meta.get(key) is not None:
             out.append(f"- {key.replace('_', ' ')}: {meta[key]}")
+    if meta.get("complete") is False:
+        out.append("- **partial results**: the run was interrupted or is still going (records so far)")
     out += [
         "",
         "speedup = vanilla `generate` wall time / method wall time on the same prompt, interleaved in one process "
@@ -208,9 +210,12 @@ def write_results(out_dir: str | Path, records: Sequence[dict], meta: dict, plot
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(records)
     paths = {"md": out_dir / "results.md", "json": out_dir / "results.json"}
-    paths["md"].write_text(markdown_report(summary, meta), encoding="utf-8")
     payload = {"meta": meta, "summary": summary, "records": list(records)}
-    paths["json"].write_text(json.dumps(payload, indent=2, default=str), encoding="utf-8")
+    # each file replaced whole (written aside, then renamed), so an interruption never leaves half a file
+    for key, text in (("md", markdown_report(summary, meta)), ("json", json.dumps(payload, indent=2, default=str))):
+        tmp = paths[key].with_suffix(paths[key].suffix + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(paths[key])
     if plot:
         paths["png"] = plot_speedups(summary, out_dir / "results.png")
     return paths

@@ -191,6 +191,7 @@ def run_bench(
     repeats: int = 1,
     warmup: bool = True,
     log: Callable[[str], None] | None = None,
+    on_prompt: Callable[[list[dict]], None] | None = None,
 ) -> list[dict]:
     """Time every method against vanilla on every prompt (or batch of ``batch`` prompts); one record per call.
 
@@ -206,6 +207,8 @@ def run_bench(
         repeats: calls per method and prompt; the fastest is kept.
         warmup: one short untimed call of every method before timing.
         log: progress lines (e.g. ``print`` to stderr); None for silence.
+        on_prompt: called with the records so far each time a prompt (or batch) has run every method, so an
+            interrupted run keeps what it measured (``hf-specdec bench --out`` writes its files there).
     Returns:
         records as described in `hf_specdec.bench.report`.
     """
@@ -288,6 +291,8 @@ def run_bench(
                     mark = "" if rec["match"] is not False else f" MISMATCH@{rec['first_diff']}"
                     line.append(f"{method.name} {res.time_s:.2f}s ({rec['speedup'] or 0:.2f}x){mark}")
             log(f"[{setting.name}] {gi + 1}/{len(groups)} {category} q{qid}: {base_tokens} tok; " + ", ".join(line))
+            if on_prompt is not None:
+                on_prompt(records)
     return records
 
 
@@ -374,19 +379,46 @@ def main(args: argparse.Namespace) -> int:
         log(f"layer-skip draft ({draft_layers}/{total_layers} layers) built in {time.perf_counter() - t:.1f} s")
         return draft
 
-    records = run_bench(
-        model,
-        prompts,
-        methods,
-        settings,
-        max_new_tokens=args.max_new_tokens,
-        batch=args.batch,
-        draft_factory=draft_factory,
-        seed=args.seed,
-        repeats=args.repeats,
-        log=log,
-    )
-    meta = {
+    def meta(done: bool) -> dict:
+        return _meta(args, model_name, methods, draft_layers, total_layers, path, len(prompts), t0, done)
+
+    records: list[dict] = []
+
+    def save_partial(so_far: list[dict]) -> None:
+        records[:] = so_far  # what an interruption keeps
+        if args.out:  # written after every prompt, so that Ctrl-C or a timeout loses nothing (plot at the end)
+            write_results(args.out, so_far, meta(done=False), plot=False)
+
+    try:
+        records = run_bench(
+            model,
+            prompts,
+            methods,
+            settings,
+            max_new_tokens=args.max_new_tokens,
+            batch=args.batch,
+            draft_factory=draft_factory,
+            seed=args.seed,
+            repeats=args.repeats,
+            log=log,
+            on_prompt=save_partial,
+        )
+    except KeyboardInterrupt:
+        log(f"interrupted: {len(records)} records kept" + (f" in {args.out}" if args.out else ""))
+        if records:
+            print(markdown_report(summarize(records), meta(done=False)))
+        return 130
+    summary = summarize(records)
+    print(markdown_report(summary, meta(done=True)))
+    if args.out:
+        paths = write_results(args.out, records, meta(done=True))
+        log("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def _meta(args, model_name, methods, draft_layers, total_layers, path, num_prompts, t0, done: bool) -> dict:
+    """The run's description for the report (``complete`` False while prompts remain or after an interruption)."""
+    return {
         "model": model_name,
         "device": f"cpu ({platform.processor() or platform.machine()}), torch {torch.__version__}",
         "threads": torch.get_num_threads(),
@@ -396,19 +428,14 @@ def main(args: argparse.Namespace) -> int:
         "draft": f"first {draft_layers} of {total_layers} decoder layers + final norm + lm_head (layer-skip self-draft)"
         if any(m.needs_draft for m in methods)
         else None,
-        "questions": f"{path.name} ({len(prompts)} prompts, seed {args.seed})",
+        "questions": f"{path.name} ({num_prompts} prompts, seed {args.seed})",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "methods": {m.name: m.description for m in methods},
         "transformers": _version("transformers"),
         "hf_specdec": _version("hf_specdec"),
         "wall_s": time.perf_counter() - t0,
+        "complete": done,
     }
-    summary = summarize(records)
-    print(markdown_report(summary, meta))
-    if args.out:
-        paths = write_results(args.out, records, meta)
-        log("wrote " + ", ".join(str(p) for p in paths.values()))
-    return 0
 
 
 def _version(module: str) -> str | None:

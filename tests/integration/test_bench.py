@@ -303,3 +303,26 @@ def test_bench_records_sampling_failures_instead_of_crashing():
     refused = [r for r in records if r["method"] == "refuses"]
     assert all("NotImplementedError" in r["error"] for r in refused)
     assert all(r["match"] is None for r in records), "sampled outputs are not compared token by token"
+
+
+@needs_loop
+def test_an_interrupted_bench_keeps_every_finished_prompt(tmp_path):
+    """run_bench hands the records over after every prompt; written as they come, an interruption loses nothing."""
+    model = tiny_causal_lm("llama", num_layers=1)
+    prompts = [Prompt(i, "qa", torch.tensor([5, 6, 7, 8, 5, 6, 7])) for i in range(3)]
+    methods = resolve_methods(["vanilla", "ngram"])
+    seen: list[int] = []
+
+    def on_prompt(records):
+        seen.append(len(records))
+        write_results(tmp_path, records, {"model": "tiny", "complete": False}, plot=False)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(model, prompts, methods, settings_for(sample=False), max_new_tokens=4, on_prompt=on_prompt)
+    assert seen == [2, 4]
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert len(data["records"]) == 4 and data["meta"]["complete"] is False
+    assert "partial results" in (tmp_path / "results.md").read_text()
+    assert not list(tmp_path.glob("*.tmp"))
