@@ -6,6 +6,7 @@ hf-specdec generate "..." --assistant draft --draft-layers 8
 hf-specdec bench [--methods ...] [--per-category N] [--batch 4] [--sample] [--out DIR]
 hf-specdec convert                                       # convert the default model now, print its folder
 hf-specdec train medusa --out DIR [--num-prompts N --max-new-tokens M --epochs E --num-heads 4 --resume]
+hf-specdec train mlp-speculator --out DIR [--data FOLDER... --epochs E --inner-dim 384 --resume]
 """
 
 from __future__ import annotations
@@ -231,6 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
     medusa = train_sub.add_parser("medusa", help="Medusa-1 heads by self-distillation (base model frozen)")
     _add_train_medusa_arguments(medusa)
     medusa.set_defaults(func=train_medusa_main)
+    from .training import mlp_speculator as train_mlp
+
+    mlp = train_sub.add_parser("mlp-speculator", help="an MLP speculator (IBM accelerator) by self-distillation")
+    train_mlp.add_arguments(mlp)
+    mlp.set_defaults(func=train_mlp.main)
     return parser
 
 

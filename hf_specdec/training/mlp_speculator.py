@@ -477,7 +477,7 @@ def _report(spec, data, split: _Split, cfg, step, elapsed, losses, before, after
 
 # ---------------------------------------------------------------------------------------------------- command line
 # `hf-specdec train mlp-speculator`: the defaults are the recipe of the speculator shipped in the package
-RECIPE = dict(num_prompts=576, num_context_prompts=0, prompt_seed=1, max_new_tokens=128, gen_batch_size=16)
+RECIPE = dict(num_prompts=256, num_context_prompts=0, prompt_seed=1, max_new_tokens=128, gen_batch_size=16)
 
 
 def add_arguments(parser) -> None:

@@ -151,3 +151,12 @@ def test_tree_tuning_weighs_acceptance_against_step_cost(data_dir, tiny, tmp_pat
     assert {r["nodes"] for r in rows} == {0, 1, 2, 4} and set(spec.tree["step_cost"]) == {"1", "2", "4"}
     assistant = MLPSpeculatorAssistant(spec)  # the tuned tree and its costs drive the run-time cut
     assert assistant.widths == spec.tree["widths"] and assistant.adaptive is not None
+
+
+def test_cli_has_a_train_mlp_speculator_subcommand():
+    from hf_specdec.cli import build_parser
+    from hf_specdec.training.mlp_speculator import RECIPE, main
+
+    args = build_parser().parse_args(["train", "mlp-speculator", "--out", "x", "--data", "d1", "d2", "--resume"])
+    assert args.out == "x" and args.data == ["d1", "d2"] and args.resume and args.func is main
+    assert args.num_prompts == RECIPE["num_prompts"] and args.n_predict == 4 and args.draft_vocab == 8192
