@@ -61,12 +61,14 @@ class RowCandidates:
         scores: `[T]` estimated probability that each node is accepted (path probability), or None for the
             structural prior. Ignored for sampled trees (see the module docstring).
         source: which assistant drafted the tree (calibration is kept per source).
+        fixed: verify the tree as it is (it counts in the step's cost but is never cut).
     """
 
     row: int
     tree: DraftTree
     scores: torch.Tensor | Sequence[float] | None = None
     source: Hashable = "default"
+    fixed: bool = False
 
 
 @dataclass
@@ -278,22 +280,29 @@ class TreeBudgeter:
         probs, raw = zip(*[self._row_probs(c) for c in candidates]) if candidates else ((), ())
         # best first, ties in node order (a stable sort): parents before their children
         order = [sorted(range(len(p)), key=p.__getitem__, reverse=True)[: self.max_nodes_per_row] for p in probs]
-        counts = self._counts(probs, order)
+        fixed = sum(c.tree.num_nodes for c in candidates if c.fixed)
+        counts = self._counts(probs, order, fixed)
         cuts, self._pending = [], []
         for c, p, r, o, k in zip(candidates, probs, raw, order, counts):
+            if c.fixed:
+                self._pending.append((c.row, c.source, [], [], []))
+                self._nodes[c.tree.num_nodes] += 1
+                cuts.append(BudgetCut(c.tree, None, []))
+                continue
             k = self._gate(c.row, k, has_candidates=bool(o))
             self._nodes[k] += 1
             cuts.append(self._cut_row(c, p, r, o[:k]))
         return cuts
 
     def cut_trees(self, rows: Sequence[int], trees: Sequence[DraftTree]) -> list[BudgetCut]:
-        """`cut` for trees that carry their own ``scores`` / ``source`` attributes (None / "default" if absent)."""
-        return self.cut(
-            [
-                RowCandidates(row, tree, getattr(tree, "scores", None), getattr(tree, "source", None) or "default")
-                for row, tree in zip(rows, trees)
-            ]
-        )
+        """`cut` for trees that carry their own ``scores`` and ``source``; a tree without scores is verified as
+        proposed (an assistant opts in to the budget by scoring its nodes)."""
+        cands = []
+        for row, tree in zip(rows, trees):
+            scores = getattr(tree, "scores", None)
+            source = getattr(tree, "source", None) or "default"
+            cands.append(RowCandidates(row, tree, scores, source, fixed=scores is None and tree.num_nodes > 0))
+        return self.cut(cands)
 
     def speedup(self, candidates: RowCandidates) -> float:
         """Predicted speedup over a plain step of verifying the best cut of one row's candidates on their own (1.0:
@@ -305,7 +314,7 @@ class TreeBudgeter:
 
     def _row_probs(self, c: RowCandidates) -> tuple[list[float], list[float]]:
         tree = c.tree
-        if tree.num_nodes == 0:
+        if tree.num_nodes == 0 or c.fixed:
             return [], []
         if c.scores is None or tree.sampling != DraftSampling.DETERMINISTIC:
             raw = structural_scores(tree)
@@ -316,46 +325,50 @@ class TreeBudgeter:
         cond = conditional_scores(tree, raw)
         return calibrated_probs(tree, cond, self.calibration.factors(c.source, c.row)), cond
 
-    def _counts(self, probs: Sequence[list[float]], order: Sequence[list[int]]) -> list[int]:
-        """Nodes per row: the best ``K`` nodes of the batch for the ``K`` with the best predicted rate."""
+    def _counts(self, probs: Sequence[list[float]], order: Sequence[list[int]], fixed: int = 0) -> list[int]:
+        """Nodes per row: the best ``K`` nodes of the batch for the ``K`` with the best predicted rate (``fixed``
+        more nodes are verified anyway)."""
         rows = len(probs)
         merged = sorted(((probs[b][i], b) for b, o in enumerate(order) for i in o), key=itemgetter(0), reverse=True)
         merged = [m for m in merged if m[0] > 0.0]
-        rate = self.predicted_rates(rows, [p for p, _ in merged], stop_below=0.75 * self.explore_tolerance)
+        gains = [p for p, _ in merged]
+        rate = self.predicted_rates(rows, gains, stop_below=0.75 * self.explore_tolerance, fixed=fixed)
         best = max(range(len(rate)), key=lambda k: (rate[k], -k))
         if best and rate[best] < rate[0] * (1.0 + self.margin):
             best = 0
-        best = self._explore(rows, best, rate)
+        best = self._explore(rows + fixed, best, rate)
         counts = [0] * rows
         for _, b in merged[:best]:
             counts[b] += 1
         return counts
 
-    def predicted_rates(self, rows: int, gains: Sequence[float], stop_below: float = 0.0) -> list[float]:
+    def predicted_rates(
+        self, rows: int, gains: Sequence[float], stop_below: float = 0.0, fixed: int = 0
+    ) -> list[float]:
         """``rate[K]``: predicted tokens per second when the ``K`` nodes with acceptance probabilities ``gains[:K]``
         are verified together with ``rows`` roots (``rate[0]`` = drafting nothing, no proposing time). With
         ``stop_below`` > 0 the list ends once the rate falls below that fraction of the best so far (``gains`` are
-        non-increasing and the cost grows, so larger ``K`` only lose more)."""
+        non-increasing and the cost grows, so larger ``K`` only lose more). ``fixed`` nodes are verified anyway."""
         curve = self.cost.curve()
         other = self.cost.other_seconds(rows)
         propose = self.propose_seconds or 0.0
-        rates = [rows / (curve(rows) + other)]
+        rates = [rows / (curve(rows + fixed) + other + (propose if fixed else 0.0))]
         best, expected = rates[0], float(rows)
         for k, g in enumerate(gains, start=1):
             expected += g
-            rate = expected / (curve(rows + k) + other + propose)
+            rate = expected / (curve(rows + fixed + k) + other + propose)
             rates.append(rate)
             best = max(best, rate)
             if rate < stop_below * best:
                 break
         return rates
 
-    def _explore(self, rows: int, best: int, rate: list[float]) -> int:
+    def _explore(self, base: int, best: int, rate: list[float]) -> int:
         """Now and then, the next unmeasured size of the exploration ladder above ``best`` if it loses little."""
         if self._steps - self._last_explore < self.explore_every:
             return best
         for n in self._ladder:
-            k = n - rows
+            k = n - base
             if k <= best:
                 continue
             if k >= len(rate):

@@ -98,6 +98,16 @@ def test_speedup_ranks_two_assistants_trees_for_a_row():
     assert s_strong > 1.5 and s_weak == 1.0
 
 
+def test_unscored_trees_are_verified_as_proposed_and_count_in_the_cost():
+    cost = measured(lambda n: 0.02 * (1 + 0.02 * (n - 1) + 0.3 * max(0, n - 20)))  # cheap up to 20 tokens
+    scored, scores = chain(0.7, 12)
+    alone = quiet_budgeter(cost).cut([RowCandidates(0, scored, scores)])[0].num_nodes
+    unscored = DraftTree.chain(list(range(30, 50)))
+    cuts = quiet_budgeter(cost).cut([RowCandidates(0, scored, scores), RowCandidates(1, unscored, fixed=True)])
+    assert cuts[1].tree is unscored and cuts[1].kept is None
+    assert cuts[0].num_nodes < alone, "the fixed row's nodes make the scored row's nodes dearer"
+
+
 def test_cut_keeps_the_best_nodes_as_a_tree_and_maps_them_back():
     # root -> a (0.9) -> b (0.5); root -> c (0.3) -> d (0.25)
     tree = DraftTree.from_parents([5, 6, 7, 8], [-1, 0, -1, 2])
