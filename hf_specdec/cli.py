@@ -7,6 +7,7 @@ hf-specdec bench [--methods ...] [--per-category N] [--batch 4] [--sample] [--ou
 hf-specdec convert                                       # convert the default model now, print its folder
 hf-specdec train medusa --out DIR [--num-prompts N --max-new-tokens M --epochs E --num-heads 4 --resume]
 hf-specdec train mlp-speculator --out DIR [--data FOLDER... --epochs E --inner-dim 384 --resume]
+hf-specdec train eagle --out DIR [--data DIR --num-seed 32 --num-tasks 120 --epochs E --resume]
 """
 
 from __future__ import annotations
@@ -237,6 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
     mlp = train_sub.add_parser("mlp-speculator", help="an MLP speculator (IBM accelerator) by self-distillation")
     train_mlp.add_arguments(mlp)
     mlp.set_defaults(func=train_mlp.main)
+    from .training import eagle_cli
+
+    eagle = train_sub.add_parser("eagle", help="an EAGLE-1/2 head on six-task self-distillation data")
+    eagle_cli.add_train_eagle_arguments(eagle)
+    eagle.set_defaults(func=eagle_cli.train_eagle_main)
     return parser
 
 

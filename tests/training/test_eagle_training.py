@@ -11,7 +11,7 @@ import torch
 import hf_specdec  # noqa: F401  (routes generate(assistant=...))
 from hf_specdec.generation.proposers.eagle import EagleAssistant
 from hf_specdec.heads.eagle import EagleHead
-from hf_specdec.testing import left_pad, tiny_causal_lm
+from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm
 from hf_specdec.training.data import build_distillation_data, load_distillation_data
 from hf_specdec.training.eagle import EagleTrainingConfig, train_eagle
 
@@ -29,9 +29,12 @@ def tiny_data(tmp_path_factory):
 
 
 def tau_of(model, head, prompts) -> float:
+    """tau of a greedy batch generate with ``head``, whose output must equal vanilla generate's."""
     ids, mask = left_pad(prompts)
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
     out = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, return_dict_in_generate=True,
                          assistant=EagleAssistant(head, top_k=3, depth=3, num_nodes=8))  # fmt: skip
+    assert_same_tokens(out.sequences, expected, "trained EAGLE head")
     return float(out.spec_stats.tau)
 
 
