@@ -26,6 +26,8 @@ from transformers.generation import (
     StoppingCriteriaList,
 )
 
+from .budget import TreeBudgeter
+from .cost_model import cost_model_for
 from .inputs import prompt_starts, validate_call
 from .logits import NodeScorer
 from .proposers import resolve_assistant
@@ -122,6 +124,7 @@ class _Call:
     want_scores: bool
     want_logits: bool
     streamer: object | None
+    budget: TreeBudgeter | None = None
     stats: SpecStats = field(default_factory=SpecStats)
 
     @property
@@ -143,6 +146,7 @@ def generate(
     typical_delta: float = 0.3,
     hf_specdec_streamer=None,
     keep_packed: bool = False,
+    tree_budget: bool | TreeBudgeter = True,
     **model_kwargs,
 ):
     """Speculative decoding with ``assistant`` (a transformers ``custom_generate`` callable).
@@ -163,6 +167,10 @@ def generate(
             transformers does not forward a streamer to a ``custom_generate`` callable).
         keep_packed: on CPU, keep the target's pre-packed linear weights after the call (until
             ``hf_specdec.release_packed_weights(model)``) instead of releasing them; see `hf_specdec.packed_weights`.
+        tree_budget: size every row's tree each step from the verify cost measured on this machine and the
+            assistant's acceptance estimates (a `TreeBudgeter`, the default; drafting nothing is always one of the
+            options); False verifies the trees exactly as the assistant proposes them; a `TreeBudgeter` instance is
+            used as given (its calibration carries over between calls).
     Returns:
         `[B, W + G]` token ids like vanilla `generate`, or a `GenerateDecoderOnlyOutput` with an extra
         ``spec_stats`` attribute when ``return_dict_in_generate=True``.
@@ -197,6 +205,7 @@ def generate(
             want_scores=returns and bool(generation_config.output_scores),
             want_logits=returns and bool(generation_config.output_logits),
             streamer=hf_specdec_streamer,
+            budget=_tree_budget(tree_budget, model),
         )
         for row, cache_row in zip(rows, target.add_rows(len(rows))):
             row.cache_row = cache_row
@@ -221,6 +230,7 @@ def _setup(call: _Call, generation_config, logits_processor, batch_size: int) ->
         logits_processor=logits_processor,
         generator=call.generator,
         batch_size=batch_size,
+        budget=call.budget,
     )
 
 
@@ -264,18 +274,20 @@ def _prefill(call: _Call, rows: Sequence[_Row]) -> None:
 def _step(call: _Call, active: Sequence[_Row]) -> None:
     """One speculative step of the active rows: propose, verify in one forward, commit, settle."""
     t0 = time.perf_counter()
-    proposed = call.proposer.propose(_row_states(active, call.max_length))
-    call.stats.time_propose += time.perf_counter() - t0
+    proposed = call.proposer.propose(_row_states(active, call.max_length, call.budget))
+    t_propose = time.perf_counter() - t0
     t0 = time.perf_counter()
     if len(proposed) != len(active):
         raise RuntimeError(
             f"{type(call.proposer).__name__}.propose returned {len(proposed)} trees for {len(active)} rows"
         )
     trees, kept = zip(*[_sanitize(t, r, call) for t, r in zip(proposed, active)])
+    if call.budget is not None:
+        trees, kept = _budgeted(call.budget, active, trees, kept)
+    t1 = time.perf_counter()
     out, scores, verdicts = _verify(call, active, trees)
     call.target.commit_trees([r.cache_row for r in active], [v.accepted for v in verdicts])
-    call.stats.time_verify += time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t_verify = time.perf_counter() - t1
     results = []
     for b, (r, tree, v) in enumerate(zip(active, trees, verdicts)):
         call.stats.record_step(tree.num_nodes, v.num_accepted)
@@ -284,11 +296,44 @@ def _step(call: _Call, active: Sequence[_Row]) -> None:
         where = v.accepted + int(out.cu_seqlens[b])  # [1 + a] packed positions of root + accepted nodes
         new_tokens = torch.tensor([int(r.tokens[-1]), *drafted], dtype=torch.long, device=r.buf.device)
         accepted = nodes if kept[b] is None else kept[b][nodes.to(kept[b].device)]  # in the proposed tree
-        feedback = RowFeedback(new_tokens, accepted, v.next_token, proposed[b], _hidden_at(out, where))
+        feedback = RowFeedback(new_tokens, accepted, v.next_token, proposed[b], _hidden_at(out, where), kept[b])
         sel = where.to(out.logits.device)
         results.append(_kept(call, _RowResult(r, [*drafted, v.next_token], scores[sel], out.logits[sel], feedback)))
+    if call.budget is not None:
+        call.budget.record_verdicts([v.accepted[1:] - 1 for v in verdicts])
     _settle(call, results)
-    call.stats.time_other += time.perf_counter() - t0
+    t_other = time.perf_counter() - t0 - t_verify
+    call.stats.time_propose += t_propose
+    call.stats.time_verify += t_verify
+    call.stats.time_other += t_other
+    if call.budget is not None:
+        tokens = sum(t.num_nodes + 1 for t in trees)
+        call.budget.record_step(tokens, len(active), t_verify, t_propose, t_other)
+
+
+def _tree_budget(tree_budget: bool | TreeBudgeter, model) -> TreeBudgeter | None:
+    """The call's budgeter: a fresh one on the model's shared cost curve, the caller's own, or None (no budget)."""
+    if isinstance(tree_budget, TreeBudgeter):
+        return tree_budget
+    if tree_budget is True:
+        return TreeBudgeter(cost_model_for(model))
+    if tree_budget is False or tree_budget is None:
+        return None
+    raise TypeError(f"tree_budget must be True, False or a TreeBudgeter, got {type(tree_budget).__name__}")
+
+
+def _budgeted(
+    budget: TreeBudgeter, active: Sequence[_Row], trees: Sequence[DraftTree], kept: Sequence[torch.Tensor | None]
+) -> tuple[list[DraftTree], list[torch.Tensor | None]]:
+    """Each row's tree cut to the budget, and `[T']` the proposed tree's index of each kept node (None: all)."""
+    cuts = budget.cut_trees([r.index for r in active], trees)
+    out_kept = []
+    for cut, k in zip(cuts, kept):
+        if cut.kept is None or k is None:
+            out_kept.append(k if cut.kept is None else cut.kept)
+        else:
+            out_kept.append(k[cut.kept.to(k.device)])
+    return [c.tree for c in cuts], out_kept
 
 
 def _kept(call: _Call, result: _RowResult) -> _RowResult:
@@ -337,16 +382,14 @@ def _hidden_at(out: PlannedOutput, index: slice | torch.Tensor) -> dict[int, tor
     }
 
 
-def _row_states(rows: Sequence[_Row], max_length: int) -> list[RowState]:
-    return [
-        RowState(
-            row=r.index,
-            tokens=r.tokens,
-            prompt_len=r.prompt_width - r.start,
-            max_depth=max(0, max_length - r.length - 1),
-        )
-        for r in rows
-    ]
+def _row_states(rows: Sequence[_Row], max_length: int, budget: TreeBudgeter | None = None) -> list[RowState]:
+    """What the proposer sees of each row; with a ``budget``, a paused row may draft nothing (``max_depth`` 0)."""
+    states = []
+    for r in rows:
+        depth = max(0, max_length - r.length - 1)
+        depth = depth if budget is None else budget.depth_cap(r.index, depth)
+        states.append(RowState(row=r.index, tokens=r.tokens, prompt_len=r.prompt_width - r.start, max_depth=depth))
+    return states
 
 
 def _sanitize(tree: DraftTree, row: _Row, call: _Call) -> tuple[DraftTree, torch.Tensor | None]:
@@ -421,6 +464,8 @@ def _output(call: _Call, input_ids: torch.Tensor, rows: Sequence[_Row], generati
         scores=_stack_steps([r.scores for r in rows], steps) if call.want_scores else None,
         logits=_stack_steps([r.logits for r in rows], steps) if call.want_logits else None,
     )
+    if call.budget is not None:
+        call.stats.budget = call.budget.summary()
     result.spec_stats = call.stats
     return result
 

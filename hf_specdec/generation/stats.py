@@ -19,6 +19,11 @@ class SpecStats:
             everything else (prefill included in verify).
         packed_weight_bytes: bytes held by the target's pre-packed CPU linear weights when the call ended (0 when
             it did not pack; released after the call unless ``keep_packed=True``; see ``kernels/cpu_linear.py``).
+        budget: what the tree budget measured and chose (`TreeBudgeter.summary`): ``cost`` the verify cost curve
+            of this machine (``curve`` {packed tokens: seconds}, ``relative`` {tokens: cost / cost of one token},
+            ``samples``), ``nodes_per_row`` {nodes verified for a row in a step: how often},
+            ``draft_nothing_fraction``, explorations, probes and the acceptance calibration per assistant and depth.
+            Empty when the call ran with ``tree_budget=False``.
     """
 
     steps: int = 0
@@ -30,6 +35,7 @@ class SpecStats:
     time_verify: float = 0.0
     time_other: float = 0.0
     packed_weight_bytes: int = 0
+    budget: dict = field(default_factory=dict)
 
     @property
     def tau(self) -> float:

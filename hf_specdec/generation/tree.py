@@ -39,6 +39,9 @@ class DraftTree:
         sampling: how the children were chosen (see `DraftSampling`).
         draft_probs: optional `[T + 1, V]` draft distribution q *over the children* of each tree position
             (position 0 = root, ``i + 1`` = node i). Required for sampled drafts, ignored otherwise.
+        scores: optional `[T]` the assistant's estimate of the probability that each node is accepted (a path
+            probability); the loop's tree budget (``generation/budget.py``) decides from them how many nodes pay.
+        source: which assistant drafted the tree (the tree budget calibrates each one's scores separately).
     """
 
     tokens: torch.Tensor
@@ -46,6 +49,8 @@ class DraftTree:
     depth: torch.Tensor
     sampling: DraftSampling = DraftSampling.DETERMINISTIC
     draft_probs: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+    source: str | None = None
     _ancestors: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ builders
@@ -148,6 +153,8 @@ class DraftTree:
             self.depth.to(device),
             self.sampling,
             None if self.draft_probs is None else self.draft_probs.to(device),
+            None if self.scores is None else self.scores.to(device),
+            self.source,
         )
 
     def position_parents(self) -> torch.Tensor:
@@ -223,7 +230,10 @@ class DraftTree:
         q = None
         if self.draft_probs is not None:
             q = self.draft_probs[torch.cat([torch.zeros(1, dtype=torch.long, device=self.device), keep_t + 1])]
-        return DraftTree.from_parents(self.tokens[keep_t], new_parent, sampling=self.sampling, draft_probs=q)
+        scores = None if self.scores is None else self.scores[keep_t]
+        return DraftTree.from_parents(
+            self.tokens[keep_t], new_parent, sampling=self.sampling, draft_probs=q, scores=scores, source=self.source
+        )
 
     def subtree_keep(self, keep: torch.Tensor) -> DraftTree:
         """The tree restricted to nodes where ``keep`` `[T]` is True; every kept node's parent must be kept."""
@@ -232,7 +242,10 @@ class DraftTree:
         q = None
         if self.draft_probs is not None:
             q = self.draft_probs[torch.cat([torch.zeros(1, dtype=torch.long, device=self.device), idx + 1])]
-        return DraftTree(self.tokens[idx], new_par.to(self.device), self.depth[idx], self.sampling, q)
+        scores = None if self.scores is None else self.scores[idx]
+        return DraftTree(
+            self.tokens[idx], new_par.to(self.device), self.depth[idx], self.sampling, q, scores, self.source
+        )
 
 
 def subset_parents(parent: Sequence[int], keep: Sequence[int]) -> list[int]:

@@ -488,8 +488,9 @@ E2E_CASES = [
 ]
 
 
-def _generate_first_tokens(model, assistant, warpers: dict, rows: int, pad: int) -> Counter:
-    """Counter of the first 3 generated tokens of ``rows`` identical prompts, in one speculative generate call."""
+def _generate_first_tokens(model, assistant, warpers: dict, rows: int, pad: int, tree_budget=False) -> Counter:
+    """Counter of the first 3 generated tokens of ``rows`` identical prompts, in one speculative generate call (the
+    trees verified as proposed unless a ``tree_budget`` is given)."""
     import hf_specdec  # noqa: F401  (routes generate(assistant=...))
 
     ids = torch.tensor([E2E_PROMPT] * rows)
@@ -501,6 +502,7 @@ def _generate_first_tokens(model, assistant, warpers: dict, rows: int, pad: int)
         do_sample=True,
         max_new_tokens=4,
         return_dict_in_generate=True,
+        tree_budget=tree_budget,
         **warpers,
     )
     stats = out.spec_stats

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..budget import TreeBudgeter
 from ..tree import DraftSampling, DraftTree
 
 
@@ -62,6 +63,9 @@ class RowFeedback:
         tree: the tree this row proposed this step, exactly as `Proposer.propose` returned it (None after prefill).
         hidden_states: layer index -> `[m, H]` target hidden states at ``new_tokens`` (keys = the proposer's
             ``hidden_state_layers``), or None when the proposer asked for none.
+        verified: `[v]` int64 indices into the nodes of ``tree`` that the target verified, or None when it verified
+            all of them (the tree budget and the row's remaining length may cut a tree: a node that was not verified
+            was neither accepted nor rejected).
     """
 
     new_tokens: torch.Tensor
@@ -69,6 +73,7 @@ class RowFeedback:
     next_token: int
     tree: DraftTree | None = None
     hidden_states: dict[int, torch.Tensor] | None = None
+    verified: torch.Tensor | None = None
 
     @property
     def num_accepted(self) -> int:
@@ -87,6 +92,9 @@ class ProposerSetup:
         logits_processor: the call's `LogitsProcessorList` (apply it to draft logits that enter a ratio p/q).
         generator: the call's torch.Generator for draft sampling, if any.
         batch_size: number of rows in the call.
+        budget: the call's `TreeBudgeter` when the loop sizes the trees (the default): propose every candidate
+            worth scoring and set ``DraftTree.scores``; the budget keeps the nodes that pay. None: trees are verified
+            as proposed.
     """
 
     target: torch.nn.Module
@@ -96,6 +104,7 @@ class ProposerSetup:
     generator: torch.Generator | None = None
     batch_size: int = 1
     extras: dict = field(default_factory=dict)
+    budget: TreeBudgeter | None = None
 
 
 class Proposer:
@@ -111,6 +120,12 @@ class Proposer:
 
     sampling: DraftSampling = DraftSampling.DETERMINISTIC
     hidden_state_layers: tuple[int, ...] | None = None
+
+    @property
+    def budget(self) -> TreeBudgeter | None:
+        """The call's tree budget (`ProposerSetup.budget`); None outside a call or when trees are verified as
+        proposed."""
+        return getattr(getattr(self, "setup", None), "budget", None)
 
     def validate(self, target: torch.nn.Module) -> None:
         """Raise a clear error if this proposer cannot serve ``target`` (vocabulary, hidden size, ...)."""

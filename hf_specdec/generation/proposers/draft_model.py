@@ -207,8 +207,9 @@ class DraftModelAssistant(Proposer):
         kept = sorted(keep, key=lambda j: (nb["dep"][j], j))  # parents first
         tokens = [nb["tok"][j] for j in kept]
         parent = subset_parents(nb["par"], kept)
-        if not self.sample:
-            return DraftTree.from_parents(torch.tensor(tokens, device=device), parent)
+        if not self.sample:  # scores: the draft's own probability of each path, for the loop's tree budget
+            scores = torch.tensor([nb["score"][j] for j in kept], device=device).exp()
+            return DraftTree.from_parents(torch.tensor(tokens, device=device), parent, scores=scores, source="draft")
         vocab = next(iter(q_rows.values())).numel()
         q = torch.zeros(len(kept) + 1, vocab, device=device)
         q[0] = q_rows[-1]
@@ -220,6 +221,8 @@ class DraftModelAssistant(Proposer):
             parent,
             sampling=DraftSampling.WITHOUT_REPLACEMENT,
             draft_probs=q,
+            scores=torch.tensor([nb["score"][j] for j in kept], device=device).exp(),
+            source="draft",
         )
 
     @staticmethod

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from ..budget import RowCandidates
 from ..tree import DraftTree
 from . import resolve_assistant
 from .base import Proposer, ProposerSetup, RowFeedback, RowState
@@ -29,18 +30,24 @@ from .base import Proposer, ProposerSetup, RowFeedback, RowState
 class FallbackAssistant(Proposer):
     """Draft each row with the first of ``assistants`` that proposes a non-empty tree for it.
 
+    With the loop's tree budget (the default), a row whose tree predicts less than ``handoff`` times the speed of
+    a plain step (`TreeBudgeter.speedup`: the measured cost curve and the calibrated scores) asks the next assistant
+    too, and the tree that predicts more wins.
+
     Args:
         *assistants: two or more assistants, most preferred first: `Proposer` instances, or anything ``assistant=``
             accepts (a draft model, `MedusaHeads`, ...), resolved against the target when generation starts.
+        handoff: predicted speedup below which the next assistant is asked as well (tree budget only).
     """
 
-    def __init__(self, *assistants) -> None:
+    def __init__(self, *assistants, handoff: float = 1.3) -> None:
         for a in assistants:
             if isinstance(a, (list, tuple)):
                 raise TypeError("pass the assistants as separate arguments: FallbackAssistant(first, second, ...)")
         if len(assistants) < 2:
             raise ValueError(f"FallbackAssistant needs at least two assistants, got {len(assistants)}")
         self.assistants = assistants
+        self.handoff = float(handoff)
         self.proposers: list[Proposer] = [a for a in assistants if isinstance(a, Proposer)]
         if len(self.proposers) != len(assistants):
             self.proposers = []  # resolved in validate(), once the target is known
@@ -94,7 +101,9 @@ class FallbackAssistant(Proposer):
 
     # ------------------------------------------------------------------ drafting
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
+        budget = self.budget
         trees: list[DraftTree | None] = [None] * len(rows)
+        speedup = [0.0] * len(rows)
         waiting = list(range(len(rows)))
         self._proposed = {}
         for a, p in enumerate(self.proposers):
@@ -102,11 +111,16 @@ class FallbackAssistant(Proposer):
                 break
             for i, tree in zip(waiting, p.propose([rows[i] for i in waiting])):
                 self._proposed[a, rows[i].row] = tree
-                if tree.num_nodes:
-                    trees[i] = tree
-            waiting = [i for i in waiting if trees[i] is None]
-        for i in waiting:
-            trees[i] = DraftTree.empty(rows[i].tokens.device)
+                if not tree.num_nodes:
+                    continue
+                value = 2.0 if budget is None else budget.speedup(_candidates(rows[i].row, tree))
+                if value > speedup[i]:
+                    trees[i], speedup[i] = tree, value
+            # with a tree budget, a row whose best tree so far predicts little asks the next assistant too
+            waiting = [i for i in waiting if speedup[i] < (self.handoff if budget is not None else 1.0)]
+        for i, tree in enumerate(trees):
+            if tree is None:
+                trees[i] = DraftTree.empty(rows[i].tokens.device)
         return trees
 
     def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
@@ -116,7 +130,14 @@ class FallbackAssistant(Proposer):
     def _feedback_for(self, a: int, p: Proposer, row: RowState, fb: RowFeedback) -> RowFeedback:
         """Assistant ``a``'s view of a row's verdict: its own tree (None if not asked) and the layers it asked for."""
         tree = self._proposed.get((a, row.row)) if fb.tree is not None else None
-        accepted = fb.accepted if tree is fb.tree else fb.accepted[:0]
+        used = tree is fb.tree
+        accepted = fb.accepted if used else fb.accepted[:0]
+        verified = fb.verified if used else fb.accepted[:0]  # a tree that was not used was not verified
         layers = p.hidden_state_layers
         hidden = None if not layers or fb.hidden_states is None else {k: fb.hidden_states[k] for k in layers}
-        return RowFeedback(fb.new_tokens, accepted, fb.next_token, tree, hidden)
+        return RowFeedback(fb.new_tokens, accepted, fb.next_token, tree, hidden, verified)
+
+
+def _candidates(row: int, tree: DraftTree) -> RowCandidates:
+    """A tree as the budget's candidates (its own scores and source)."""
+    return RowCandidates(row, tree, tree.scores, tree.source or "default")

@@ -19,10 +19,12 @@ from collections.abc import Sequence
 import torch
 
 from ...heads.medusa import MedusaHeads
+from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
 from ..tree_shapes import optimal_tree_choices, prior_acceptance
 from .base import Proposer, ProposerSetup, RowFeedback, RowState
 
+BUDGET_CANDIDATES = 48  # candidate nodes per row when the loop's tree budget sizes the trees
 DEFAULT_NUM_NODES = 20  # CPU-sized default tree; GPUs verify ~64 nodes for about the cost of one
 DEFAULT_MAX_DEPTH = 5
 
@@ -166,6 +168,12 @@ class MedusaAssistant(Proposer):
             step cost (`AdaptiveDepth`). Needs a cost table: ``step_cost`` or the heads' tuned one (their model
             card's ``tree.step_cost``, written by `hf-specdec train medusa`); ``None`` = on when one is available.
         step_cost: ``{nodes: cost relative to a plain decoding step}`` for ``adaptive``.
+
+    With the loop's tree budget (the default; ``ProposerSetup.budget``) the heads propose a larger candidate tree
+    (``tree_choices`` when given, else `default_tree_choices` with `BUDGET_CANDIDATES` nodes) whose node scores are
+    the heads' own probabilities multiplied down each path, and the budget keeps the nodes that pay on this machine;
+    ``adaptive`` and the tuned tree then serve only without the budget, and the tuned step costs become the budget's
+    prior cost curve.
     """
 
     sampling = DraftSampling.DETERMINISTIC
@@ -184,6 +192,7 @@ class MedusaAssistant(Proposer):
         self.heads = heads
         # the heads' own tuned tree (possibly empty: drafting does not pay) comes with its measured costs
         tuned_tree = tree_choices is None and heads.tree_choices is not None
+        user_choices = tree_choices is not None
         if tree_choices is None:
             tree_choices = (
                 heads.tree_choices
@@ -191,12 +200,21 @@ class MedusaAssistant(Proposer):
                 else default_tree_choices(heads.num_heads, num_nodes)
             )
         self.template = StaticTreeTemplate(tree_choices, heads.num_heads)
+        candidates = default_tree_choices(heads.num_heads, max(num_nodes, BUDGET_CANDIDATES))
+        self.candidates = StaticTreeTemplate(tree_choices if user_choices else candidates, heads.num_heads)
         vocab = heads.draft_vocab_size or heads.vocab_size
         if vocab is not None and self.template.k > vocab:
             raise ValueError(f"the tree uses rank {self.template.k - 1} but the heads predict only {vocab} tokens")
         self._last_hidden: dict[int, torch.Tensor] = {}
         self._lm_head = None
         self.adaptive = self._adaptive_depth(adaptive, step_cost, tuned_tree)
+        self._prior_cost = self._tuned_costs(step_cost, tuned_tree)
+
+    def _tuned_costs(self, step_cost, tuned_tree: bool) -> PriorCurve | None:
+        """The step costs measured when the tree was tuned, as the tree budget's prior cost curve."""
+        if step_cost is None and tuned_tree:
+            step_cost = ((self.heads.model_card or {}).get("tree") or {}).get("step_cost")
+        return PriorCurve.from_node_costs(step_cost) if step_cost else None
 
     def _adaptive_depth(self, adaptive, step_cost, tuned_tree: bool) -> AdaptiveDepth | None:
         tuned = (self.heads.model_card or {}).get("tree") or {}
@@ -226,6 +244,8 @@ class MedusaAssistant(Proposer):
         if self.adaptive is not None:
             self.adaptive.reset()
         self._lm_head = setup.target.get_output_embeddings() if self.heads.share_lm_head else None
+        if setup.budget is not None and self._prior_cost is not None:
+            setup.budget.cost.set_prior(self._prior_cost)
 
     def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
         for row, fb in zip(rows, feedback):
@@ -242,21 +262,38 @@ class MedusaAssistant(Proposer):
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
         trees: list[DraftTree | None] = [None] * len(rows)
         ready = [i for i, r in enumerate(rows) if r.max_depth > 0 and r.row in self._last_hidden]
-        tmpl = self.template
+        budgeted = self.budget is not None
+        tmpl = self.candidates if budgeted else self.template
         if ready and tmpl.num_nodes:
             x = torch.stack([self._last_hidden[rows[i].row] for i in ready])  # [B, H]
-            top = self.heads.topk_tokens(x, tmpl.k, num_heads=tmpl.depth, lm_head=self._lm_head)  # [B, D, K]
+            top, logp = self._topk(x, tmpl)  # [B, D, K] tokens, and their log-probabilities under the heads
             device = rows[ready[0]].tokens.device
             flat = top.reshape(len(ready), -1).to(device)  # [B, D * K]
+            flat_logp = None if logp is None else logp.reshape(len(ready), -1).to(device)  # [B, D * K]
             for j, i in enumerate(ready):
                 cut = rows[i].max_depth
-                if self.adaptive is not None:
+                if self.adaptive is not None and not budgeted:
                     cut = self.adaptive.depth(rows[i].row, cut)
                 if cut == 0:
                     continue
                 codes, parent, depth, ancestors = tmpl.cut(cut, device)
-                trees[i] = DraftTree(flat[j, codes], parent, depth, DraftSampling.DETERMINISTIC, _ancestors=ancestors)
+                scores = None
+                if flat_logp is not None:  # path probability: the heads' probabilities multiplied down the path
+                    scores = (ancestors[1:, 1:].to(flat_logp.dtype) @ flat_logp[j, codes]).exp()  # [T]
+                trees[i] = DraftTree(
+                    flat[j, codes], parent, depth, scores=scores, source="medusa", _ancestors=ancestors
+                )
         return [t if t is not None else DraftTree.empty(rows[i].tokens.device) for i, t in enumerate(trees)]
+
+    def _topk(self, x: torch.Tensor, tmpl: StaticTreeTemplate) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`[B, D, K]` the heads' K best tokens per depth for the states ``x`` `[B, H]`, and with a tree budget
+        their log-probabilities `[B, D, K]` under each head's softmax (None without)."""
+        if self.budget is None:
+            return self.heads.topk_tokens(x, tmpl.k, num_heads=tmpl.depth, lm_head=self._lm_head), None
+        logits = self.heads.draft_logits(self.heads.head_states(x, tmpl.depth), self._lm_head)  # [D, B, V']
+        top = torch.log_softmax(logits.float(), dim=-1).topk(tmpl.k, dim=-1)  # [D, B, K]
+        idx = top.indices if self.heads.token_map is None else self.heads.token_map.to(x.device)[top.indices]
+        return idx.permute(1, 0, 2), top.values.permute(1, 0, 2)
 
     def finish(self) -> None:
         self._last_hidden = {}

@@ -44,6 +44,9 @@ _BUCKETS = 8
 _PRIOR = (0.4, 0.55, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
 # A match of length l counts l ** _MATCH_WEIGHT_POWER towards the continuation it proposes.
 _MATCH_WEIGHT_POWER = 2
+# With the loop's tree budget: the candidates proposed (the budget keeps those that pay on the machine at hand).
+_BUDGET_MIN_SCORE = 0.02
+_BUDGET_MAX_NODES = 48
 # How far back a candidate match is compared to rank it (beyond max_ngram, which only bounds the index).
 _MAX_EXTEND = 16
 
@@ -96,10 +99,11 @@ class NgramAssistant(Proposer):
             because short matches start with a low acceptance estimate).
         max_depth: most tokens drafted after one match (the tree's depth); the loop's remaining budget caps it too.
         max_matches: most earlier occurrences merged into one tree.
-        max_nodes: most nodes in a tree.
-        min_score: smallest estimated acceptance probability of a node worth verifying: about the cost of one more
-            tree node relative to a whole verification step. Lower (0.02-0.05) where extra nodes are nearly free (a
-            GPU at batch size 1), higher where every node costs (large batches).
+        max_nodes: most nodes in a tree (None: 16, or 48 candidates when the loop's tree budget sizes the trees).
+        min_score: smallest estimated acceptance probability of a node worth proposing (None: 0.1, about the cost of
+            one more node relative to a verification step on the machine this was tuned on; with the loop's tree
+            budget, the default, 0.02: every such node is a candidate with its score as ``DraftTree.scores`` and the
+            budget keeps those that pay on the machine at hand).
         adaptive: follow the acceptance observed per row (True) or keep the prior estimates (False).
         decay: per-step forgetting factor of the acceptance statistics (the memory is about ``1 / (1 - decay)``
             steps), so a row that stopped drafting after rejections tries again later.
@@ -114,18 +118,20 @@ class NgramAssistant(Proposer):
         min_ngram: int = 1,
         max_depth: int = 10,
         max_matches: int = 8,
-        max_nodes: int = 16,
-        min_score: float = 0.1,
+        max_nodes: int | None = None,
+        min_score: float | None = None,
         adaptive: bool = True,
         decay: float = 0.9,
     ) -> None:
         counts = dict(max_ngram=max_ngram, min_ngram=min_ngram, max_depth=max_depth, max_matches=max_matches)
-        counts["max_nodes"] = max_nodes
+        if max_nodes is not None:
+            counts["max_nodes"] = max_nodes
         for name, value in counts.items():
             check_int("NgramAssistant", name, value, minimum=1)
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"NgramAssistant needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
-        check_number("NgramAssistant", "min_score", min_score, 0.0, 1.0)
+        if min_score is not None:
+            check_number("NgramAssistant", "min_score", min_score, 0.0, 1.0)
         check_number("NgramAssistant", "decay", decay, 0.0, 1.0)
         if not isinstance(adaptive, bool):
             raise TypeError(f"NgramAssistant adaptive must be True or False, got {adaptive!r}")
@@ -165,6 +171,9 @@ class NgramAssistant(Proposer):
             for k in range(_BUCKETS):
                 hits[k] *= self.decay
                 trials[k] *= self.decay
+            if fb.verified is not None and level_bucket:  # a level the loop cut away was neither hit nor missed
+                offered = set(fb.tree.parent[fb.verified.to(fb.tree.device)].tolist())
+                level_bucket = {p: b for p, b in level_bucket.items() if p in offered}
             # Down the accepted path: every level that offered children is a trial for the bucket of its best child,
             # and a hit if one of them was accepted.
             path = fb.accepted.tolist()
@@ -180,7 +189,10 @@ class NgramAssistant(Proposer):
                 node = path[depth]
 
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
-        return [self._propose_row(row) for row in rows]
+        budgeted = self.budget is not None
+        min_score = self.min_score if self.min_score is not None else (_BUDGET_MIN_SCORE if budgeted else 0.1)
+        max_nodes = self.max_nodes if self.max_nodes is not None else (_BUDGET_MAX_NODES if budgeted else 16)
+        return [self._propose_row(row, min_score, max_nodes) for row in rows]
 
     # ------------------------------------------------------------------ internals
     def _synced(self, row: RowState) -> _RowLookup:
@@ -237,7 +249,7 @@ class NgramAssistant(Proposer):
         found.sort(reverse=True)
         return found[: self.max_matches]
 
-    def _propose_row(self, row: RowState) -> DraftTree:
+    def _propose_row(self, row: RowState, min_score: float, max_nodes: int) -> DraftTree:
         depth_cap = min(self.max_depth, row.max_depth)
         if depth_cap <= 0:
             return DraftTree.empty()
@@ -283,8 +295,8 @@ class NgramAssistant(Proposer):
         for i, p in enumerate(parent):
             base = 1.0 if p < 0 else score[p]
             score[i] = base * accept[bucket[i]] * weight[i] / child_weight[p]
-        keep = sorted((i for i in range(len(tokens)) if score[i] >= self.min_score), key=lambda i: (-score[i], i))
-        keep = keep[: self.max_nodes]
+        keep = sorted((i for i in range(len(tokens)) if score[i] >= min_score), key=lambda i: (-score[i], i))
+        keep = keep[:max_nodes]
         if not keep:
             return DraftTree.empty()
 
@@ -292,5 +304,9 @@ class NgramAssistant(Proposer):
         for new, old in enumerate(keep):
             lookup.level_bucket.setdefault(out_parent[new], bucket[old])  # siblings come best first
         return DraftTree.from_parents(
-            torch.tensor([tokens[i] for i in keep], dtype=torch.long), out_parent, sampling=DraftSampling.DETERMINISTIC
+            torch.tensor([tokens[i] for i in keep], dtype=torch.long),
+            out_parent,
+            sampling=DraftSampling.DETERMINISTIC,
+            scores=torch.tensor([score[i] for i in keep], dtype=torch.float32),
+            source="ngram",
         )
