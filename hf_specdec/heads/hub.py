@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import pickle
 import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -31,7 +32,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 CONFIG_NAME = "config.json"
@@ -133,8 +134,7 @@ class HeadSource:
         path = self.file(filename)
         if path is None:
             return None
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return read_json(path)
 
     def describe_missing(self, filenames: Iterable[str]) -> str:
         """An error message for files that could not be found, honest about offline lookups."""
@@ -157,9 +157,23 @@ def check_reachable(source: HeadSource, found_any: bool) -> None:
         raise OSError(source.describe_missing(source._unreachable))
 
 
+def read_json(path: str | os.PathLike) -> dict:
+    """A JSON object file; invalid JSON or another type is an error naming the file and the problem."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); the file is damaged: download or write it again") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, got a {type(data).__name__}")
+    return data
+
+
 # --------------------------------------------------------------------------------------------------- tensors
 def read_tensors(path: str | os.PathLike, select: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
     """Tensors of one weights file (``.safetensors``, or a ``torch.save`` file loaded with ``weights_only=True``).
+
+    A truncated or damaged file, or a pickle that needs more than tensors to load, is a `ValueError` naming it.
 
     Args:
         path: the file.
@@ -168,15 +182,15 @@ def read_tensors(path: str | os.PathLike, select: Callable[[str], bool] | None =
     path = str(path)
     if path.endswith(".safetensors"):
         out = {}
-        with safe_open(path, framework="pt", device="cpu") as f:
-            for key in f.keys():
-                if select is None or select(key):
-                    out[key] = f.get_tensor(key)
+        try:
+            with safe_open(path, framework="pt", device="cpu") as f:
+                for key in f.keys():
+                    if select is None or select(key):
+                        out[key] = f.get_tensor(key)
+        except SafetensorError as err:
+            raise _damaged(path, err) from err
         return out
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # legacy (non-zip) torch.save files cannot be memory-mapped
-        state = torch.load(path, map_location="cpu", weights_only=True)
+    state = _torch_load(path)
     if not isinstance(state, Mapping):
         raise ValueError(f"{path} does not hold a state dict (got {type(state).__name__})")
     if "state_dict" in state and isinstance(state["state_dict"], Mapping):
@@ -188,9 +202,37 @@ def tensor_names(path: str | os.PathLike) -> list[str]:
     """Keys of a weights file (for safetensors without reading any tensor)."""
     path = str(path)
     if path.endswith(".safetensors"):
-        with safe_open(path, framework="pt", device="cpu") as f:
-            return list(f.keys())
+        try:
+            with safe_open(path, framework="pt", device="cpu") as f:
+                return list(f.keys())
+        except SafetensorError as err:
+            raise _damaged(path, err) from err
     return list(read_tensors(path))
+
+
+def _torch_load(path: str):
+    """``torch.load(weights_only=True)`` of ``path``: tensors and plain containers only, never arbitrary code."""
+    try:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # legacy (non-zip) torch.save files cannot be memory-mapped
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(
+            f"{path} is a pickle that does not load with weights_only=True (it holds more than tensors, or is "
+            f"damaged: {str(err).splitlines()[0]}); hf_specdec never runs a checkpoint's code: convert it to "
+            "safetensors where you trust it"
+        ) from err
+    except (RuntimeError, EOFError, OSError) as err:
+        raise _damaged(path, err) from err
+
+
+def _damaged(path: str, err: BaseException) -> ValueError:
+    size = os.path.getsize(path) if os.path.exists(path) else None
+    return ValueError(
+        f"{path} ({size} bytes) is not a readable weights file ({type(err).__name__}: {err}); it is truncated or "
+        "damaged (an interrupted download?): download or save it again"
+    )
 
 
 def read_sharded_tensors(
