@@ -4,9 +4,10 @@ A *record* is one timed generate() call of one method on one prompt (or batch), 
 prompt in the same run::
 
     {"method", "setting", "category", "question_id", "batch", "new_tokens", "time_s", "vanilla_time_s",
-     "speedup", "steps", "drafted", "accepted", "match", "first_diff", "error"}
+     "speedup", "steps", "drafted", "accepted", "match", "first_diff", "error", "nodes_per_row"}
 
-``steps`` / ``drafted`` / ``accepted`` come from ``out.spec_stats`` (None where a method has none); ``match`` is
+``steps`` / ``drafted`` / ``accepted`` come from ``out.spec_stats`` (None where a method has none), and
+``nodes_per_row`` from its tree budget ({nodes verified for a row in a step: how often}); ``match`` is
 whether the method's tokens equal vanilla's (greedy only, None otherwise). Metric definitions (as in
 docs/results.md): speedup = vanilla wall time / method wall time on the same prompt (the median over prompts is
 reported; recorded as the ratio of tokens/s, which is the same number whenever both calls emit the same tokens, as
@@ -169,7 +170,47 @@ def markdown_report(summary: Sequence[dict], meta: dict) -> str:
             "",
             markdown_table(summary, setting),
         ]
+    if meta.get("verify_cost"):
+        out += ["", cost_curve_section(meta["verify_cost"], meta.get("budgets") or {})]
     return "\n".join(out) + "\n"
+
+
+def budgets_by_method(records: Iterable[dict]) -> dict[str, dict[int, int]]:
+    """``{method / setting: {nodes verified for a row in a step: how often}}`` summed over the prompts."""
+    out: dict[str, dict[int, int]] = {}
+    for r in records:
+        for nodes, count in (r.get("nodes_per_row") or {}).items():
+            hist = out.setdefault(f"{r['method']} / {r['setting']}", {})
+            hist[int(nodes)] = hist.get(int(nodes), 0) + int(count)
+    return out
+
+
+def cost_curve_section(verify_cost: dict, budgets: dict[str, dict[int, int]]) -> str:
+    """The verify cost curve the tree budget measured on this machine, and the tree sizes it chose per method."""
+    curve, samples = verify_cost.get("curve") or {}, verify_cost.get("samples") or {}
+    one = verify_cost.get("one_token_s")
+    lines = [
+        "## Verify cost on this machine (tree budget)",
+        "",
+        "Seconds of one verify forward (+ acceptance) by packed tokens, learnt while decoding (median per size, made "
+        "non-decreasing); relative = / the cost of 1 token. The tree budget sizes every tree from this curve.",
+        "",
+        "| tokens | ms | relative | samples |",
+        "|---:|---:|---:|---:|",
+    ]
+    for n in sorted(curve, key=int):
+        rel = f"{curve[n] / one:.2f}" if one else ""
+        lines.append(f"| {n} | {curve[n] * 1000:.1f} | {rel} | {samples.get(n, '')} |")
+    if budgets:
+        lines += ["", "| method / setting | mean nodes per row and step | drafting nothing | most used sizes |"]
+        lines.append("|---|---:|---:|---|")
+        for name, hist in budgets.items():
+            total = sum(hist.values())
+            mean = sum(n * c for n, c in hist.items()) / total if total else 0.0
+            top = sorted(hist.items(), key=lambda kv: -kv[1])[:4]
+            sizes = ", ".join(f"{n} ({c / total:.0%})" for n, c in top)
+            lines.append(f"| {name} | {mean:.1f} | {hist.get(0, 0) / total:.0%} | {sizes} |")
+    return "\n".join(lines)
 
 
 def plot_speedups(summary: Sequence[dict], path: str | Path) -> Path:

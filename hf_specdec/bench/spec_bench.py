@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..generation.cost_model import cost_model_for
 from .methods import BenchContext, Method, available_methods, resolve_methods
 from .questions import find_questions_file, interleave_categories, load_questions, sample_questions
-from .report import markdown_report, summarize, write_results
+from .report import budgets_by_method, markdown_report, summarize, write_results
 
 GREEDY = "greedy"
 SAMPLING_TEMPERATURES = (0.7, 1.0)
@@ -173,6 +174,7 @@ def _record(method: Method, setting: Setting, res: CallResult, base: CallResult,
         rec["speedup"] = (tokens / res.time_s) / (base_tokens / base.time_s)
     if res.stats is not None:
         rec.update(steps=res.stats.steps, drafted=res.stats.drafted_tokens, accepted=res.stats.accepted_tokens)
+        rec["nodes_per_row"] = (getattr(res.stats, "budget", None) or {}).get("nodes_per_row")
     if setting.greedy and method.name != "vanilla":
         diff = first_difference(res.sequences, base.sequences, width)
         rec.update(match=diff is None, first_diff=diff)
@@ -380,7 +382,10 @@ def main(args: argparse.Namespace) -> int:
         return draft
 
     def meta(done: bool) -> dict:
-        return _meta(args, model_name, methods, draft_layers, total_layers, path, len(prompts), t0, done)
+        out = _meta(args, model_name, methods, draft_layers, total_layers, path, len(prompts), t0, done)
+        out["verify_cost"] = _verify_cost(model)
+        out["budgets"] = budgets_by_method(records)
+        return out
 
     records: list[dict] = []
 
@@ -414,6 +419,12 @@ def main(args: argparse.Namespace) -> int:
         paths = write_results(args.out, records, meta(done=True))
         log("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+def _verify_cost(model) -> dict:
+    """The tree budget's cost curve of ``model`` on this machine (`StepCostModel.summary`, plus the 1-token cost)."""
+    cost = cost_model_for(model)
+    return {**cost.summary(), "one_token_s": cost.predict(1) if cost.num_samples else None}
 
 
 def _meta(args, model_name, methods, draft_layers, total_layers, path, num_prompts, t0, done: bool) -> dict:

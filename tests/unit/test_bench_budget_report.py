@@ -1,0 +1,41 @@
+"""The bench report's tree-budget section: the machine's verify cost curve and the tree sizes chosen per method."""
+
+from hf_specdec.bench.report import budgets_by_method, cost_curve_section, markdown_report, summarize
+
+
+def _record(method: str, nodes_per_row: dict | None) -> dict:
+    return {
+        "method": method,
+        "setting": "greedy",
+        "category": "qa",
+        "question_id": 1,
+        "batch": 1,
+        "new_tokens": 10,
+        "time_s": 1.0,
+        "vanilla_time_s": 1.2,
+        "vanilla_new_tokens": 10,
+        "speedup": 1.2,
+        "steps": 5,
+        "drafted": 4,
+        "accepted": 3,
+        "match": True,
+        "first_diff": None,
+        "error": None,
+        "nodes_per_row": nodes_per_row,
+    }
+
+
+def test_budgets_are_summed_over_prompts_per_method():
+    records = [_record("ngram", {0: 3, 2: 1}), _record("ngram", {"0": 1, "5": 2}), _record("vanilla", None)]
+    assert budgets_by_method(records) == {"ngram / greedy": {0: 4, 2: 1, 5: 2}}
+
+
+def test_report_prints_the_cost_curve_and_the_budgets():
+    verify_cost = {"curve": {1: 0.020, 4: 0.026}, "samples": {1: 16, 4: 3}, "one_token_s": 0.020}
+    budgets = {"ngram / greedy": {0: 6, 3: 2}}
+    section = cost_curve_section(verify_cost, budgets)
+    assert "| 4 | 26.0 | 1.30 | 3 |" in section
+    assert "| ngram / greedy | 0.8 | 75% | 0 (75%), 3 (25%) |" in section
+    records = [_record("ngram", {0: 6, 3: 2})]
+    report = markdown_report(summarize(records), {"verify_cost": verify_cost, "budgets": budgets_by_method(records)})
+    assert "Verify cost on this machine" in report and "| 1 | 20.0 | 1.00 | 16 |" in report
