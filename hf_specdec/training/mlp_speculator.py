@@ -47,7 +47,7 @@ from .run import save_checkpoint as _save_checkpoint
 from .step_cost import step_cost_curve
 
 # level widths tried by `tune_speculator_tree` (each also cut at every depth by AdaptiveDepth at run time)
-DEFAULT_WIDTH_CANDIDATES = ((1, 1, 1, 1), (2, 2, 2, 2), (3, 2, 2, 2), (3, 3, 3, 3), (4, 4, 4, 4), (6, 6, 6, 6))
+DEFAULT_WIDTH_CANDIDATES = ((1, 1, 1, 1), (2, 2, 2, 2), (3, 2, 2, 2), (3, 3, 3, 3), (4, 4, 4, 4), (4, 6, 6, 6))
 
 
 @dataclass
@@ -209,6 +209,14 @@ def _conditional_acceptance(accepted: torch.Tensor, depth: int) -> list[float]:
     return [round(float((accepted > k).sum()) / max(1, int((accepted >= k).sum())), 4) for k in range(depth)]
 
 
+def _fits(widths: list[int], spec: MLPSpeculator) -> bool:
+    try:
+        check_widths(widths, spec)
+    except ValueError:
+        return False
+    return True
+
+
 def tune_speculator_tree(
     spec: MLPSpeculator,
     data: DistillationData,
@@ -229,6 +237,9 @@ def tune_speculator_tree(
         one is in ``spec.tree`` (``widths``, ``step_cost``, ``depth_acceptance``, ``held_out_tau``, ...).
     """
     candidates = [list(c)[: spec.n_predict] for c in candidates]
+    candidates = [c for c in candidates if _fits(c, spec)]  # e.g. wider than the speculator's top-k allows
+    if not candidates:
+        raise ValueError(f"none of the candidate widths fits this speculator (top_k {spec.top_k_tokens_per_head})")
     depths = {tuple(c): tree_accepted_depths(spec, data, positions, c) for c in candidates}
     sizes = sorted({sum(c[:d]) for c in candidates for d in range(1, len(c) + 1)})
     if cost is None:
