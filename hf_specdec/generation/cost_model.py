@@ -9,6 +9,8 @@ slope) and lets measurements take over as soon as they exist:
 - samples go to buckets: one per n up to 64, then a log-spaced grid of eight points per doubling (a sample between
   grid points is moved onto the nearest one with the prior's local ratio);
 - each bucket keeps its last ``window`` samples and is summarised by their median (robust to a preempted step);
+  once the curve has a few samples, a new one is clipped to within 3x of what the curve expects there, so that a
+  one-off (weights packed inside that forward) cannot poison a rarely visited size through the isotonic fit;
 - the bucket medians are made non-decreasing in n (weighted isotonic regression, pool-adjacent-violators);
 - between measured buckets the cost is interpolated linearly; below them it is the smallest measured bucket scaled
   by the prior's ratio; above them it grows with the measured slope (over at least a doubling of n), never slower
@@ -38,6 +40,8 @@ import torch
 GENERIC_PRIOR_SLOPE = 0.1  # a verify token costs 10% of a decode step: about this CPU's fp32 GEMM; conservative on GPUs
 DEFAULT_WINDOW = 16  # samples kept per bucket (the median of these is the bucket's cost)
 _MIN_SLOPE_FRACTION = 0.25  # extrapolation past the measured sizes grows at least this fraction as fast as the prior
+_CLIP_AFTER = 8  # samples before new ones are clipped to the curve's range ...
+_CLIP_FACTOR = 3.0  # ... of [expected / 3, expected * 3]
 _EMA = 0.2  # weight of a new sample in the running means (bookkeeping seconds per row)
 
 
@@ -218,6 +222,11 @@ class StepCostModel:
             return  # nothing verified, or a clock that did not move: no information
         g = self.bucket(tokens)
         with self._lock:
+            if sum(len(s) for s in self._samples.values()) >= _CLIP_AFTER:
+                # a one-off (weights packed inside this forward, a preempted thread) must not poison a rarely
+                # visited size through the isotonic fit: one sample moves the curve by at most _CLIP_FACTOR
+                expected = self._curve_locked()(g)
+                seconds = min(max(seconds, expected / _CLIP_FACTOR), expected * _CLIP_FACTOR)
             samples = self._samples.setdefault(g, deque(maxlen=self.window))
             samples.append(seconds * self.prior(g) / self.prior(tokens))
             self._medians[g] = statistics.median(samples)
@@ -249,8 +258,11 @@ class StepCostModel:
     def curve(self) -> CostCurve:
         """A snapshot of the current curve (cheap to evaluate at many n; later samples do not change it)."""
         with self._lock:
-            grid, cost = self._measured()
-            return CostCurve(grid, cost, self.prior)
+            return self._curve_locked()
+
+    def _curve_locked(self) -> CostCurve:
+        grid, cost = self._measured()
+        return CostCurve(grid, cost, self.prior)
 
     def predict(self, n: float) -> float:
         """Seconds of a verify forward over ``n`` packed tokens (prior units, 1.0 = one token, before any sample)."""

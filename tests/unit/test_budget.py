@@ -145,6 +145,13 @@ def test_cost_model_converges_to_an_injected_curve_from_noisy_samples():
     assert all(b >= a for a, b in zip(curve, curve[1:])), "the cost curve must not decrease"
 
 
+def test_a_one_off_slow_forward_does_not_poison_a_rarely_used_size():
+    cost = measured(cpu_curve, sizes=[1, 2, 3, 4, 6, 8, 12, 16], repeats=3)
+    cost.record_verify(5, 1, 60 * cpu_curve(5))  # weights packed inside this forward: once, 60x slower
+    for n in (5, 6, 8):
+        assert cost.predict(n) <= 1.5 * cpu_curve(n), n
+
+
 def test_cost_model_prior_is_replaced_by_measurements_and_scales_untried_sizes():
     cost = StepCostModel(PriorCurve.linear(0.1))
     assert cost.predict(11) == pytest.approx(2.0)  # prior units before any sample
