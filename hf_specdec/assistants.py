@@ -180,3 +180,41 @@ register_default_assistant(
     description="FallbackAssistant: prompt lookup (NgramAssistant) where it finds a match, else the shipped EAGLE head",
     requires=_eagle_head_ships,
 )
+
+
+DEFAULT_MLP_SPECULATOR_DIR = ASSETS / "mlp-speculator-smollm2-135m-instruct"
+
+
+def _mlp_speculator_ships() -> bool:
+    return (DEFAULT_MLP_SPECULATOR_DIR / "config.json").is_file()
+
+
+@functools.lru_cache(maxsize=1)
+def default_mlp_speculator():
+    """The MLP speculator trained for the default model that ships inside the package (loaded once, CPU, fp32 from
+    its fp16 storage); it carries its tree widths and measured step costs (model card:
+    ``hf_specdec/assets/mlp-speculator-smollm2-135m-instruct``)."""
+    import torch
+
+    from .heads.mlp_speculator import MLPSpeculator
+
+    if not _mlp_speculator_ships():
+        raise FileNotFoundError(
+            f"the shipped MLP speculator is missing from {DEFAULT_MLP_SPECULATOR_DIR} (broken install?)"
+        )
+    return MLPSpeculator.from_pretrained(DEFAULT_MLP_SPECULATOR_DIR, dtype=torch.float32).eval()
+
+
+def _mlp_speculator_assistant() -> Proposer:
+    from .generation.proposers.mlp_speculator import MLPSpeculatorAssistant
+
+    return MLPSpeculatorAssistant(default_mlp_speculator())
+
+
+register_default_assistant(
+    "mlp_speculator",
+    _mlp_speculator_assistant,
+    description="MLPSpeculatorAssistant: the shipped MLP speculator (IBM accelerator architecture) drafting trimmed "
+    "product trees",
+    requires=_mlp_speculator_ships,
+)
