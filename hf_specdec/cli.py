@@ -24,6 +24,40 @@ from .assistants import DEFAULT_ASSISTANT, available_assistants, describe_assist
 OTHER_ASSISTANTS = {"draft": "a layer-skip draft model (--draft-layers)", "none": "vanilla generate (no assistant)"}
 
 
+class UsageError(ValueError):
+    """A command-line value that cannot work; `main` prints it as one ``hf-specdec: error:`` line (exit code 2)."""
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a float > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
+positive_int.__name__ = "positive integer"  # how argparse names the type in its "invalid ... value" message
+positive_float.__name__ = "positive number"
+
+
+def check_model_argument(name: str | None) -> None:
+    """``--model``: a path that looks like a folder must exist (else transformers reports a Hub repo-id error)."""
+    if name is None:
+        return
+    path = Path(name).expanduser()
+    looks_local = path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1  # Hub ids: org/name
+    if looks_local and not path.is_dir():
+        raise UsageError(f"--model {name}: no such folder (pass a local model folder or a Hub id like org/name)")
+
+
 def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("question", help="the user message (one chat turn)")
     ready_made = {name: describe_assistant(name) for name in available_assistants()}
@@ -35,15 +69,30 @@ def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         help="; ".join(f"{name}: {text}" for name, text in choices.items())
         + " (ready-made ones are for the default model; default %(default)s)",
     )
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="most tokens to generate (default 256)")
-    parser.add_argument("--draft-layers", type=int, default=8, help="layers of the layer-skip draft (default 8)")
+    parser.add_argument(
+        "--max-new-tokens", type=positive_int, default=256, help="most tokens to generate (default 256)"
+    )
+    parser.add_argument(
+        "--draft-layers", type=positive_int, default=8, help="layers of the layer-skip draft (default 8)"
+    )
     parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
-    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (with --do-sample)")
-    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling top_p (with --do-sample)")
+    parser.add_argument(
+        "--temperature", type=positive_float, default=None, help="sampling temperature > 0 (with --do-sample)"
+    )
+    parser.add_argument("--top-p", type=positive_float, default=None, help="nucleus sampling top_p (with --do-sample)")
     parser.add_argument("--system", default=None, help="system message (default: the chat template's)")
     parser.add_argument("--seed", type=int, default=None, help="torch.manual_seed before generating")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.add_argument("--model", default=None, help="a local model folder or Hub id instead of the default model")
+
+
+def _check_generate_arguments(args: argparse.Namespace) -> None:
+    """What argparse cannot check alone (combinations, the model folder)."""
+    if not args.do_sample and (args.temperature is not None or args.top_p is not None):
+        raise UsageError("--temperature and --top-p apply to sampling: add --do-sample")
+    if args.top_p is not None and args.top_p > 1:
+        raise UsageError(f"--top-p is a probability in (0, 1], got {args.top_p}")
+    check_model_argument(args.model)
 
 
 def generate_main(args: argparse.Namespace) -> int:
@@ -56,14 +105,23 @@ def generate_main(args: argparse.Namespace) -> int:
     from .bench.spec_bench import _load_model, count_new_tokens
     from .models import chat_prompt_ids, draft_model_from_layers
 
+    _check_generate_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    model, tokenizer, name = _load_model(args.model)
+    try:
+        model, tokenizer, name = _load_model(args.model)
+    except OSError as err:  # transformers' "not a local folder nor a Hub repo" / offline messages
+        if args.model is None:
+            raise
+        raise UsageError(f"--model {args.model}: {str(err).splitlines()[0]}") from err
     kwargs: dict = {"max_new_tokens": args.max_new_tokens, "return_dict_in_generate": True}
     if args.assistant not in OTHER_ASSISTANTS:
         kwargs["assistant"] = hf_specdec.load_default_assistant(args.assistant)  # checked against the model
     elif args.assistant == "draft":
+        layers = model.config.num_hidden_layers
+        if args.draft_layers >= layers:
+            raise UsageError(f"--draft-layers {args.draft_layers}: the model has {layers} layers; pass 1..{layers - 1}")
         kwargs["assistant"] = draft_model_from_layers(model, args.draft_layers)
     if args.do_sample:
         kwargs["do_sample"] = True
@@ -247,12 +305,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; a value that cannot work is one ``hf-specdec: error: ...`` line and exit code 2 (argparse's
+    convention), not a traceback."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as err:
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
 
 
 if __name__ == "__main__":
