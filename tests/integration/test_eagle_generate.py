@@ -1,0 +1,164 @@
+"""`model.generate(ids, assistant=EagleHead(...))`: greedy output is token-for-token vanilla's on tiny random models of
+two architectures (the head is Llama-style, the target need not be), batch 1 and 4 of mixed lengths, EAGLE-1 and
+EAGLE-3 heads; the head's cache covers the prompt; sampling with EAGLE trees keeps the target's distribution
+(chi-square against the exact enumeration, with a wrong verifier as the negative control)."""
+
+from __future__ import annotations
+
+import inspect
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from test_mlp_speculator_generate import p_values  # the exact enumeration and chi-square, shared
+
+import hf_specdec
+import hf_specdec.generation.loop as loop
+from hf_specdec.generation.proposers import NgramAssistant, resolve_assistant
+from hf_specdec.generation.proposers.eagle import EagleAssistant
+from hf_specdec.generation.proposers.fallback import FallbackAssistant
+from hf_specdec.heads.eagle import EagleHead
+from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 5], [9, 9, 8, 7, 6, 5, 4], [12, 13, 12, 13, 12, 13, 12, 13, 12]]
+# These tests check the EAGLE trees themselves; the loop's tree budget (when it has one) would cut a random head's
+# low-probability trees down to nothing and leave the checks vacuous.
+FULL_TREES = {"tree_budget": False} if "tree_budget" in inspect.signature(loop.generate).parameters else {}
+
+
+def random_head(model, version=1, seed=0, draft_vocab=None) -> EagleHead:
+    torch.manual_seed(seed)
+    head = EagleHead.for_model(model, version=version, draft_vocab=draft_vocab)
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.1)
+    return head.eval()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_matches_vanilla(arch, batch):
+    model = tiny_causal_lm(arch, num_layers=6) if arch == "qwen2" else tiny_causal_lm(arch, num_layers=6)
+    ids, mask = left_pad(PROMPTS[:batch])
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False)
+    cases = {
+        "eagle1": random_head(model),
+        "eagle1-draft-vocab": random_head(model, seed=1, draft_vocab=torch.arange(3, 60)),
+        "eagle3": random_head(model, version=3, seed=2, draft_vocab=torch.arange(10, 80)),
+        "wide": EagleAssistant(random_head(model, seed=3), top_k=8, depth=4, num_nodes=40),
+        "cost-cut": EagleAssistant(random_head(model, seed=4), step_cost={n: 1.0 + 0.02 * n for n in (1, 8, 32)}),
+        "ngram+eagle": FallbackAssistant(NgramAssistant(), random_head(model, seed=6)),
+    }
+    for name, assistant in cases.items():
+        out = model.generate(
+            ids, attention_mask=mask, max_new_tokens=24, do_sample=False, assistant=assistant,
+            return_dict_in_generate=True, **FULL_TREES,
+        )  # fmt: skip
+        assert_same_tokens(out.sequences, expected, f"{arch} batch={batch} {name}")
+        assert out.spec_stats.drafted_tokens > 0, name
+
+
+def test_resolution_and_target_check():
+    model = tiny_causal_lm("llama", num_layers=6)
+    head = random_head(model)
+    proposer = resolve_assistant(head, model)
+    assert isinstance(proposer, EagleAssistant) and proposer.hidden_state_layers == (-1,)
+    three = random_head(model, version=3)
+    assert resolve_assistant(three, model).hidden_state_layers == (2, 3, 3)
+    other = tiny_causal_lm("llama", hidden_size=32)
+    with pytest.raises(ValueError, match="hidden size 64 cannot serve .* hidden size 32"):
+        other.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=4, assistant=head)
+
+
+class Recording(EagleAssistant):
+    """Records the head cache's length at every propose (the cache must cover the committed text)."""
+
+    def propose(self, rows):
+        trees = super().propose(rows)
+        for r in rows:
+            if r.max_depth > 0:  # a row with no budget left drafts nothing and commits nothing
+                self.log.append((r.tokens.numel(), int(self.cache.lengths[r.row])))
+        return trees
+
+
+def test_head_cache_covers_the_prompt_and_the_accepted_path():
+    model = tiny_causal_lm("llama", num_layers=6)
+    assistant = Recording(random_head(model), top_k=4, depth=3, num_nodes=8)
+    assistant.log = []
+    ids, mask = left_pad(PROMPTS)
+    model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, assistant=assistant, **FULL_TREES)
+    # one pair (feature t, token t + 1) per committed token: the cache ends at the root's pair
+    assert assistant.log and all(cached == committed - 1 for committed, cached in assistant.log), assistant.log[:8]
+    assert assistant.log[0][1] >= len(PROMPTS[1])
+
+
+# --------------------------------------------------------------------------------------------- exact sampling
+E2E_V, E2E_PROMPT, E2E_ROWS = 8, [1, 5, 3, 6], 3000
+WARPERS = dict(temperature=0.8, top_k=5)
+
+
+@pytest.fixture(scope="module")
+def e2e_model():
+    model = tiny_causal_lm(vocab_size=E2E_V, hidden_size=32, num_layers=2, seed=0)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.0)  # peaked but not degenerate next-token distributions
+    return model
+
+
+def e2e_assistant(model) -> EagleAssistant:
+    return EagleAssistant(random_head(model, seed=5), top_k=3, depth=3, num_nodes=10)
+
+
+def sample_first_tokens(model, assistant, rows: int) -> Counter:
+    """The first 3 tokens of ``rows`` sampled rows (padded after EOS); checks that 2-token drafts get accepted."""
+    ids = torch.tensor([E2E_PROMPT] * rows)
+    torch.manual_seed(0)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), assistant=assistant, do_sample=True,
+                         max_new_tokens=4, return_dict_in_generate=True, **WARPERS, **FULL_TREES)  # fmt: skip
+    per_depth = out.spec_stats.accepted_per_depth
+    assert len(per_depth) > 1 and per_depth[1] > 0.05 * rows, f"vacuous: 2-token drafts rarely accepted {per_depth}"
+    pad = int(model.generation_config.pad_token_id)
+    gen = torch.cat([out.sequences[:, len(E2E_PROMPT) :], torch.full((rows, 3), pad)], 1)[:, :3]
+    return Counter(tuple(r) for r in gen.tolist())
+
+
+def test_sampling_with_eagle_trees_matches_the_target_distribution(e2e_model):
+    counts = sample_first_tokens(e2e_model, e2e_assistant(e2e_model), E2E_ROWS)
+    ps = p_values(counts, e2e_model)
+    assert min(ps) > 1e-4, f"chi-square p-values of the first 1, 2, 3 tokens: {ps}"
+
+
+def test_a_wrong_verifier_is_caught_with_these_trees(e2e_model, monkeypatch):
+    """The harness has power: verifying the EAGLE trees greedily while sampling must be rejected."""
+    real = loop.verify_tree
+    monkeypatch.setattr(
+        loop, "verify_tree", lambda tree, scores, **kw: real(tree, scores, **{**kw, "do_sample": False})
+    )
+    counts = sample_first_tokens(e2e_model, e2e_assistant(e2e_model), E2E_ROWS // 3)
+    ps = p_values(counts, e2e_model)
+    assert min(ps) < 1e-6, f"greedy verification of a sampled call was not caught: p-values {ps}"
+
+
+# --------------------------------------------------------------------------------------------- default model
+SHIPPED = Path(hf_specdec.__file__).parent / "assets" / "eagle-smollm2-135m-instruct"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="no EAGLE head ships yet")
+@pytest.mark.parametrize("batch", [1, 4])
+def test_default_model_with_the_shipped_head_matches_vanilla(default_model, batch):
+    from hf_specdec.bench.questions import find_questions_file, load_questions
+    from hf_specdec.models import chat_prompt_ids
+
+    model, tok = default_model
+    head = EagleHead.from_pretrained(SHIPPED, base_model=model, dtype=torch.float32)
+    questions = load_questions(find_questions_file())
+    picks = [questions[i]["turns"][0] for i in (0, 41, 122, 200)][:batch]
+    ids, mask = left_pad([chat_prompt_ids(tok, q)[0].tolist() for q in picks], pad=tok.pad_token_id or 0)
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, assistant=head,
+                         return_dict_in_generate=True)  # fmt: skip
+    assert_same_tokens(out.sequences, expected, f"default model batch={batch}")
+    assert out.spec_stats.tau > 1.3, f"the shipped head barely drafts anything useful: {out.spec_stats}"
