@@ -437,6 +437,12 @@ def train_mlp_speculator(
     return spec, report
 
 
+def _answer_tokens(manifest: dict) -> int:
+    """Answer tokens of the data (also of a manifest whose build was stopped early: the sum over its shards)."""
+    parts = manifest.get("parts") or [manifest]
+    return sum(p.get("num_answer_tokens") or sum(s["num_answer_tokens"] for s in p.get("shards", [])) for p in parts)
+
+
 def _report(spec, data, split: _Split, cfg, step, elapsed, losses, before, after, history) -> dict:
     """The training report, and the model-card facts it implies (stored in ``spec.model_card``)."""
     manifest = data.manifest
@@ -467,7 +473,7 @@ def _report(spec, data, split: _Split, cfg, step, elapsed, losses, before, after
         "data_size": {
             "sequences": report["num_sequences"],
             "tokens": report["num_tokens"],
-            "answer_tokens": manifest.get("num_answer_tokens"),
+            "answer_tokens": _answer_tokens(manifest),
         },  # fmt: skip
         "training": {
             "steps": step,

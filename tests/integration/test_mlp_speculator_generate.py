@@ -104,12 +104,13 @@ def test_greedy_matches_vanilla(tiny_models, arch, batch):
         "adaptive": MLPSpeculatorAssistant(random_speculator(model), step_cost={n: 1.0 + 0.05 * n for n in range(16)}),
     }
     for name, assistant in cases.items():
-        out = model.generate(
-            ids, attention_mask=mask, max_new_tokens=24, do_sample=False, assistant=assistant,
-            return_dict_in_generate=True,
-        )  # fmt: skip
-        assert_same_tokens(out.sequences, expected, f"{arch} batch={batch} {name}")
-        assert out.spec_stats.drafted_tokens > 0, name
+        for budget in (False, True):  # the trees as proposed; cut by the loop's tree budget (the default)
+            out = model.generate(
+                ids, attention_mask=mask, max_new_tokens=24, do_sample=False, assistant=assistant,
+                return_dict_in_generate=True, tree_budget=budget,
+            )  # fmt: skip
+            assert_same_tokens(out.sequences, expected, f"{arch} batch={batch} {name} tree_budget={budget}")
+            assert budget or out.spec_stats.drafted_tokens > 0, name
 
 
 def test_assistant_resolution_and_target_check():
@@ -169,7 +170,7 @@ def sample_first_tokens(model, assistant, rows: int) -> Counter:
     ids = torch.tensor([E2E_PROMPT] * rows)
     torch.manual_seed(0)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), assistant=assistant, do_sample=True,
-                         max_new_tokens=4, return_dict_in_generate=True, **WARPERS)  # fmt: skip
+                         max_new_tokens=4, return_dict_in_generate=True, tree_budget=False, **WARPERS)  # fmt: skip
     per_depth = out.spec_stats.accepted_per_depth
     assert len(per_depth) > 1 and per_depth[1] > 0.05 * rows, f"vacuous: 2-token drafts rarely accepted {per_depth}"
     pad = int(model.generation_config.pad_token_id)
