@@ -13,7 +13,7 @@ from hf_specdec.generation.proposers.eagle import EagleAssistant
 from hf_specdec.heads.eagle import EagleHead
 from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm
 from hf_specdec.training.data import build_distillation_data, load_distillation_data
-from hf_specdec.training.eagle import EagleTrainingConfig, train_eagle
+from hf_specdec.training.eagle import EagleTrainingConfig, train_eagle, tune_eagle_tree
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +64,14 @@ def test_resume_continues_from_the_checkpoint(tiny_data, tmp_path):
     longer = EagleTrainingConfig(**{**cfg.__dict__, "max_steps": 9})
     head, report = train_eagle(model, data, tmp_path / "run", longer, resume=True, progress=False)
     assert report["steps"] == 9 and head.draft_vocab_size == 40
+
+
+def test_tree_tuning_measures_the_step_cost_the_assistant_reads():
+    model = tiny_causal_lm("llama", num_layers=2)
+    head = EagleHead.for_model(model, draft_vocab=torch.arange(5, 60)).eval()
+    tree = tune_eagle_tree(model, head, sizes=(4, 8), top_k=3, depth=3)
+    assert tree["num_nodes"] == 8 and set(tree["step_cost"]) == {"4", "8"}
+    assert all(c > 1.0 for c in tree["step_cost"].values())  # drafting and verifying cost more than a plain step
+    assistant = EagleAssistant(head)
+    assert (assistant.top_k, assistant.depth, assistant.num_nodes) == (3, 3, 8)
+    assert assistant.step_cost == {n: float(c) for n, c in ((4, tree["step_cost"]["4"]), (8, tree["step_cost"]["8"]))}
