@@ -38,7 +38,7 @@ def demo(default_model):
     app = launch("127.0.0.1", free_port(), block=False, model=model, tokenizer=tokenizer, warmup=False, concurrency=2)
     client = gradio_client.Client(app.local_url, verbose=False)
     yield client
-    client.close() if hasattr(client, "close") else None
+    client.close()
     app.close()
 
 
@@ -100,6 +100,7 @@ def test_parallel_mode_runs_two_generations_at_once_without_mixing_them(default_
             client.submit(*compare_args(OTHER_PROMPT, available_assistants()[0]), api_name="/compare"),
         ]
         results = [job.result(timeout=240)[4] for job in jobs]
+        client.close()
     finally:
         app.close()
     for prompt, details in zip((COPY_PROMPT, OTHER_PROMPT), results):
