@@ -104,3 +104,36 @@ def test_an_assistant_in_use_by_another_call_is_a_clear_error(setup):
     # free again: it works, and gives vanilla's output
     out = model.generate(ids, max_new_tokens=4, do_sample=False, assistant=shared)
     assert torch.equal(out, model.generate(ids, max_new_tokens=4, do_sample=False))
+
+
+def test_one_assistant_object_shared_by_concurrent_calls_works_or_says_so(setup):
+    """Threads sharing one assistant object: each call returns vanilla's output or raises the clear 'in use' error,
+    never a wrong output; a batch of two rows runs at the same time as single rows."""
+    model, _ = setup
+    shared = NgramAssistant()
+    ids = torch.tensor([PROMPTS[0], PROMPTS[0]])
+    vanilla = model.generate(ids, max_new_tokens=12, do_sample=False)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(3)
+
+    def worker(rows: int) -> None:
+        start.wait(timeout=30)
+        for _ in range(ROUNDS * 2):
+            try:
+                out = model.generate(ids[:rows], max_new_tokens=12, do_sample=False, assistant=shared)
+                result = "ok" if torch.equal(out, vanilla[:rows]) else "WRONG OUTPUT"
+            except RuntimeError as exc:
+                result = "in use" if "already in use by another generate call" in str(exc) else f"error: {exc}"
+            with lock:
+                outcomes.append(result)
+
+    threads = [threading.Thread(target=worker, args=(rows,)) for rows in (1, 2, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert len(outcomes) == 3 * ROUNDS * 2
+    assert set(outcomes) <= {"ok", "in use"}, outcomes
+    assert "ok" in outcomes
