@@ -1,0 +1,32 @@
+"""The README's Python code blocks run as written (each ```python block in order, in one namespace), so they cannot
+rot: every name they use is defined in them or imported."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def python_blocks(text: str) -> list[str]:
+    """The bodies of the ```python fenced blocks of a Markdown text, in order."""
+    return re.findall(r"^```python[ \t]*\n(.*?)^```[ \t]*$", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def test_the_extraction_finds_fenced_python_blocks_only():
+    text = "x\n```python\na = 1\n```\n```bash\nls\n```\n```python\nb = a + 1\n```\n"
+    assert python_blocks(text) == ["a = 1\n", "b = a + 1\n"]
+
+
+def test_the_readme_has_python_snippets():
+    assert python_blocks(README.read_text(encoding="utf-8")), "README.md has no ```python block"
+
+
+@pytest.mark.slow
+def test_readme_python_snippets_run_as_written():
+    namespace: dict = {"__name__": "__readme__"}
+    for i, code in enumerate(python_blocks(README.read_text(encoding="utf-8"))):
+        exec(compile(code, f"README.md python block {i + 1}", "exec"), namespace)  # noqa: S102 - the README's own code
