@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..generation.cost_model import cost_model_for
+from ..kernels.cpu_linear import packed_weights
 from .methods import BenchContext, Method, available_methods, resolve_methods
 from .questions import find_questions_file, interleave_categories, load_questions, sample_questions
 from .report import budgets_by_method, markdown_report, summarize, write_results
@@ -394,20 +395,21 @@ def main(args: argparse.Namespace) -> int:
         if args.out:  # written after every prompt, so that Ctrl-C or a timeout loses nothing (plot at the end)
             write_results(args.out, so_far, meta(done=False), plot=False)
 
-    try:
-        records = run_bench(
-            model,
-            prompts,
-            methods,
-            settings,
-            max_new_tokens=args.max_new_tokens,
-            batch=args.batch,
-            draft_factory=draft_factory,
-            seed=args.seed,
-            repeats=args.repeats,
-            log=log,
-            on_prompt=save_partial,
-        )
+    try:  # steady state, as the warm-up intends: CPU packed weights made once and kept for the whole run
+        with packed_weights(model):  # (they serve speculative forwards only; vanilla calls keep stock kernels)
+            records = run_bench(
+                model,
+                prompts,
+                methods,
+                settings,
+                max_new_tokens=args.max_new_tokens,
+                batch=args.batch,
+                draft_factory=draft_factory,
+                seed=args.seed,
+                repeats=args.repeats,
+                log=log,
+                on_prompt=save_partial,
+            )
     except KeyboardInterrupt:
         log(f"interrupted: {len(records)} records kept" + (f" in {args.out}" if args.out else ""))
         if records:
