@@ -112,14 +112,15 @@ def e2e_assistant(model) -> EagleAssistant:
     return EagleAssistant(random_head(model, seed=5), top_k=E2E_V, depth=3, num_nodes=40)
 
 
-def sample_first_tokens(model, assistant, rows: int) -> Counter:
+def sample_first_tokens(model, assistant, rows: int, *, check_power: bool = True) -> Counter:
     """The first 3 tokens of ``rows`` sampled rows (padded after EOS); checks that 2-token drafts get accepted."""
     ids = torch.tensor([E2E_PROMPT] * rows)
     torch.manual_seed(0)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), assistant=assistant, do_sample=True,
                          max_new_tokens=4, return_dict_in_generate=True, **WARPERS, **FULL_TREES)  # fmt: skip
     per_depth = out.spec_stats.accepted_per_depth
-    assert len(per_depth) > 1 and per_depth[1] > 0.05 * rows, f"vacuous: 2-token drafts rarely accepted {per_depth}"
+    if check_power:  # a greedy verifier (the negative control) rejects most random drafts by design
+        assert len(per_depth) > 1 and per_depth[1] > 0.05 * rows, f"vacuous: 2-token drafts rarely accepted {per_depth}"
     pad = int(model.generation_config.pad_token_id)
     gen = torch.cat([out.sequences[:, len(E2E_PROMPT) :], torch.full((rows, 3), pad)], 1)[:, :3]
     return Counter(tuple(r) for r in gen.tolist())
@@ -137,7 +138,7 @@ def test_a_wrong_verifier_is_caught_with_these_trees(e2e_model, monkeypatch):
     monkeypatch.setattr(
         loop, "verify_tree", lambda tree, scores, **kw: real(tree, scores, **{**kw, "do_sample": False})
     )
-    counts = sample_first_tokens(e2e_model, e2e_assistant(e2e_model), E2E_ROWS // 3)
+    counts = sample_first_tokens(e2e_model, e2e_assistant(e2e_model), E2E_ROWS // 3, check_power=False)
     ps = p_values(counts, e2e_model)
     assert min(ps) < 1e-6, f"greedy verification of a sampled call was not caught: p-values {ps}"
 
