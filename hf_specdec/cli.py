@@ -8,6 +8,7 @@ hf-specdec convert                                       # convert the default m
 hf-specdec train medusa --out DIR [--num-prompts N --max-new-tokens M --epochs E --num-heads 4 --resume]
 hf-specdec train mlp-speculator --out DIR [--data FOLDER... --epochs E --inner-dim 384 --resume]
 hf-specdec train eagle --out DIR [--data DIR --num-seed 32 --num-tasks 120 --epochs E --resume]
+hf-specdec demo [--host H] [--port P] [--share] [--concurrency N] [--parallel]   # Gradio demo, http://127.0.0.1:7860
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .assistants import DEFAULT_ASSISTANT, available_assistants, describe_assistant
+from .demo.cli import add_arguments as add_demo_arguments
+from .demo.cli import run as run_demo
 
 # besides the ready-made assistants: a draft model built from the target's layers, and vanilla generate
 OTHER_ASSISTANTS = {"draft": "a layer-skip draft model (--draft-layers)", "none": "vanilla generate (no assistant)"}
@@ -301,6 +304,11 @@ def build_parser() -> argparse.ArgumentParser:
     eagle = train_sub.add_parser("eagle", help="an EAGLE-1/2 head on six-task self-distillation data")
     eagle_cli.add_train_eagle_arguments(eagle)
     eagle.set_defaults(func=eagle_cli.train_eagle_main)
+    demo = sub.add_parser(
+        "demo", help="Gradio demo: vanilla generate vs speculative decoding side by side (extra: demo)"
+    )
+    add_demo_arguments(demo)
+    demo.set_defaults(func=run_demo)
     return parser
 
 

@@ -18,8 +18,8 @@ import gradio as gr
 
 from ..assistants import available_assistants, describe_assistant
 from .bench_tab import MAX_PER_CATEGORY, bench_categories, run_category
-from .cli import DEFAULT_CONCURRENCY
 from .compare import MAX_NEW_TOKENS, Request, compare, warm_up
+from .options import DEFAULT_CONCURRENCY
 from .render import CSS, LEGEND
 
 EXAMPLES = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-DEFAULT_CONCURRENCY = 4
+from .options import DEFAULT_CONCURRENCY
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +43,13 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.concurrency < 1:
         raise SystemExit(f"--concurrency must be at least 1, got {args.concurrency}")
-    from . import launch  # a clear error naming the extra when gradio is missing
+    try:
+        import gradio  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise SystemExit(
+            "the hf-specdec demo needs gradio, which is not installed; run `pip install 'hf-specdec[demo]'`"
+        ) from exc
+    from .app import launch
 
     launch(
         args.host,

@@ -62,9 +62,19 @@ class SpecStats:
             self.accepted_per_depth[d] += 1
 
     def to_dict(self) -> dict:
+        """Every field and derived rate, JSON-ready (mapping keys such as the cost curve's token counts are strings)."""
         out = asdict(self)
         out.update(tau=self.tau, acceptance_rate=self.acceptance_rate, per_depth_acceptance=self.per_depth_acceptance)
-        return out
+        return _string_keys(out)
+
+
+def _string_keys(value):
+    """``value`` with every dict key turned into a string, recursively (JSON objects have string keys only)."""
+    if isinstance(value, dict):
+        return {str(k): _string_keys(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_string_keys(v) for v in value]
+    return value
 
     def __repr__(self) -> str:
         return (
