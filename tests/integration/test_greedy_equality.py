@@ -102,8 +102,14 @@ def test_default_model_greedy_equality_on_spec_bench_sample(default_model):
         )["input_ids"]
         expected = model.generate(ids, max_new_tokens=48, do_sample=False)
         for name, assistant in [("ngram", ngram), ("self-draft", draft), ("medusa", medusa), ("ngram+medusa", both)]:
+            # medusa's trees as proposed, so that its tau measures the heads, not this machine's cost curve
             out = model.generate(
-                ids, max_new_tokens=48, do_sample=False, assistant=assistant, return_dict_in_generate=True
+                ids,
+                max_new_tokens=48,
+                do_sample=False,
+                assistant=assistant,
+                return_dict_in_generate=True,
+                tree_budget=name != "medusa",
             )
             assert_same_tokens(out.sequences, expected, f"question {q['question_id']} {name}")
             if name == "medusa":
@@ -146,5 +152,6 @@ def test_default_model_self_draft_accepts_everything(default_model):
         do_sample=False,
         assistant=DraftModelAssistant(model, depth=k),
         return_dict_in_generate=True,
+        tree_budget=False,  # the chains as proposed: a self-draft costs a full forward per level, the budget cuts it
     )
     assert out.spec_stats.tau == k + 1
