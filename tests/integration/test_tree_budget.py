@@ -9,36 +9,24 @@ import torch
 import hf_specdec
 from hf_specdec.generation.budget import TreeBudgeter
 from hf_specdec.generation.cost_model import StepCostModel, cost_model_for
-from hf_specdec.generation.proposers.base import Proposer
-from hf_specdec.generation.tree import DraftTree
-from hf_specdec.testing import RandomTreeProposer, assert_same_tokens, left_pad, tiny_causal_lm
+from hf_specdec.testing import OracleProposer, RandomTreeProposer, assert_same_tokens, left_pad, tiny_causal_lm
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 5], [9, 9, 8, 7, 6, 5, 4], [12, 13, 12, 13, 12, 13, 12, 13, 12]]
 
 
-class OracleScoredTrees(Proposer):
-    """Trees of the target's own greedy continuation with a wrong sibling per level, scored so that the budget's
-    choice swings every step: the scores depend on the context length (a function of the context only)."""
+class OracleScoredTrees(OracleProposer):
+    """`OracleProposer`'s trees (the target's greedy continuation with a wrong sibling per level), scored so that the
+    budget's choice swings every step: the scores depend on the context length (a function of the context only)."""
 
     def __init__(self, model, depth: int = 6):
-        self.model, self.depth = model, depth
+        super().__init__(model, depth)
 
     def propose(self, rows):
-        trees = []
-        for r in rows:
-            d = min(self.depth, r.max_depth)
-            if d == 0:
-                trees.append(DraftTree.empty())
-                continue
-            ids = self.model.generate(r.tokens[None], max_new_tokens=d, do_sample=False, pad_token_id=0)
-            good = ids[0, r.tokens.numel() :].tolist()
-            paths = [good[: i + 1] for i in range(len(good))]
-            paths += [good[:i] + [(good[i] + 1) % self.model.config.vocab_size] for i in range(len(good))]
-            tree = DraftTree.from_paths(sorted(paths, key=len))
+        trees = super().propose(rows)
+        for r, tree in zip(rows, trees):
             level = [0.95, 0.5, 0.2, 0.05][r.tokens.numel() % 4]  # swings with the context length
             tree.scores = torch.tensor([level ** int(x) for x in tree.depth])
             tree.source = "oracle"
-            trees.append(tree)
         return trees
 
 
