@@ -30,7 +30,7 @@ from .budget import TreeBudgeter
 from .cost_model import cost_model_for
 from .inputs import prompt_starts, validate_call
 from .logits import NodeScorer
-from .proposers import resolve_assistant
+from .proposers import as_proposer
 from .proposers.base import Proposer, ProposerSetup, RowFeedback, RowState
 from .stats import SpecStats
 from .target import PlannedModel, PlannedOutput
@@ -158,7 +158,7 @@ def generate(
         model: the target causal LM.
         input_ids: `[B, W]` prompts, left-padded when rows differ in length (with ``attention_mask``).
         logits_processor / stopping_criteria / generation_config: prepared by transformers' `generate`.
-        assistant: a `Proposer`, a `PreTrainedModel` draft model, or a head (see `resolve_assistant`).
+        assistant: a `Proposer`, a `PreTrainedModel` draft model, or a head (see `as_proposer`).
         generator: optional torch.Generator for reproducible sampling.
         acceptance: ``"exact"`` (lossless; default) or ``"typical"`` (Medusa's typical acceptance with
             ``typical_epsilon`` / ``typical_delta``: faster at high temperature but it does NOT preserve the target's
@@ -181,7 +181,7 @@ def generate(
     validate_call(model, input_ids, generation_config, model_kwargs)
     if hf_specdec_streamer is not None and input_ids.shape[0] > 1:
         raise ValueError("streamers support batch size 1 only (as in vanilla generate)")
-    proposer: Proposer = resolve_assistant(assistant, model)
+    proposer: Proposer = as_proposer(assistant, model)
     proposer.validate(model)
     stopper = _StopChecker(stopping_criteria)
     max_length = stopper.max_length if stopper.max_length is not None else generation_config.max_length

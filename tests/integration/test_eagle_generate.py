@@ -15,7 +15,7 @@ from test_mlp_speculator_generate import p_values  # the exact enumeration and c
 
 import hf_specdec
 import hf_specdec.generation.loop as loop
-from hf_specdec.generation.proposers import NgramAssistant, resolve_assistant
+from hf_specdec.generation.proposers import NgramAssistant, as_proposer
 from hf_specdec.generation.proposers.eagle import EagleAssistant
 from hf_specdec.generation.proposers.fallback import FallbackAssistant
 from hf_specdec.heads.eagle import EagleHead
@@ -63,10 +63,10 @@ def test_greedy_matches_vanilla(arch, batch):
 def test_resolution_and_target_check():
     model = tiny_causal_lm("llama", num_layers=6)
     head = random_head(model)
-    proposer = resolve_assistant(head, model)
+    proposer = as_proposer(head, model)
     assert isinstance(proposer, EagleAssistant) and proposer.hidden_state_layers == (-1,)
     three = random_head(model, version=3)
-    assert resolve_assistant(three, model).hidden_state_layers == (2, 3, 3)
+    assert as_proposer(three, model).hidden_state_layers == (2, 3, 3)
     other = tiny_causal_lm("llama", hidden_size=32)
     with pytest.raises(ValueError, match="hidden size 64 cannot serve .* hidden size 32"):
         other.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=4, assistant=head)

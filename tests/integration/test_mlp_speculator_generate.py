@@ -14,7 +14,7 @@ import torch
 from scipy.stats import chisquare
 
 import hf_specdec  # noqa: F401  (routes generate(assistant=...))
-from hf_specdec.generation.proposers import resolve_assistant
+from hf_specdec.generation.proposers import as_proposer
 from hf_specdec.generation.proposers.mlp_speculator import (
     MLPSpeculatorAssistant,
     ancestor_masks,
@@ -115,7 +115,7 @@ def test_greedy_matches_vanilla(tiny_models, arch, batch):
 def test_assistant_resolution_and_target_check():
     model = tiny_causal_lm("llama")
     spec = random_speculator(model)
-    proposer = resolve_assistant(spec, model)
+    proposer = as_proposer(spec, model)
     assert isinstance(proposer, MLPSpeculatorAssistant) and proposer.widths == [3, 5, 5]
     other = tiny_causal_lm("llama", hidden_size=32)
     with pytest.raises(ValueError, match="hidden size 64 cannot serve a model with hidden size 32"):

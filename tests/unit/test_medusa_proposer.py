@@ -10,15 +10,14 @@ import pytest
 import torch
 
 import hf_specdec
-from hf_specdec.generation.proposers import resolve_assistant
+from hf_specdec.generation.proposers import as_proposer
 from hf_specdec.generation.proposers.base import ProposerSetup, RowFeedback, RowState
 from hf_specdec.generation.proposers.medusa import (
     AdaptiveDepth,
     MedusaAssistant,
     StaticTreeTemplate,
-    as_proposer,
     default_tree_choices,
-    medusa_proposer_for,
+    medusa_assistant_for,
 )
 from hf_specdec.generation.tree import DraftSampling, DraftTree
 from hf_specdec.generation.tree_shapes import expected_accepted_tokens, optimal_tree_choices
@@ -205,13 +204,12 @@ def test_proposer_maps_a_truncated_vocabulary_to_token_ids():
 def test_assistant_resolution_for_medusa_heads():
     model = tiny_causal_lm("llama", hidden_size=H)
     heads = MedusaHeads.for_model(model, num_heads=2)
-    assert isinstance(medusa_proposer_for(heads, model), MedusaAssistant)
-    assert medusa_proposer_for(object(), model) is None
-    assert isinstance(resolve_assistant(heads, model), MedusaAssistant)
-    proposer = as_proposer(heads, model, tree_choices=[[0], [0, 0]])
-    assert proposer.tree_choices == [[0], [0, 0]]
+    assert isinstance(medusa_assistant_for(heads, model), MedusaAssistant)
+    assert medusa_assistant_for(object(), model) is None
+    assert isinstance(as_proposer(heads, model), MedusaAssistant)
+    assert MedusaAssistant(heads, tree_choices=[[0], [0, 0]]).tree_choices == [[0], [0, 0]]
     with pytest.raises(ValueError, match="hidden size 32 cannot serve a model with hidden size 64"):
-        as_proposer(heads, tiny_causal_lm("llama"))
+        MedusaAssistant(heads).validate(tiny_causal_lm("llama"))
 
 
 # ---------------------------------------------------------------------------------------------- generate()

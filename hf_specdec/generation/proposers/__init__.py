@@ -8,13 +8,14 @@ from collections.abc import Callable
 from .base import Proposer, ProposerSetup, RowState
 from .ngram import NgramAssistant as NgramAssistant
 
-# (module, function) pairs tried in order; each function maps an assistant object to a Proposer or returns None.
+# (module, function) pairs tried in order; each `<method>_assistant_for(obj, target)` returns the ready assistant (a
+# Proposer) when ``obj`` is that method's object (a draft model, heads, a speculator), else None.
 # Listed by path so that importing hf_specdec does not import every head type.
 _RESOLVERS: list[tuple[str, str] | Callable] = [
-    ("hf_specdec.generation.proposers.draft_model", "draft_model_proposer_for"),
-    ("hf_specdec.generation.proposers.medusa", "medusa_proposer_for"),
-    ("hf_specdec.generation.proposers.mlp_speculator", "mlp_speculator_proposer_for"),
-    ("hf_specdec.generation.proposers.eagle", "eagle_proposer_for"),
+    ("hf_specdec.generation.proposers.draft_model", "draft_model_assistant_for"),
+    ("hf_specdec.generation.proposers.medusa", "medusa_assistant_for"),
+    ("hf_specdec.generation.proposers.mlp_speculator", "mlp_speculator_assistant_for"),
+    ("hf_specdec.generation.proposers.eagle", "eagle_assistant_for"),
 ]
 
 
@@ -24,8 +25,16 @@ def register_assistant_resolver(fn: Callable) -> Callable:
     return fn
 
 
-def resolve_assistant(obj, target) -> Proposer:
-    """The `Proposer` that serves ``assistant=obj`` for ``target``."""
+def as_proposer(obj, target) -> Proposer:
+    """Turn whatever the user passed as ``assistant=`` into the `Proposer` that drafts for ``target``.
+
+    Args:
+        obj: a `Proposer` (returned as is), a draft `PreTrainedModel`, `MedusaHeads`, an `MLPSpeculator`, an
+            `EagleHead`, or any object a `register_assistant_resolver` function knows.
+        target: the model being generated from.
+    Returns:
+        The `Proposer`; a `TypeError` names the object when nothing can draft with it.
+    """
     if isinstance(obj, Proposer):
         return obj
     if isinstance(obj, type):
@@ -48,4 +57,4 @@ def resolve_assistant(obj, target) -> Proposer:
     )
 
 
-__all__ = ["Proposer", "ProposerSetup", "RowState", "resolve_assistant", "register_assistant_resolver"]
+__all__ = ["Proposer", "ProposerSetup", "RowState", "as_proposer", "register_assistant_resolver"]

@@ -244,7 +244,7 @@ class DraftModelAssistant(Proposer):
         return out
 
 
-def draft_model_proposer_for(obj, target) -> Proposer | None:
+def draft_model_assistant_for(obj, target) -> Proposer | None:
     """``assistant=<PreTrainedModel>`` -> a chain-drafting `DraftModelAssistant`."""
     from transformers import PreTrainedModel
 

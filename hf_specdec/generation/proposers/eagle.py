@@ -302,11 +302,11 @@ class EagleAssistant(Proposer):
         return c_lo + (nodes - lo) * (self.step_cost[hi] - c_lo) / (hi - lo)
 
 
-def eagle_proposer_for(obj, target) -> Proposer | None:
+def eagle_assistant_for(obj, target) -> Proposer | None:
     """``assistant=`` resolver: an `EagleAssistant` when ``obj`` is an `EagleHead`, else None."""
     if isinstance(obj, EagleHead):
         return EagleAssistant(obj)
     return None
 
 
-__all__ = ["EagleAssistant", "eagle_proposer_for", "expand_dynamic_tree", "select_tree_nodes"]
+__all__ = ["EagleAssistant", "eagle_assistant_for", "expand_dynamic_tree", "select_tree_nodes"]

@@ -23,7 +23,7 @@ import torch
 
 from ..budget import RowCandidates
 from ..tree import DraftTree
-from . import resolve_assistant
+from . import as_proposer
 from .base import Proposer, ProposerSetup, RowFeedback, RowState
 
 
@@ -68,7 +68,7 @@ class FallbackAssistant(Proposer):
 
     # ------------------------------------------------------------------ lifecycle
     def validate(self, target: torch.nn.Module) -> None:
-        self.proposers = [resolve_assistant(a, target) for a in self.assistants]
+        self.proposers = [as_proposer(a, target) for a in self.assistants]
         for p in self.proposers:
             p.validate(target)
         self.hidden_state_layers = self._layers()

@@ -300,15 +300,7 @@ class MedusaAssistant(Proposer):
         self._lm_head = None
 
 
-def as_proposer(heads: MedusaHeads, target: torch.nn.Module | None = None, **tree_kwargs) -> MedusaAssistant:
-    """A `MedusaAssistant` for ``heads`` (checked against ``target`` when given); ``tree_kwargs`` go to it."""
-    proposer = MedusaAssistant(heads, **tree_kwargs)
-    if target is not None:
-        proposer.validate(target)
-    return proposer
-
-
-def medusa_proposer_for(obj, target) -> Proposer | None:
+def medusa_assistant_for(obj, target) -> Proposer | None:
     """``assistant=`` resolver: a `MedusaAssistant` when ``obj`` is `MedusaHeads`, else None."""
     if isinstance(obj, MedusaHeads):
         return MedusaAssistant(obj)

@@ -202,7 +202,7 @@ class MLPSpeculatorAssistant(Proposer):
         self._last_hidden = {}
 
 
-def mlp_speculator_proposer_for(obj, target) -> Proposer | None:
+def mlp_speculator_assistant_for(obj, target) -> Proposer | None:
     """``assistant=`` resolver: an `MLPSpeculatorAssistant` when ``obj`` is an `MLPSpeculator`, else None."""
     if isinstance(obj, MLPSpeculator):
         return MLPSpeculatorAssistant(obj)
