@@ -423,33 +423,15 @@ def run_kernel_bench(
     """
     import triton
 
-    if dry_run_cpu:
-        from ..kernels import tree_attention
-
-        if not tree_attention.INTERPRETED:
-            raise RuntimeError("the CPU dry run needs TRITON_INTERPRET=1 set before hf_specdec's kernels are imported")
-        device = torch.device("cpu")
-        dtype = torch.float32
-        shapes_spec = {"tiny": (4, 2, 16)}
-        grid = [("tiny", 2, 40, 8)]
-        timer = _WallTimer()
-        device_name = f"CPU ({platform.processor() or platform.machine()}), Triton interpreter"
-    else:
-        if not torch.cuda.is_available():
-            raise RuntimeError("the kernel benchmark needs a CUDA GPU (use --dry-run-cpu to check it on a CPU)")
-        device = torch.device("cuda")
-        shapes_spec = {s: ATTENTION_SHAPES[s] for s in shapes}
-        grid = [(s, b, c, t) for s in shapes for b in batches for c in contexts for t in trees]
-        timer = _CudaTimer(warmup, iters)
-        device_name = torch.cuda.get_device_name(device)
-    peak = peak_bw if peak_bw is not None else (None if dry_run_cpu else peak_bandwidth(device_name))
+    setup = _bench_setup(dry_run_cpu, shapes, batches, contexts, trees, dtype, warmup, iters)
+    peak = peak_bw if peak_bw is not None else (None if dry_run_cpu else peak_bandwidth(setup.device_name))
     report: dict = {
         "dry_run": dry_run_cpu,
         "environment": {
-            "device": device_name,
+            "device": setup.device_name,
             "torch": torch.__version__,
             "triton": triton.__version__,
-            "dtype": str(dtype).replace("torch.", ""),
+            "dtype": str(setup.dtype).replace("torch.", ""),
             "peak_hbm_bytes_per_s": peak,
             "block_size": block_size,
             "warmup": warmup,
@@ -457,35 +439,88 @@ def run_kernel_bench(
         },
         "attention": [],
     }
-    for shape, batch, context, tree in grid:
+    for shape, batch, context, tree in setup.grid:
         res = bench_attention_config(
-            shape, shapes_spec[shape], batch, context, tree, block_size, dtype, device, timer, columns
-        )
+            shape, setup.shapes[shape], batch, context, tree, block_size, setup.dtype, setup.device, setup.timer,
+            columns,
+        )  # fmt: skip
         report["attention"].append(asdict(res))
         print(f"{shape} B={batch} L={context} T={tree}: {res.times_us}", file=sys.stderr)
     if model_curve:
-        if dry_run_cpu:
-            from ..testing import tiny_causal_lm
-
-            model, name, context, nodes = tiny_causal_lm("llama"), "tiny llama (random)", 16, (1, 2, 4)
-        else:
-            model, name = _random_llama(dtype, "cuda"), "random-weight Llama-3.2-1B shape"
-            context, nodes = curve_context, tuple(curve_nodes)
-        # the hf_specdec curve runs our kernels, also on a CPU
-        times, logit_diff = verify_cost_curve(model, context, nodes, timer, attention="triton")
-        report["verify_curve"] = {
-            "model": name,
-            "context": context,
-            "nodes": list(nodes),
-            "max_abs_logit_diff_largest_tree": logit_diff,
-            "times_us": {b: {str(n): t for n, t in c.items()} for b, c in times.items()},
-        }
-        del model
+        report["verify_curve"] = _verify_curve_section(setup, curve_context, curve_nodes)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernels.json").write_text(json.dumps(report, indent=2))
     (out / "kernels.md").write_text(_markdown(report))
     return report
+
+
+@dataclass
+class _BenchSetup:
+    """Where and how the benchmark runs: the device, the dtype, the cells to time and the timer."""
+
+    device: torch.device
+    device_name: str
+    dtype: torch.dtype
+    shapes: dict[str, tuple[int, int, int]]  # name: (query heads, KV heads, head dim)
+    grid: list[tuple[str, int, int, int]]  # (shape, batch, context, tree) cells
+    timer: Callable[[Callable[[], object]], float]
+    dry_run: bool
+
+
+def _bench_setup(
+    dry_run_cpu: bool,
+    shapes: Sequence[str],
+    batches: Sequence[int],
+    contexts: Sequence[int],
+    trees: Sequence[int],
+    dtype: torch.dtype,
+    warmup: int,
+    iters: int,
+) -> _BenchSetup:
+    """The CUDA setup of the requested grid, or the CPU dry run's one tiny cell (Triton interpreter, fp32)."""
+    if dry_run_cpu:
+        from ..kernels import tree_attention
+
+        if not tree_attention.INTERPRETED:
+            raise RuntimeError("the CPU dry run needs TRITON_INTERPRET=1 set before hf_specdec's kernels are imported")
+        name = f"CPU ({platform.processor() or platform.machine()}), Triton interpreter"
+        return _BenchSetup(
+            torch.device("cpu"), name, torch.float32, {"tiny": (4, 2, 16)}, [("tiny", 2, 40, 8)], _WallTimer(), True
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError("the kernel benchmark needs a CUDA GPU (use --dry-run-cpu to check it on a CPU)")
+    device = torch.device("cuda")
+    grid = [(s, b, c, t) for s in shapes for b in batches for c in contexts for t in trees]
+    return _BenchSetup(
+        device,
+        torch.cuda.get_device_name(device),
+        dtype,
+        {s: ATTENTION_SHAPES[s] for s in shapes},
+        grid,
+        _CudaTimer(warmup, iters),
+        False,
+    )
+
+
+def _verify_curve_section(setup: _BenchSetup, curve_context: int, curve_nodes: Sequence[int]) -> dict:
+    """The report's whole-model verify-cost curve: a random Llama-3.2-1B-shaped model on CUDA, a tiny one on the
+    dry run; the hf_specdec curve runs our kernels, also on a CPU."""
+    if setup.dry_run:
+        from ..testing import tiny_causal_lm
+
+        model, name, context, nodes = tiny_causal_lm("llama"), "tiny llama (random)", 16, (1, 2, 4)
+    else:
+        model, name = _random_llama(setup.dtype, "cuda"), "random-weight Llama-3.2-1B shape"
+        context, nodes = curve_context, tuple(curve_nodes)
+    times, logit_diff = verify_cost_curve(model, context, nodes, setup.timer, attention="triton")
+    return {
+        "model": name,
+        "context": context,
+        "nodes": list(nodes),
+        "max_abs_logit_diff_largest_tree": logit_diff,
+        "times_us": {b: {str(n): t for n, t in c.items()} for b, c in times.items()},
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -58,6 +58,83 @@ def _online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
     return m_new, l_i, acc
 
 
+@triton.jit
+def _load_kv_tile(
+    k_head, v_head, bt_row, keys, key_ok, offs_d, d_valid, q,
+    stride_kb, stride_ks, stride_vb, stride_vs,
+    PAGE: tl.constexpr, MASK_KEYS: tl.constexpr,
+):  # fmt: skip
+    """The `[N, D]` keys and values at positions ``keys`` of one row and KV head, through the row's block table, in
+    the dtype of the queries ``q`` (``MASK_KEYS``: positions where ``key_ok`` is false read zeros; else every position
+    is known to be valid)."""
+    if MASK_KEYS:  # a constexpr: only one branch is compiled
+        block = tl.load(bt_row + keys // PAGE, mask=key_ok, other=0).to(tl.int64)
+        kv_mask = key_ok[:, None] & d_valid[None, :]
+    else:
+        block = tl.load(bt_row + keys // PAGE).to(tl.int64)
+        kv_mask = d_valid[None, :]
+    k_off = block * stride_kb + (keys % PAGE) * stride_ks
+    v_off = block * stride_vb + (keys % PAGE) * stride_vs
+    k = tl.load(k_head + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_head + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    return k.to(q.dtype), v.to(q.dtype)
+
+
+@triton.jit
+def _load_queries(Q, q_idx, head, offs_d, q_valid, d_valid, stride_qn, stride_qh, DOT_FP32: tl.constexpr):
+    """The work tile's `[M, D]` queries (packed index ``q_idx`` and head ``head``, `[M]` each; zeros where not
+    ``q_valid``), in fp32 when ``DOT_FP32`` (keys and values then follow the queries' dtype)."""
+    q_ptrs = Q + q_idx.to(tl.int64)[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=q_valid[:, None] & d_valid[None, :], other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    return q
+
+
+@triton.jit
+def _split_key_tiles(kv_len, prefix, split, num_splits, BLOCK_N: tl.constexpr):
+    """This split's share of a work tile's key range, in key tiles of ``BLOCK_N``: ``(lo, mid, hi)``, where
+    ``[lo, mid)`` is pure committed prefix (no mask) and ``[mid, hi)`` reaches the row's tail (masked)."""
+    n_kv_tiles = tl.cdiv(kv_len, BLOCK_N)
+    per_split = tl.cdiv(n_kv_tiles, num_splits)
+    lo = split * per_split
+    hi = tl.maximum(tl.minimum(lo + per_split, n_kv_tiles), lo)
+    mid = tl.minimum(tl.maximum(prefix // BLOCK_N, lo), hi)
+    return lo, mid, hi
+
+
+@triton.jit
+def _tail_visibility(keys, prefix, kv_len, tok, q_idx, q_valid, q_tree, causal, MaskWords, words):
+    """`[M, N]` which of the tile's queries see which of ``keys``: the committed prefix, then within the row's tail
+    either causal order or the query's bit in ``MaskWords``."""
+    j = keys - prefix  # [N] index among the row's tail tokens (negative inside the prefix)
+    in_tail = (j >= 0) & (keys < kv_len)
+    word_ptrs = MaskWords + q_idx[:, None] * words + (j >> 5)[None, :]
+    word = tl.load(word_ptrs, mask=q_tree[:, None] & in_tail[None, :], other=0)  # [M, N] the word holding each bit
+    tree_vis = ((word >> (j & 31)[None, :]) & 1) != 0
+    tail_vis = tl.where(causal, j[None, :] <= tok[:, None], tree_vis)
+    return (keys < prefix)[None, :] | (in_tail[None, :] & q_valid[:, None] & tail_vis)
+
+
+@triton.jit
+def _store_tile(
+    Out, OPart, MPart, LPart, acc, m_i, l_i, q_idx, head, offs_d, q_valid, d_valid, split, num_queries,
+    num_heads_q, stride_on, stride_oh, HEAD_DIM: tl.constexpr, SPLIT_K: tl.constexpr,
+):  # fmt: skip
+    """Write a work tile's result: normalised rows of ``Out``, or (split-K) the unnormalised `[M, D]` ``acc``
+    with the running max ``m_i`` and sum ``l_i`` (`[M]`) of this split, for the merge kernel."""
+    out_mask = q_valid[:, None] & d_valid[None, :]
+    if not SPLIT_K:
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        o_ptrs = Out + q_idx.to(tl.int64)[:, None] * stride_on + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, (acc / l_safe[:, None]).to(Out.dtype.element_ty), mask=out_mask)
+    else:
+        part = (split * num_queries + q_idx).to(tl.int64) * num_heads_q + head  # [M]
+        tl.store(OPart + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
+        tl.store(MPart + part, m_i, mask=q_valid)
+        tl.store(LPart + part, l_i, mask=q_valid)
+
+
 # Arguments that change from step to step are not specialised on, so a generation compiles a handful of variants.
 @triton.jit(do_not_specialize=["num_queries", "num_splits", "words"])
 def _paged_tree_attention_kernel(
@@ -77,35 +154,15 @@ def _paged_tree_attention_kernel(
     TileQStart,  # [T] int32 first token (within the row) of the tile
     TileKvLen,  # [T] int32 keys the tile reads: prefix + last visible tail token + 1
     scale_log2,  # softmax scale * log2(e)
-    num_queries,
-    num_heads_q,
-    num_splits,
-    words,
-    stride_qn,
-    stride_qh,
-    stride_on,
-    stride_oh,
-    stride_kb,
-    stride_ks,
-    stride_kh,
-    stride_vb,
-    stride_vs,
-    stride_vh,
+    num_queries, num_heads_q, num_splits, words,
+    stride_qn, stride_qh, stride_on, stride_oh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt,
-    GROUP: tl.constexpr,
-    TOKENS_PER_TILE: tl.constexpr,
-    PAGE: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr, TOKENS_PER_TILE: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SPLIT_K: tl.constexpr,  # num_splits > 1: write partials for the merge kernel
-    DOT_PRECISION: tl.constexpr,
-    DOT_FP32: tl.constexpr,
-):
-    tile = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
+):  # fmt: skip
+    tile, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
 
     row = tl.load(TileRow + tile)
     q_start = tl.load(TileQStart + tile)
@@ -124,21 +181,13 @@ def _paged_tree_attention_kernel(
     q_idx = seq_start + tok  # [M] packed query index
     offs_d = tl.arange(0, BLOCK_D)
     d_valid = offs_d < HEAD_DIM
-    q_ptrs = Q + q_idx.to(tl.int64)[:, None] * stride_qn + head[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=q_valid[:, None] & d_valid[None, :], other=0.0)  # [M, D]
-    if DOT_FP32:  # K/V follow q's dtype below
-        q = q.to(tl.float32)
+    q = _load_queries(Q, q_idx, head, offs_d, q_valid, d_valid, stride_qn, stride_qh, DOT_FP32)  # [M, D]
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    # this program's share of the tile's key range, in key tiles: [lo, mid) pure prefix, [mid, hi) tail (masked)
-    n_kv_tiles = tl.cdiv(kv_len, BLOCK_N)
-    per_split = tl.cdiv(n_kv_tiles, num_splits)
-    lo = split * per_split
-    hi = tl.maximum(tl.minimum(lo + per_split, n_kv_tiles), lo)
-    mid = tl.minimum(tl.maximum(prefix // BLOCK_N, lo), hi)
+    lo, mid, hi = _split_key_tiles(kv_len, prefix, split, num_splits, BLOCK_N)
 
     offs_n = tl.arange(0, BLOCK_N)
     bt_row = BlockTables + row.to(tl.int64) * stride_bt
@@ -147,46 +196,29 @@ def _paged_tree_attention_kernel(
 
     for t in range(lo, mid):  # committed prefix: every query sees every key, no mask
         keys = t * BLOCK_N + offs_n
-        block = tl.load(bt_row + keys // PAGE).to(tl.int64)
-        k_off = block * stride_kb + (keys % PAGE) * stride_ks
-        v_off = block * stride_vb + (keys % PAGE) * stride_vs
-        k = tl.load(k_head + k_off[:, None] + offs_d[None, :], mask=d_valid[None, :], other=0.0).to(q.dtype)
-        v = tl.load(v_head + v_off[:, None] + offs_d[None, :], mask=d_valid[None, :], other=0.0).to(q.dtype)
+        k, v = _load_kv_tile(
+            k_head, v_head, bt_row, keys, keys < kv_len, offs_d, d_valid, q,
+            stride_kb, stride_ks, stride_vb, stride_vs, PAGE, False,
+        )  # fmt: skip
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [M, N]
         m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
 
     for t in range(mid, hi):  # the end of the prefix and the tail: prefix | causal | tree bits
         keys = t * BLOCK_N + offs_n
-        j = keys - prefix  # [N] index among the row's tail tokens (negative inside the prefix)
-        in_tail = (j >= 0) & (keys < kv_len)
-        word_ptrs = MaskWords + q_idx[:, None] * words + (j >> 5)[None, :]
-        word_mask = q_tree[:, None] & in_tail[None, :]
-        word = tl.load(word_ptrs, mask=word_mask, other=0)  # [M, N] the int32 word holding each key's bit
-        tree_vis = ((word >> (j & 31)[None, :]) & 1) != 0
-        tail_vis = tl.where(causal, j[None, :] <= tok[:, None], tree_vis)
-        visible = (keys < prefix)[None, :] | (in_tail[None, :] & q_valid[:, None] & tail_vis)  # [M, N]
+        visible = _tail_visibility(keys, prefix, kv_len, tok, q_idx, q_valid, q_tree, causal, MaskWords, words)
         if tl.max(visible.to(tl.int32)) > 0:  # skip tiles that no query of this tile can see
-            key_ok = keys < kv_len
-            block = tl.load(bt_row + keys // PAGE, mask=key_ok, other=0).to(tl.int64)
-            k_off = block * stride_kb + (keys % PAGE) * stride_ks
-            v_off = block * stride_vb + (keys % PAGE) * stride_vs
-            kv_mask = key_ok[:, None] & d_valid[None, :]
-            k = tl.load(k_head + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
-            v = tl.load(v_head + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+            k, v = _load_kv_tile(
+                k_head, v_head, bt_row, keys, keys < kv_len, offs_d, d_valid, q,
+                stride_kb, stride_ks, stride_vb, stride_vs, PAGE, True,
+            )  # fmt: skip
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
             qk = tl.where(visible, qk, float("-inf"))
             m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
 
-    out_mask = q_valid[:, None] & d_valid[None, :]
-    if not SPLIT_K:
-        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        o_ptrs = Out + q_idx.to(tl.int64)[:, None] * stride_on + head[:, None] * stride_oh + offs_d[None, :]
-        tl.store(o_ptrs, (acc / l_safe[:, None]).to(Out.dtype.element_ty), mask=out_mask)
-    else:
-        part = (split * num_queries + q_idx).to(tl.int64) * num_heads_q + head  # [M]
-        tl.store(OPart + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
-        tl.store(MPart + part, m_i, mask=q_valid)
-        tl.store(LPart + part, l_i, mask=q_valid)
+    _store_tile(
+        Out, OPart, MPart, LPart, acc, m_i, l_i, q_idx, head, offs_d, q_valid, d_valid, split, num_queries,
+        num_heads_q, stride_on, stride_oh, HEAD_DIM, SPLIT_K,
+    )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_queries", "num_splits"])
@@ -301,57 +333,31 @@ def build_tree_attention_metadata(
     """
     cu = [int(x) for x in cu_seqlens]
     q_lens = [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
-    num_rows = len(q_lens)
-    num_queries = cu[-1]
-    pending = list(pending_lens)
-    max_q = max(q_lens, default=1)
-    block_m = min(max_block_m, max(16, _next_pow2(max_q * group)))
-    block_m = max(block_m, _next_pow2(group))
-    tokens_per_tile = block_m // group
-    tails = [p + n for p, n in zip(pending, q_lens)]
+    block_m, tokens_per_tile = _tile_shape(q_lens, group, max_block_m)
+    tails = [p + n for p, n in zip(pending_lens, q_lens)]
     tree_tails = [t for t, m in zip(tails, new_token_masks) if m is not None]
     words = max(1, -(-max(tree_tails, default=1) // 32))
-    mask_words = torch.zeros(max(num_queries, 1), words, dtype=torch.int32)
-    is_causal, tile_row, tile_q_start, tile_kv_len = [], [], [], []
-    for b in range(num_rows):
-        n, prefix, tail = q_lens[b], int(prefix_lens[b]), tails[b]
-        own = new_token_masks[b]
-        if own is None:
-            if pending[b]:
-                raise ValueError(f"row {b}: a row with pending tokens needs an explicit mask")
-            is_causal.append(1)
-            last_visible = torch.arange(n)  # [n] query i sees tail tokens 0..i
-        else:
-            own = own.to("cpu", torch.bool)
-            if own.shape != (n, tail):
-                raise ValueError(f"row {b}: mask of shape {tuple(own.shape)}, expected {(n, tail)}")
-            is_causal.append(0)
-            mask_words[cu[b] : cu[b + 1]] = _pack_bits(own, words)
-            last_visible = torch.where(own, torch.arange(tail), -1).amax(1) if tail else torch.full((n,), -1)
-        # tiles of tokens_per_tile tokens; each reads keys up to the last one any of its tokens sees
-        padded = torch.full((-(-n // tokens_per_tile) * tokens_per_tile,), -1, dtype=torch.long)
-        padded[:n] = last_visible
-        tile_kv_len.append(prefix + 1 + padded.view(-1, tokens_per_tile).amax(1))  # [tiles of row b]
-        tile_q_start.append(torch.arange(0, n, tokens_per_tile))
-        tile_row.append(torch.full((tile_q_start[-1].numel(),), b))
-    tile_kv_len = torch.cat(tile_kv_len) if tile_kv_len else torch.zeros(0, dtype=torch.long)
-    tile_q_start = torch.cat(tile_q_start) if tile_q_start else torch.zeros(0, dtype=torch.long)
-    tile_row = torch.cat(tile_row) if tile_row else torch.zeros(0, dtype=torch.long)
+    mask_words = torch.zeros(max(cu[-1], 1), words, dtype=torch.int32)  # [N, words]
+    is_causal, tiles = [], []
+    for b, n in enumerate(q_lens):
+        last_visible, packed = _row_visibility(b, n, int(pending_lens[b]), tails[b], new_token_masks[b], words)
+        is_causal.append(int(packed is None))
+        if packed is not None:
+            mask_words[cu[b] : cu[b + 1]] = packed
+        tiles.append(_row_tiles(b, int(prefix_lens[b]), last_visible, tokens_per_tile))
+    tile_row, tile_q_start, tile_kv_len = (_cat_long([t[i] for t in tiles]) for i in range(3))  # [tiles] each
     small = [torch.tensor(x) for x in (cu, list(prefix_lens), is_causal)] + [tile_row, tile_q_start, tile_kv_len]
-    host = torch.cat([block_tables.flatten(), mask_words.flatten()] + [x.to(torch.int32) for x in small])
-    dev = host.to(device)  # one host-to-device copy for everything
-    sizes = [block_tables.numel(), mask_words.numel()] + [x.numel() for x in small]
-    parts = list(torch.split(dev, sizes))
+    parts = _to_device_once([block_tables, mask_words] + small, device)
     return TreeAttentionMetadata(
-        block_tables=parts[0].view(block_tables.shape),
-        mask_words=parts[1].view(mask_words.shape),
+        block_tables=parts[0],
+        mask_words=parts[1],
         cu_seqlens=parts[2],
         prefix_lens=parts[3],
         is_causal=parts[4],
         tile_row=parts[5],
         tile_q_start=parts[6],
         tile_kv_len=parts[7],
-        num_queries=num_queries,
+        num_queries=cu[-1],
         num_tiles=tile_row.numel(),
         words=words,
         block_m=block_m,
@@ -359,6 +365,63 @@ def build_tree_attention_metadata(
         max_kv_len=int(tile_kv_len.max()) if tile_kv_len.numel() else 0,
         tree_rows=len(tree_tails),
     )
+
+
+def _tile_shape(q_lens: Sequence[int], group: int, max_block_m: int) -> tuple[int, int]:
+    """``(block_m, tokens_per_tile)``: rows of a work tile (a power of two from 16 to ``max_block_m``, at least the
+    group) and the tokens it stacks (``group`` heads each)."""
+    block_m = min(max_block_m, max(16, _next_pow2(max(q_lens, default=1) * group)))
+    block_m = max(block_m, _next_pow2(group))
+    return block_m, block_m // group
+
+
+def _row_visibility(
+    b: int, n: int, pending: int, tail: int, own: torch.Tensor | None, words: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What row ``b``'s ``n`` new tokens see of its tail (``pending`` uncommitted + ``n`` new tokens).
+
+    Args:
+        own: `[n, tail]` bool visibility, or None for a causal chunk (which may not follow pending tokens).
+    Returns:
+        ``(last_visible, packed)``: `[n]` index of the last tail token each new token sees (-1: none), and the
+        mask bit-packed into `[n, words]` int32 (None for a causal chunk).
+    """
+    if own is None:
+        if pending:
+            raise ValueError(f"row {b}: a row with pending tokens needs an explicit mask")
+        return torch.arange(n), None  # query i sees tail tokens 0..i
+    own = own.to("cpu", torch.bool)
+    if own.shape != (n, tail):
+        raise ValueError(f"row {b}: mask of shape {tuple(own.shape)}, expected {(n, tail)}")
+    last_visible = torch.where(own, torch.arange(tail), -1).amax(1) if tail else torch.full((n,), -1)
+    return last_visible, _pack_bits(own, words)
+
+
+def _row_tiles(
+    b: int, prefix: int, last_visible: torch.Tensor, tokens_per_tile: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row ``b``'s work tiles of ``tokens_per_tile`` tokens; each reads keys up to the last one any of its tokens
+    sees (``last_visible``: `[n]`).
+
+    Returns:
+        ``(tile_row, tile_q_start, tile_kv_len)``, each `[tiles of row b]`.
+    """
+    n = last_visible.numel()
+    padded = torch.full((-(-n // tokens_per_tile) * tokens_per_tile,), -1, dtype=torch.long)
+    padded[:n] = last_visible
+    q_start = torch.arange(0, n, tokens_per_tile)
+    return torch.full((q_start.numel(),), b), q_start, prefix + 1 + padded.view(-1, tokens_per_tile).amax(1)
+
+
+def _cat_long(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+
+def _to_device_once(tensors: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """``tensors`` as int32 on ``device``, same shapes, moved in one host-to-device copy."""
+    host = torch.cat([t.flatten().to(torch.int32) for t in tensors])
+    parts = torch.split(host.to(device), [t.numel() for t in tensors])
+    return [part.view(t.shape) for part, t in zip(parts, tensors)]
 
 
 _SM_COUNT: dict[int, int] = {}
