@@ -20,45 +20,20 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .assistants import DEFAULT_ASSISTANT, available_assistants, describe_assistant
+from .cli_args import (
+    UsageError,
+    check_draft_layers,
+    check_model_argument,
+    load_model_argument,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from .demo.cli import add_arguments as add_demo_arguments
 from .demo.cli import run as run_demo
 
 # besides the ready-made assistants: a draft model built from the target's layers, and vanilla generate
 OTHER_ASSISTANTS = {"draft": "a layer-skip draft model (--draft-layers)", "none": "vanilla generate (no assistant)"}
-
-
-class UsageError(ValueError):
-    """A command-line value that cannot work; `main` prints it as one ``hf-specdec: error:`` line (exit code 2)."""
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a float > 0."""
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-    return value
-
-
-positive_int.__name__ = "positive integer"  # how argparse names the type in its "invalid ... value" message
-positive_float.__name__ = "positive number"
-
-
-def check_model_argument(name: str | None) -> None:
-    """``--model``: a path that looks like a folder must exist (else transformers reports a Hub repo-id error)."""
-    if name is None:
-        return
-    path = Path(name).expanduser()
-    looks_local = path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1  # Hub ids: org/name
-    if looks_local and not path.is_dir():
-        raise UsageError(f"--model {name}: no such folder (pass a local model folder or a Hub id like org/name)")
 
 
 def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,26 +80,19 @@ def generate_main(args: argparse.Namespace) -> int:
 
     import hf_specdec
 
-    from .bench.spec_bench import _load_model, count_new_tokens
+    from .bench.spec_bench import count_new_tokens
     from .models import chat_prompt_ids, draft_model_from_layers
 
     _check_generate_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    try:
-        model, tokenizer, name = _load_model(args.model)
-    except OSError as err:  # transformers' "not a local folder nor a Hub repo" / offline messages
-        if args.model is None:
-            raise
-        raise UsageError(f"--model {args.model}: {str(err).splitlines()[0]}") from err
+    model, tokenizer, name = load_model_argument(args.model)
     kwargs: dict = {"max_new_tokens": args.max_new_tokens, "return_dict_in_generate": True}
     if args.assistant not in OTHER_ASSISTANTS:
         kwargs["assistant"] = hf_specdec.load_default_assistant(args.assistant)  # checked against the model
     elif args.assistant == "draft":
-        layers = model.config.num_hidden_layers
-        if args.draft_layers >= layers:
-            raise UsageError(f"--draft-layers {args.draft_layers}: the model has {layers} layers; pass 1..{layers - 1}")
+        check_draft_layers(args.draft_layers, model)
         kwargs["assistant"] = draft_model_from_layers(model, args.draft_layers)
     if args.do_sample:
         kwargs["do_sample"] = True
@@ -165,29 +133,33 @@ def _add_train_medusa_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output folder: heads, training_report.json, data/, checkpoints/")
     parser.add_argument("--data-dir", default=None, help="self-distillation data folder (default OUT/data)")
     # the defaults are the recipe of the heads shipped in the package: under an hour on 2 CPU cores, end to end
-    parser.add_argument("--num-prompts", type=int, default=960, help="generated prompts (default 960)")
+    parser.add_argument("--num-prompts", type=positive_int, default=960, help="generated prompts (default 960)")
     parser.add_argument(
         "--num-context-prompts",
-        type=int,
+        type=non_negative_int,
         default=640,
         help="stage-2 prompts: tasks over the model's own stage-1 answers (summarise, answer, translate back...; "
         "default 640; 0: none)",
     )
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length cap (default 128)")
-    parser.add_argument("--gen-batch-size", type=int, default=32, help="prompts per generate call (default 32)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128, help="answer length cap (default 128)")
+    parser.add_argument(
+        "--gen-batch-size", type=positive_int, default=32, help="prompts per generate call (default 32)"
+    )
     parser.add_argument("--sample", action="store_true", help="sample the answers (T=0.7, top-p 0.9) instead of greedy")
     parser.add_argument("--prompt-seed", type=int, default=0, help="seed of the prompt set and sampling (default 0)")
-    parser.add_argument("--epochs", type=float, default=3.0, help="passes over the training positions (default 3)")
-    parser.add_argument("--max-steps", type=int, default=None, help="cap on optimizer steps")
-    parser.add_argument("--num-heads", type=int, default=4, help="Medusa heads (default 4)")
-    parser.add_argument("--num-layers", type=int, default=1, help="ResBlocks per head (default 1)")
+    parser.add_argument(
+        "--epochs", type=positive_float, default=3.0, help="passes over the training positions (default 3)"
+    )
+    parser.add_argument("--max-steps", type=positive_int, default=None, help="cap on optimizer steps")
+    parser.add_argument("--num-heads", type=positive_int, default=4, help="Medusa heads (default 4)")
+    parser.add_argument("--num-layers", type=positive_int, default=1, help="ResBlocks per head (default 1)")
     parser.add_argument("--own-lm-heads", action="store_true", help="per-head lm_heads instead of the shared base one")
-    parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
-    parser.add_argument("--positions-per-step", type=int, default=256, help="positions per step (default 256)")
+    parser.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    parser.add_argument("--positions-per-step", type=positive_int, default=256, help="positions per step (default 256)")
     parser.add_argument("--distill", choices=("hard", "soft"), default="hard", help="target tokens or distribution")
     parser.add_argument(
         "--loss-vocab",
-        type=int,
+        type=non_negative_int,
         default=8192,
         help="train over the N most frequent answer tokens only (default 8192; 0: the full vocabulary)",
     )
@@ -202,11 +174,18 @@ def _add_train_medusa_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip choosing the tree from held-out acceptance and this machine's measured verify cost",
     )
-    parser.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (default 200)")
-    parser.add_argument("--eval-every", type=int, default=0, help="steps between held-out evaluations (0: at the end)")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=non_negative_int,
+        default=200,
+        help="steps between checkpoints (default 200; 0: only at the end)",
+    )
+    parser.add_argument(
+        "--eval-every", type=non_negative_int, default=0, help="steps between held-out evaluations (0: at the end)"
+    )
     parser.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no", help="accelerate setting")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
 
 
 def train_medusa_main(args: argparse.Namespace) -> int:

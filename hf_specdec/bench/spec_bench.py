@@ -15,15 +15,26 @@ and mismatches are reported, not hidden.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import platform
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from ..cli_args import (
+    UsageError,
+    check_draft_layers,
+    check_model_argument,
+    load_model_argument,
+    positive_int,
+)
 from ..generation.cost_model import cost_model_for
 from ..kernels.cpu_linear import packed_weights
 from .methods import BenchContext, Method, available_methods, resolve_methods
@@ -217,86 +228,103 @@ def run_bench(
     """
     if not methods or methods[0].name != "vanilla":
         raise ValueError("the first method must be vanilla (the baseline of every speedup)")
-    ctx = BenchContext(model, draft_factory)
-    eos = _eos_ids(model)
-    pad_id = model.generation_config.pad_token_id
-    if pad_id is None:
-        pad_id = min(eos) if eos else 0
-    pad_id = int(torch.as_tensor(pad_id).reshape(-1)[0])
+    runner = _BenchRunner(model, methods, BenchContext(model, draft_factory), batch, seed, log or (lambda _msg: None))
     groups = [list(prompts[i : i + batch]) for i in range(0, len(prompts), batch)]
-    log = log or (lambda _msg: None)
     records: list[dict] = []
+    for setting in settings:
+        runner.broken.clear()
+        if warmup:
+            runner.warm_up(setting, groups[0])
+        for gi, group in enumerate(groups):
+            records += runner.run_group(setting, group, max_new_tokens, repeats, gi, len(groups))
+            if on_prompt is not None:
+                on_prompt(records)
+    return records
 
-    def inputs_of(group: list[Prompt]) -> dict:
+
+class _BenchRunner:
+    """Runs the methods of `run_bench` on one group of prompts after another, remembering which method failed in
+    the current setting's warm-up (``broken``: it is not run again in that setting)."""
+
+    def __init__(
+        self, model, methods: Sequence[Method], ctx: BenchContext, batch: int, seed: int, log: Callable[[str], None]
+    ):
+        self.model, self.methods, self.ctx = model, list(methods), ctx
+        self.batch, self.seed, self.log = batch, seed, log
+        self.eos = _eos_ids(model)
+        pad_id = model.generation_config.pad_token_id
+        if pad_id is None:
+            pad_id = min(self.eos) if self.eos else 0
+        self.pad_id = int(torch.as_tensor(pad_id).reshape(-1)[0])
+        self.broken: dict[str, str] = {}
+
+    def inputs_of(self, group: list[Prompt]) -> dict:
+        """generate() inputs of a group: `[B, W]` ``input_ids`` and ``attention_mask`` (left-padded when B > 1)."""
         if len(group) == 1:
             ids = group[0].ids[None]
             return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        ids, mask = left_pad([p.ids for p in group], pad_id)
+        ids, mask = left_pad([p.ids for p in group], self.pad_id)
         return {"input_ids": ids, "attention_mask": mask}
 
-    broken: dict[str, str] = {}
-
-    def run_method(model, inputs, method, setting, budget, seed, repeats) -> CallResult:
+    def call(self, inputs: dict, method: Method, setting: Setting, budget: int, repeats: int) -> CallResult:
         """One timed call; a method that failed in this setting's warm-up is not run again."""
-        if method.name in broken:
-            return CallResult(None, 0.0, error=broken[method.name])
+        if method.name in self.broken:
+            return CallResult(None, 0.0, error=self.broken[method.name])
         try:
-            kw = {"max_new_tokens": budget, **setting.kwargs, **method.kwargs(ctx)}
+            kw = {"max_new_tokens": budget, **setting.kwargs, **method.kwargs(self.ctx)}
         except Exception as exc:  # noqa: BLE001 - e.g. a draft model that cannot be built
             return CallResult(None, 0.0, error=f"{type(exc).__name__}: {exc}")
         if method.spec_stats:
             kw["return_dict_in_generate"] = True
-        return timed_generate(model, inputs, kw, seed, repeats)
+        return timed_generate(self.model, inputs, kw, self.seed, repeats)
 
-    for setting in settings:
-        broken.clear()
-        if warmup:
-            short = inputs_of([Prompt(None, "", p.ids[:32]) for p in groups[0]])
-            for method in methods:
-                res = run_method(model, short, method, setting, 8, seed, 1)
-                if res.error:
-                    broken[method.name] = res.error
-                    log(f"[{setting.name}] {method.name} fails, skipped: {res.error.splitlines()[0]}")
-        if "vanilla" in broken:
-            raise RuntimeError(f"vanilla generate fails on this model: {broken['vanilla']}")
+    def warm_up(self, setting: Setting, first_group: list[Prompt]) -> None:
+        """One short untimed call of every method; those that fail are marked broken for this setting."""
+        short = self.inputs_of([Prompt(None, "", p.ids[:32]) for p in first_group])
+        for method in self.methods:
+            res = self.call(short, method, setting, 8, 1)
+            if res.error:
+                self.broken[method.name] = res.error
+                self.log(f"[{setting.name}] {method.name} fails, skipped: {res.error.splitlines()[0]}")
+        if "vanilla" in self.broken:
+            raise RuntimeError(f"vanilla generate fails on this model: {self.broken['vanilla']}")
 
-        for gi, group in enumerate(groups):
-            inputs = inputs_of(group)
-            width = inputs["input_ids"].shape[1]
-            category = group[0].category if batch == 1 else f"mixed (batch {batch})"
-            qid = group[0].question_id if len(group) == 1 else [p.question_id for p in group]
-            # every method on this prompt back to back; the order rotates from prompt to prompt so that no method
-            # always runs first (or right after the same neighbour) under a drifting machine load
-            shift = gi % len(methods)
-            results: dict[str, CallResult] = {}
-            for method in methods[shift:] + methods[:shift]:
-                results[method.name] = run_method(model, inputs, method, setting, max_new_tokens, seed, repeats)
-            base = results["vanilla"]
-            if base.error:
-                raise RuntimeError(f"vanilla generate failed on question {qid}: {base.error}")
-            base_tokens = count_new_tokens(base.sequences, width, eos)
-            line = [f"vanilla {base.time_s:.2f}s"]
-            for method in methods:
-                res = results[method.name]
-                rec = _record(method, setting, res, base, base_tokens, width, eos)
-                rec.update(
-                    category=category,
-                    question_id=qid,
-                    batch=len(group),
-                    prompt_tokens=int(inputs["attention_mask"].sum()),
-                )
-                records.append(rec)
-                if method.name == "vanilla":
-                    continue
-                if rec["error"]:
-                    line.append(f"{method.name} error")
-                else:
-                    mark = "" if rec["match"] is not False else f" MISMATCH@{rec['first_diff']}"
-                    line.append(f"{method.name} {res.time_s:.2f}s ({rec['speedup'] or 0:.2f}x){mark}")
-            log(f"[{setting.name}] {gi + 1}/{len(groups)} {category} q{qid}: {base_tokens} tok; " + ", ".join(line))
-            if on_prompt is not None:
-                on_prompt(records)
-    return records
+    def run_group(
+        self, setting: Setting, group: list[Prompt], budget: int, repeats: int, gi: int, num_groups: int
+    ) -> list[dict]:
+        """Every method on group ``gi`` back to back; the records, one per method, and a progress line logged.
+
+        The order rotates from group to group so that no method always runs first (or right after the same
+        neighbour) under a drifting machine load.
+        """
+        inputs = self.inputs_of(group)
+        width = inputs["input_ids"].shape[1]
+        category = group[0].category if self.batch == 1 else f"mixed (batch {self.batch})"
+        qid = group[0].question_id if len(group) == 1 else [p.question_id for p in group]
+        shift = gi % len(self.methods)
+        results = {
+            m.name: self.call(inputs, m, setting, budget, repeats) for m in self.methods[shift:] + self.methods[:shift]
+        }
+        base = results["vanilla"]
+        if base.error:
+            raise RuntimeError(f"vanilla generate failed on question {qid}: {base.error}")
+        base_tokens = count_new_tokens(base.sequences, width, self.eos)
+        records, line = [], [f"vanilla {base.time_s:.2f}s"]
+        for method in self.methods:
+            rec = _record(method, setting, results[method.name], base, base_tokens, width, self.eos)
+            rec.update(
+                category=category, question_id=qid, batch=len(group), prompt_tokens=int(inputs["attention_mask"].sum())
+            )
+            records.append(rec)
+            if method.name == "vanilla":
+                continue
+            if rec["error"]:
+                line.append(f"{method.name} error")
+            else:
+                mark = "" if rec["match"] is not False else f" MISMATCH@{rec['first_diff']}"
+                line.append(f"{method.name} {rec['time_s']:.2f}s ({rec['speedup'] or 0:.2f}x){mark}")
+        self.log(f"[{setting.name}] {gi + 1}/{num_groups} {category} q{qid}: {base_tokens} tok; " + ", ".join(line))
+        return records
 
 
 # ------------------------------------------------------------------------------------------------------- CLI
@@ -308,9 +336,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=methods,
         help=f"comma-separated methods (vanilla is always run as the baseline); default: all of {methods}",
     )
-    parser.add_argument("--per-category", type=int, default=4, help="questions per Spec-Bench category (default 4)")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
-    parser.add_argument("--batch", type=int, default=1, help="prompts per generate() call (mixed lengths, left-padded)")
+    parser.add_argument(
+        "--per-category", type=positive_int, default=4, help="questions per Spec-Bench category (default 4)"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=positive_int, default=128, help="tokens generated per prompt (default 128)"
+    )
+    parser.add_argument(
+        "--batch", type=positive_int, default=1, help="prompts per generate() call (mixed lengths, left-padded)"
+    )
     parser.add_argument("--sample", action="store_true", help="also time sampling at T=0.7 and T=1.0 with top_p=0.9")
     parser.add_argument("--no-greedy", action="store_true", help="skip the greedy setting (use with --sample)")
     parser.add_argument(
@@ -318,50 +352,90 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--categories", default=None, help="comma-separated pooled categories (default: all)")
     parser.add_argument("--out", default=None, help="directory for results.md, results.json and results.png")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument(
+        "--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
     parser.add_argument(
         "--draft-layers",
-        type=int,
+        type=positive_int,
         default=DEFAULT_DRAFT_LAYERS,
         help=f"decoder layers of the layer-skip draft model (default {DEFAULT_DRAFT_LAYERS})",
     )
     parser.add_argument("--model", default=None, help="a local model folder or Hub id instead of the default model")
-    parser.add_argument("--repeats", type=int, default=1, help="timed calls per method and prompt; fastest kept")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=1, help="timed calls per method and prompt; fastest kept"
+    )
     parser.add_argument("--seed", type=int, default=0, help="question sampling and generation seed (default 0)")
     parser.add_argument("--quiet", action="store_true", help="no per-prompt progress lines on stderr")
 
 
-def _load_model(name: str | None):
-    if name is None:
-        from ..models import DEFAULT_MODEL_NAME, load_default_model
+def _checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Setting], Path, list[dict]]:
+    """``(methods, settings, question file, questions)`` of the arguments, checked before any model is loaded.
 
-        model, tokenizer = load_default_model()
-        return model, tokenizer, DEFAULT_MODEL_NAME
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    Raises:
+        UsageError: a value argparse cannot check alone (a method or category name, the question file, an
+            impossible combination, ``--model`` or ``--out``), naming the option, the value and what is expected.
+    """
+    try:
+        methods = resolve_methods(args.methods)
+    except ValueError as err:
+        raise UsageError(f"--methods {args.methods}: {err}") from err
+    settings = settings_for(args.sample, greedy=not args.no_greedy)
+    if not settings:
+        raise UsageError("--no-greedy without --sample leaves nothing to run: add --sample or drop --no-greedy")
+    try:
+        path = find_questions_file(args.questions)
+        questions = load_questions(path)
+    except (OSError, ValueError) as err:
+        if args.questions is None:  # the file shipped in the package: an installation problem, not a usage one
+            raise
+        raise UsageError(f"--questions {args.questions}: {err}") from err
+    categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
+    try:
+        questions = sample_questions(questions, args.per_category, seed=args.seed, categories=categories)
+    except ValueError as err:
+        raise UsageError(f"--categories {args.categories}: {err}") from err
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out}: a file is there; pass a folder for results.md, results.json, results.png")
+    check_model_argument(args.model)
+    return methods, settings, path, questions
 
-    tokenizer = AutoTokenizer.from_pretrained(name)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
-    return model, tokenizer, name
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the run is so that it ends as Ctrl-C does."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """While the bench runs, SIGTERM (``timeout``, a job scheduler) ends it as Ctrl-C does: every finished prompt is
+    kept (written to ``--out`` as it finishes) and reported. Only the main thread can set signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise _Terminated(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``hf-specdec bench`` with parsed arguments; prints the Markdown tables to stdout."""
+    """Run ``hf-specdec bench`` with parsed arguments; prints the Markdown tables to stdout.
+
+    Returns:
+        0, or 130 (Ctrl-C) / 143 (SIGTERM) after an interruption, with the finished prompts reported and kept.
+    """
     import hf_specdec  # noqa: F401  (registers assistant=)
 
     from ..models import draft_model_from_layers
 
+    methods, settings, path, questions = _checked_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    for name in ("per_category", "max_new_tokens", "batch", "repeats"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
-    methods = resolve_methods(args.methods)
-    settings = settings_for(args.sample, greedy=not args.no_greedy)
-    if not settings:
-        raise SystemExit("--no-greedy without --sample leaves nothing to run")
-    path = find_questions_file(args.questions)
-    categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
-    questions = sample_questions(load_questions(path), args.per_category, seed=args.seed, categories=categories)
     if args.batch > 1:
         questions = interleave_categories(questions)
 
@@ -370,11 +444,12 @@ def main(args: argparse.Namespace) -> int:
             print(msg, file=sys.stderr, flush=True)
 
     t0 = time.perf_counter()
-    model, tokenizer, model_name = _load_model(args.model)
+    model, tokenizer, model_name = load_model_argument(args.model)
     log(f"model {model_name} loaded in {time.perf_counter() - t0:.1f} s")
+    draft_layers, total_layers = args.draft_layers, model.config.num_hidden_layers
+    if any(m.needs_draft for m in methods):
+        check_draft_layers(draft_layers, model)
     prompts = build_prompts(tokenizer, questions)
-    draft_layers = args.draft_layers
-    total_layers = model.config.num_hidden_layers
 
     def draft_factory():
         t = time.perf_counter()
@@ -396,7 +471,7 @@ def main(args: argparse.Namespace) -> int:
             write_results(args.out, so_far, meta(done=False), plot=False)
 
     try:  # steady state, as the warm-up intends: CPU packed weights made once and kept for the whole run
-        with packed_weights(model):  # (they serve speculative forwards only; vanilla calls keep stock kernels)
+        with _sigterm_as_interrupt(), packed_weights(model):  # (they serve speculative forwards only)
             records = run_bench(
                 model,
                 prompts,
@@ -410,13 +485,12 @@ def main(args: argparse.Namespace) -> int:
                 log=log,
                 on_prompt=save_partial,
             )
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         log(f"interrupted: {len(records)} records kept" + (f" in {args.out}" if args.out else ""))
         if records:
-            print(markdown_report(summarize(records), meta(done=False)))
-        return 130
-    summary = summarize(records)
-    print(markdown_report(summary, meta(done=True)))
+            print(markdown_report(summarize(records), meta(done=False)), flush=True)
+        return 143 if isinstance(interrupt, _Terminated) else 130
+    print(markdown_report(summarize(records), meta(done=True)))
     if args.out:
         paths = write_results(args.out, records, meta(done=True))
         log("wrote " + ", ".join(str(p) for p in paths.values()))

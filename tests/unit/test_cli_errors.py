@@ -9,17 +9,39 @@ import pytest
 
 from hf_specdec.cli import main
 
+# one row per case: the command line, and the words its one error line must contain (the option, the value, what is
+# expected). Every case is refused before any model is loaded.
 CASES = [
-    (["--max-new-tokens", "0"], ["--max-new-tokens", "at least 1", "0"]),
-    (["--max-new-tokens", "abc"], ["--max-new-tokens", "abc"]),
-    (["--draft-layers", "0"], ["--draft-layers", "at least 1"]),
-    (["--do-sample", "--temperature", "0"], ["--temperature", "greater than 0"]),
-    (["--do-sample", "--top-p", "1.5"], ["--top-p", "1.5"]),
-    (["--temperature", "0.7"], ["--do-sample"]),
-    (["--threads", "0"], ["--threads", "at least 1"]),
-    (["--model", "/nonexistent"], ["--model", "/nonexistent", "no such folder"]),
-    (["--model", "./not/here"], ["--model", "./not/here", "no such folder"]),
-    (["--assistant", "nope"], ["--assistant", "nope"]),
+    (["generate", "hello", "--max-new-tokens", "0"], ["--max-new-tokens", "at least 1", "0"]),
+    (["generate", "hello", "--max-new-tokens", "abc"], ["--max-new-tokens", "abc"]),
+    (["generate", "hello", "--draft-layers", "0"], ["--draft-layers", "at least 1"]),
+    (["generate", "hello", "--do-sample", "--temperature", "0"], ["--temperature", "greater than 0"]),
+    (["generate", "hello", "--do-sample", "--top-p", "1.5"], ["--top-p", "1.5"]),
+    (["generate", "hello", "--temperature", "0.7"], ["--do-sample"]),
+    (["generate", "hello", "--threads", "0"], ["--threads", "at least 1"]),
+    (["generate", "hello", "--model", "/nonexistent"], ["--model", "/nonexistent", "no such folder"]),
+    (["generate", "hello", "--model", "./not/here"], ["--model", "./not/here", "no such folder"]),
+    (["generate", "hello", "--assistant", "nope"], ["--assistant", "nope"]),
+    (["bench", "--threads", "0"], ["--threads", "at least 1", "0"]),
+    (["bench", "--threads", "-2"], ["--threads", "at least 1", "-2"]),
+    (["bench", "--model", "/nonexistent"], ["--model", "/nonexistent", "no such folder"]),
+    (["bench", "--batch", "0"], ["--batch", "at least 1", "0"]),
+    (["bench", "--batch-size", "0"], ["unrecognized arguments", "--batch-size"]),
+    (["bench", "--per-category", "-1"], ["--per-category", "at least 1", "-1"]),
+    (["bench", "--max-new-tokens", "0"], ["--max-new-tokens", "at least 1"]),
+    (["bench", "--repeats", "0"], ["--repeats", "at least 1"]),
+    (["bench", "--draft-layers", "0"], ["--draft-layers", "at least 1"]),
+    (["bench", "--seed", "x"], ["--seed", "x"]),
+    (["bench", "--methods", "vanilla,nope"], ["--methods", "nope", "choose from", "ngram"]),
+    (["bench", "--categories", "nope"], ["--categories", "nope", "the question file has"]),
+    (["bench", "--questions", "/nonexistent.jsonl"], ["--questions", "/nonexistent.jsonl", "does not exist"]),
+    (["bench", "--no-greedy"], ["--no-greedy", "--sample"]),
+    (["bench", "--out", "/dev/null"], ["--out", "/dev/null", "a file is there"]),
+    (["train", "medusa", "--out", "x", "--threads", "0"], ["--threads", "at least 1"]),
+    (["train", "medusa", "--out", "x", "--epochs", "0"], ["--epochs", "greater than 0"]),
+    (["train", "medusa", "--out", "x", "--num-heads", "-1"], ["--num-heads", "at least 1", "-1"]),
+    (["train", "medusa", "--out", "x", "--loss-vocab", "-5"], ["--loss-vocab", "0 or more", "-5"]),
+    (["train", "medusa", "--out", "x", "--lr", "0"], ["--lr", "greater than 0"]),
 ]
 
 
@@ -34,16 +56,22 @@ def _error_line(capsys, argv: list[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("extra, words", CASES, ids=[" ".join(c[0]) for c in CASES])
-def test_generate_refuses_bad_values_in_one_line(capsys, extra, words):
-    line = _error_line(capsys, ["generate", "hello", *extra])
+@pytest.mark.parametrize("argv, words", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_values_are_refused_in_one_line_before_loading_a_model(capsys, monkeypatch, argv, words):
+    def no_loading(*args, **kwargs):
+        raise AssertionError(f"{argv}: a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr("hf_specdec.models.load_default_model", no_loading)
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", no_loading)
+    line = _error_line(capsys, argv)
     missing = [w for w in words if w not in line]
     assert not missing, f"{missing} not in {line!r}"
 
 
-def test_the_installed_command_prints_no_traceback():
+@pytest.mark.parametrize("command", [["generate", "hi"], ["bench"]])
+def test_the_installed_command_prints_no_traceback(command):
     proc = subprocess.run(
-        [sys.executable, "-m", "hf_specdec.cli", "generate", "hi", "--model", "/nonexistent"],
+        [sys.executable, "-m", "hf_specdec.cli", *command, "--model", "/nonexistent"],
         capture_output=True,
         text=True,
         timeout=300,
