@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..cli_args import non_negative_int, positive_float, positive_int
 from ..training.step_cost import random_tree_mask, verify_cost_curve
 
 ATTENTION_SHAPES = {  # name: (query heads, KV heads, head dim)
@@ -527,18 +528,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hf_specdec.bench.kernels", description=__doc__.split("\n")[0])
     parser.add_argument("out_dir", nargs="?", default="bench-results/kernels", help="where kernels.md/json go")
     parser.add_argument("--shapes", nargs="+", default=list(ATTENTION_SHAPES), choices=list(ATTENTION_SHAPES))
-    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
-    parser.add_argument("--contexts", nargs="+", type=int, default=[512, 4096, 16384])
-    parser.add_argument("--trees", nargs="+", type=int, default=[16, 64])
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--batches", nargs="+", type=positive_int, default=[1, 8, 32])
+    parser.add_argument("--contexts", nargs="+", type=positive_int, default=[512, 4096, 16384])
+    parser.add_argument("--trees", nargs="+", type=positive_int, default=[16, 64])
+    parser.add_argument("--block-size", type=positive_int, default=16)
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--warmup", type=non_negative_int, default=10)
+    parser.add_argument("--iters", type=positive_int, default=50)
     parser.add_argument("--columns", nargs="+", default=list(COLUMNS), choices=list(COLUMNS))
     parser.add_argument("--no-model-curve", action="store_true", help="skip the whole-model t(n)/t(1) curve")
-    parser.add_argument("--curve-context", type=int, default=1024)
-    parser.add_argument("--curve-max-nodes", type=int, default=128)
-    parser.add_argument("--peak-bw", type=float, default=None, help="peak HBM bytes/s (default: from device name)")
+    parser.add_argument("--curve-context", type=positive_int, default=1024)
+    parser.add_argument("--curve-max-nodes", type=positive_int, default=128)
+    parser.add_argument(
+        "--peak-bw", type=positive_float, default=None, help="peak HBM bytes/s (default: from device name)"
+    )
     parser.add_argument(
         "--dry-run-cpu", action="store_true", help="one tiny shape on the CPU via the Triton interpreter (no timings)"
     )

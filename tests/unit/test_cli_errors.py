@@ -87,3 +87,23 @@ def test_the_installed_command_prints_no_traceback(command):
 def test_too_many_draft_layers_names_the_models_layer_count(capsys):
     line = _error_line(capsys, ["generate", "hi", "--assistant", "draft", "--draft-layers", "100"])
     assert "--draft-layers 100" in line and "30 layers" in line
+
+
+KERNEL_BENCH_CASES = [
+    (["--batches", "8", "0"], ["--batches", "at least 1", "0"]),
+    (["--iters", "0"], ["--iters", "at least 1"]),
+    (["--warmup", "-1"], ["--warmup", "0 or more", "-1"]),
+    (["--peak-bw", "-1"], ["--peak-bw", "greater than 0", "-1"]),
+    (["--shapes", "gpt5"], ["--shapes", "gpt5"]),
+]
+
+
+@pytest.mark.parametrize("argv, words", KERNEL_BENCH_CASES, ids=[" ".join(c[0]) for c in KERNEL_BENCH_CASES])
+def test_the_kernel_benchmark_refuses_bad_values_in_one_line(capsys, argv, words):
+    from hf_specdec.bench.kernels import main as kernel_bench_main
+
+    with pytest.raises(SystemExit) as info:
+        kernel_bench_main(argv)
+    assert info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and not [w for w in words if w not in lines[0]], lines
