@@ -22,7 +22,8 @@ from ...heads.medusa import MedusaHeads
 from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
 from ..tree_shapes import optimal_tree_choices, prior_acceptance
-from .base import Proposer, ProposerSetup, RowFeedback, RowState
+from .base import Proposer, ProposerSetup, RowState
+from .final_state import AdaptiveDepth, FinalStateAssistant
 
 BUDGET_CANDIDATES = 48  # candidate nodes per row when the loop's tree budget sizes the trees
 DEFAULT_NUM_NODES = 20  # CPU-sized default tree; GPUs verify ~64 nodes for about the cost of one
@@ -88,75 +89,8 @@ class StaticTreeTemplate:
         return self._cut[key]
 
 
-class AdaptiveDepth:
-    """Per-row choice of how deep to cut a static tree, from that row's measured acceptance and the step cost.
-
-    For each row it counts, per depth k, the steps where depth k + 1 was reachable (depth k accepted and the tree went
-    deeper) and those where it was accepted; the conditional rate ``q[k]`` (with ``prior`` worth ``prior_weight``
-    steps) gives the expected tokens of the cut at depth d, ``1 + sum_{k<d} prod_{j<=k} q[j]``, and the cut with the
-    best ``tau / cost`` wins — depth 0, drafting nothing, included. A row that stopped drafting probes depth 1 every
-    ``probe_every`` steps so that its estimate can recover. Only *what is drafted* changes: verification, and so the
-    output, is untouched.
-
-    Args:
-        nodes_at_depth: ``nodes_at_depth[d]`` = nodes of the tree cut at depth d (index 0 = 0 nodes).
-        step_cost: ``{nodes: cost of a step with that many nodes / a plain decoding step}`` measured on the machine.
-        prior: ``prior[k]`` the conditional acceptance of depth k + 1 expected before any measurement.
-    """
-
-    def __init__(
-        self,
-        nodes_at_depth: Sequence[int],
-        step_cost: dict[int, float],
-        prior: Sequence[float],
-        prior_weight: float = 4.0,
-        probe_every: int = 8,
-    ):
-        self.nodes = [int(n) for n in nodes_at_depth]
-        self.cost = [float(step_cost.get(n, step_cost[max(step_cost)])) if n else 1.0 for n in self.nodes]
-        self.prior = [float(p) for p in prior] + [0.0] * max(0, len(self.nodes) - 1 - len(prior))
-        self.prior_weight = float(prior_weight)
-        self.probe_every = int(probe_every)
-        self._reach: dict[int, list[float]] = {}
-        self._hit: dict[int, list[float]] = {}
-        self._idle: dict[int, int] = {}
-
-    def reset(self) -> None:
-        self._reach, self._hit, self._idle = {}, {}, {}
-
-    def record(self, row: int, tree_depth: int, accepted_depth: int) -> None:
-        """One verified step of ``row``: its tree was ``tree_depth`` deep, ``accepted_depth`` drafts were accepted."""
-        depth = len(self.nodes) - 1
-        reach = self._reach.setdefault(row, [0.0] * depth)
-        hit = self._hit.setdefault(row, [0.0] * depth)
-        for k in range(min(tree_depth, accepted_depth + 1, depth)):
-            reach[k] += 1
-            hit[k] += k < accepted_depth
-
-    def depth(self, row: int, limit: int) -> int:
-        """The cut depth for ``row``'s next step (at most ``limit``)."""
-        depth = min(limit, len(self.nodes) - 1)
-        reach, hit = self._reach.get(row), self._hit.get(row)
-        w = self.prior_weight
-        best, best_value, tau, path = 0, 1.0, 1.0, 1.0
-        for d in range(1, depth + 1):
-            k = d - 1
-            q = (self.prior[k] * w + (hit[k] if hit else 0.0)) / (w + (reach[k] if reach else 0.0))
-            path *= q
-            tau += path
-            if tau / self.cost[d] > best_value + 1e-12:
-                best, best_value = d, tau / self.cost[d]
-        if best == 0 and depth > 0:
-            self._idle[row] = self._idle.get(row, 0) + 1
-            if self._idle[row] % self.probe_every == 0:
-                return 1
-        else:
-            self._idle[row] = 0
-        return best
-
-
 # --------------------------------------------------------------------------------------------- proposer
-class MedusaAssistant(Proposer):
+class MedusaAssistant(FinalStateAssistant):
     """Drafts a static token tree from `MedusaHeads` (deterministic top-k children).
 
     Args:
@@ -177,7 +111,6 @@ class MedusaAssistant(Proposer):
     """
 
     sampling = DraftSampling.DETERMINISTIC
-    hidden_state_layers = (-1,)
 
     def __init__(
         self,
@@ -240,23 +173,9 @@ class MedusaAssistant(Proposer):
 
     def start(self, setup: ProposerSetup) -> None:
         super().start(setup)
-        self._last_hidden = {}
-        if self.adaptive is not None:
-            self.adaptive.reset()
         self._lm_head = setup.target.get_output_embeddings() if self.heads.share_lm_head else None
         if setup.budget is not None and self._prior_cost is not None:
             setup.budget.cost.set_prior(self._prior_cost)
-
-    def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
-        for row, fb in zip(rows, feedback):
-            if fb.hidden_states is None or -1 not in fb.hidden_states:
-                raise RuntimeError("MedusaAssistant needs the target's hidden states (hidden_state_layers=(-1,))")
-            if self.adaptive is not None and fb.tree is not None:
-                self.adaptive.record(row.row, fb.tree.max_depth if fb.tree.num_nodes else 0, fb.num_accepted)
-            hidden = fb.hidden_states[-1]  # [m, H]
-            if hidden.shape[0]:
-                # [H] the state the target's lm_head turned into the new root; clone frees the step's [N, H] buffer
-                self._last_hidden[row.row] = hidden[-1].detach().clone()
 
     @torch.no_grad()
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
@@ -296,7 +215,7 @@ class MedusaAssistant(Proposer):
         return idx.permute(1, 0, 2), top.values.permute(1, 0, 2)
 
     def finish(self) -> None:
-        self._last_hidden = {}
+        super().finish()
         self._lm_head = None
 
 

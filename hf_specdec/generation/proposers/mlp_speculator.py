@@ -24,8 +24,8 @@ import torch
 
 from ...heads.mlp_speculator import MLPSpeculator
 from ..tree import DraftSampling, DraftTree
-from .base import Proposer, ProposerSetup, RowFeedback, RowState
-from .medusa import AdaptiveDepth
+from .base import Proposer, RowState
+from .final_state import AdaptiveDepth, FinalStateAssistant
 
 
 def check_widths(widths: Sequence[int], spec: MLPSpeculator) -> list[int]:
@@ -101,7 +101,7 @@ def ancestor_masks(parent: torch.Tensor, widths: Sequence[int]) -> torch.Tensor:
     return mask
 
 
-class MLPSpeculatorAssistant(Proposer):
+class MLPSpeculatorAssistant(FinalStateAssistant):
     """Drafts level-trimmed product trees from an `MLPSpeculator` (deterministic top-k children).
 
     Args:
@@ -114,7 +114,6 @@ class MLPSpeculatorAssistant(Proposer):
     """
 
     sampling = DraftSampling.DETERMINISTIC
-    hidden_state_layers = (-1,)
 
     def __init__(
         self,
@@ -141,23 +140,6 @@ class MLPSpeculatorAssistant(Proposer):
 
     def validate(self, target: torch.nn.Module) -> None:
         self.speculator.check_compatible(target)
-
-    def start(self, setup: ProposerSetup) -> None:
-        super().start(setup)
-        self._last_hidden = {}
-        if self.adaptive is not None:
-            self.adaptive.reset()
-
-    def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
-        for row, fb in zip(rows, feedback):
-            if fb.hidden_states is None or -1 not in fb.hidden_states:
-                raise RuntimeError("MLPSpeculatorAssistant needs the target's final hidden states (layer -1)")
-            if self.adaptive is not None and fb.tree is not None:
-                self.adaptive.record(row.row, fb.tree.max_depth, fb.num_accepted)
-            hidden = fb.hidden_states[-1]  # [m, H]
-            if hidden.shape[0]:
-                # [H] the state the target's lm_head turned into the new root; clone frees the step's [N, H] buffer
-                self._last_hidden[row.row] = hidden[-1].detach().clone()
 
     def _cut_depths(self, rows: Sequence[RowState]) -> list[int]:
         """The depth each row's tree is cut at this step (0 = draft nothing)."""
@@ -197,9 +179,6 @@ class MLPSpeculatorAssistant(Proposer):
             # the draft's path probability per node, for a tree budgeter that ranks nodes across rows and assistants
             trees[i].scores, trees[i].source = probs[j, :n], "mlp_speculator"
         return trees
-
-    def finish(self) -> None:
-        self._last_hidden = {}
 
 
 def mlp_speculator_assistant_for(obj, target) -> Proposer | None:
