@@ -199,21 +199,34 @@ def make_prompts(num_prompts: int, seed: int = 0) -> list[str]:
         }
         return rng.choice(TEMPLATES[task]).format(**fields)
 
-    return _distinct_prompts(num_prompts, list(TEMPLATES), make, "prompts from the templates")
+    return distinct_prompts(num_prompts, list(TEMPLATES), make, "prompts from the templates")
 
 
-def _distinct_prompts(num_prompts: int, tasks: list[str], make, what: str) -> list[str]:
-    """``num_prompts`` distinct results of ``make(task)``, the tasks taken round-robin (duplicates are redrawn)."""
-    prompts: list[str] = []
-    seen: set[str] = set()
+def distinct_prompts(num_prompts: int, tasks: Sequence[str], make, what: str, key=None) -> list:
+    """``num_prompts`` distinct results of ``make(task)``, the tasks taken round-robin (duplicates are redrawn).
+
+    Args:
+        num_prompts: how many to return.
+        tasks: the task names passed to ``make`` in turn.
+        make: ``make(task) -> prompt`` (random, from the caller's seeded generator).
+        what: what is made, for the error message.
+        key: ``key(prompt) -> hashable`` that decides when two prompts are the same (default: the prompt itself).
+    Raises:
+        ValueError: when the templates cannot give that many distinct prompts.
+    """
+    prompts: list = []
+    seen: set = set()
     attempts = 0
     while len(prompts) < num_prompts:
         attempts += 1
         if attempts > 50 * num_prompts + 1000:
-            raise ValueError(f"cannot make {num_prompts} distinct {what} (got {len(prompts)})")
+            raise ValueError(
+                f"cannot make {num_prompts} distinct {what} (got {len(prompts)}); ask for fewer or add templates"
+            )
         prompt = make(tasks[attempts % len(tasks)])
-        if prompt not in seen:
-            seen.add(prompt)
+        k = prompt if key is None else key(prompt)
+        if k not in seen:
+            seen.add(k)
             prompts.append(prompt)
     return prompts
 
@@ -275,7 +288,7 @@ def make_context_prompts(stage1: DistillationData, tokenizer, num_prompts: int, 
         }
         return rng.choice(templates).format(**fields)
 
-    return _distinct_prompts(num_prompts, list(CONTEXT_TEMPLATES), make, "context prompts")
+    return distinct_prompts(num_prompts, list(CONTEXT_TEMPLATES), make, "context prompts")
 
 
 # ---------------------------------------------------------------------------------------------------- target data
@@ -302,6 +315,69 @@ def _generate_answers(
         cut = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
         answers.append(row[:cut])
     return answers
+
+
+@torch.no_grad()
+def greedy_answers_with_states(
+    model, prompts: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int, eos_ids: set[int]
+) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Greedy answers of ``model`` to a batch of prompt id lists and, in the same forwards, the final hidden states
+    of every prompt and answer token (no second pass over the finished sequences).
+
+    The batch is left-padded with position ids counted over real tokens (as `generate` does); rows that reached an
+    EOS leave the batch (their cache rows are dropped), so short answers stop costing compute. One last forward over
+    each answer's final token gives its state too.
+
+    Args:
+        model: the target (a transformers causal LM whose ``get_decoder()`` returns the final-normed states).
+        prompts: token ids of each prompt.
+        max_new_tokens: answer length cap.
+        pad_id / eos_ids: padding id and the ids that end an answer (kept in the answer).
+    Returns:
+        ``(answers, states)``: per row the answer ids (cut after the first EOS) and `[len(prompt) + len(answer), H]`
+        final hidden states (on the CPU).
+    """
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    cache = DynamicCache()
+    rows = torch.arange(len(prompts), device=device)  # [b] original row of each live batch row
+    answers: list[list[int]] = [[] for _ in prompts]
+    states: list[list[torch.Tensor]] = [[] for _ in prompts]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, W]
+    h = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache).last_hidden_state
+    for i, p in enumerate(prompts):
+        states[i].append(h[i, width - len(p) :].cpu())
+    next_pos = positions[:, -1:] + 1  # [b, 1]
+    for step in range(max_new_tokens):
+        token = lm_head(h[:, -1]).argmax(-1)  # [b]
+        live = []
+        for r, t in zip(rows.tolist(), token.tolist()):
+            answers[r].append(t)
+            live.append(t not in eos_ids and step + 1 < max_new_tokens)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        h = decoder(
+            input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=cache
+        ).last_hidden_state  # [b, 1, H]: the state of the token just chosen
+        for j, r in enumerate(rows.tolist()):
+            states[r].append(h[j].cpu())
+        keep = torch.tensor(live, device=device)
+        if not keep.all():
+            if not keep.any():
+                break
+            index = keep.nonzero().flatten()
+            cache.batch_select_indices(index)
+            rows, mask, h, next_pos = rows[index], mask[index], h[index], next_pos[index]
+        next_pos = next_pos + 1
+    return answers, [torch.cat(s) for s in states]
 
 
 @torch.no_grad()
@@ -340,7 +416,8 @@ def _fingerprint(prompt_ids: Sequence[Sequence[int]], settings: dict) -> str:
     return h.hexdigest()[:16]
 
 
-def _write_json(path: Path, obj: dict) -> None:
+def write_json(path: Path, obj: dict) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically (a temporary file renamed over it)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2)
@@ -411,7 +488,7 @@ def build_distillation_data(
         "eos_token_id": sorted(eos_ids),
         "pad_token_id": int(pad),
         "batch_size": int(batch_size),
-        "padding": "left (generate), right (hidden-state forward)",
+        "padding": "left (generate), right (hidden-state forward)" if do_sample else "left (one greedy pass)",
     }
     settings = {"generation": generation, "shard_size": int(shard_size), "hidden_dtype": str(hidden_dtype)}
     fingerprint = _fingerprint(prompt_ids, settings)
@@ -454,10 +531,15 @@ def build_distillation_data(
         hiddens: list[torch.Tensor] = []
         for b in range(0, len(chunk), batch_size):
             batch = [list(map(int, p)) for p in chunk[b : b + batch_size]]
-            with torch.no_grad():
-                answers = _generate_answers(model, batch, max_new_tokens, pad, eos_ids, gen_kwargs)
-            full = [p + a for p, a in zip(batch, answers)]
-            hiddens += final_hidden_states(model, full)
+            if do_sample:
+                with torch.no_grad():
+                    answers = _generate_answers(model, batch, max_new_tokens, pad, eos_ids, gen_kwargs)
+                full = [p + a for p, a in zip(batch, answers)]
+                hiddens += final_hidden_states(model, full)
+            else:
+                answers, states = greedy_answers_with_states(model, batch, max_new_tokens, pad, eos_ids)
+                full = [p + a for p, a in zip(batch, answers)]
+                hiddens += states
             seqs += full
             bar.update(len(batch))
         tensors = {
@@ -480,13 +562,13 @@ def build_distillation_data(
             }
         )
         manifest["shards"].sort(key=lambda s: s["first_prompt"])
-        _write_json(manifest_path, manifest)
+        write_json(manifest_path, manifest)
     bar.close()
     manifest["complete"] = True
     manifest["num_sequences"] = sum(s["num_sequences"] for s in manifest["shards"])
     manifest["num_tokens"] = sum(s["num_tokens"] for s in manifest["shards"])
     manifest["num_answer_tokens"] = sum(s["num_answer_tokens"] for s in manifest["shards"])
-    _write_json(manifest_path, manifest)
+    write_json(manifest_path, manifest)
     return manifest
 
 
@@ -638,7 +720,10 @@ __all__ = [
     "build_default_data",
     "build_distillation_data",
     "context_prompt_recipe",
+    "distinct_prompts",
     "final_hidden_states",
+    "greedy_answers_with_states",
+    "write_json",
     "load_distillation_data",
     "make_context_prompts",
     "make_prompts",

@@ -1,9 +1,12 @@
 """``hf-specdec train eagle``: the six-task self-distillation data (`task_prompts`), an EAGLE-1/2 head trained on it
 (`train_eagle`), and its tree sized from the step cost measured on this machine (`tune_eagle_tree`).
 
-    hf-specdec train eagle --out DIR [--data DIR] [--num-seed 32 --num-tasks 120] [--epochs 3] [--resume]
+    hf-specdec train eagle --out DIR [--data-dir DIR] [--num-seed 32 --num-tasks 120] [--extra-data FOLDER...]
+                           [--epochs 3] [--resume]
 
 Every stage is resumable: the data shards already written are kept, training continues from its last checkpoint.
+``--data FOLDER...`` trains on existing data folders as they are (no build); ``--extra-data`` adds folders to the
+built six-task data.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from pathlib import Path
 def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``hf-specdec train eagle``."""
     parser.add_argument("--out", required=True, help="output folder (data/, checkpoints/, head/, report)")
-    parser.add_argument("--data", default=None, help="data folder (default: OUT/data); built there when missing")
+    parser.add_argument("--data-dir", default=None, help="six-task data root (default: OUT/data); built when missing")
+    parser.add_argument("--data", nargs="+", default=None, help="existing data folder(s) to train on as they are")
+    parser.add_argument("--extra-data", nargs="+", default=[], help="more data folder(s) added to the built data")
     parser.add_argument("--num-seed", type=int, default=32, help="seed-stage prompts (the target writes material)")
     parser.add_argument("--num-tasks", type=int, default=120, help="task-stage prompts over the six task kinds")
     parser.add_argument("--seed-max-new-tokens", type=int, default=96, help="answer cap of the seed stage")
@@ -43,20 +48,23 @@ def train_eagle_main(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     model, tokenizer = load_default_model()
-    data_dir = Path(args.data) if args.data else out / "data"
-    folders = build_task_data(
-        model,
-        tokenizer,
-        data_dir,
-        num_seed=args.num_seed,
-        num_tasks=args.num_tasks,
-        seed=args.seed,
-        seed_max_new_tokens=args.seed_max_new_tokens,
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-        shard_size=args.batch_size,
-        hidden_dtype=torch.float16,
-    )
+    if args.data:
+        folders = [Path(f) for f in args.data]
+    else:
+        folders = build_task_data(
+            model,
+            tokenizer,
+            Path(args.data_dir) if args.data_dir else out / "data",
+            num_seed=args.num_seed,
+            num_tasks=args.num_tasks,
+            seed=args.seed,
+            seed_max_new_tokens=args.seed_max_new_tokens,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            shard_size=args.batch_size,
+            hidden_dtype=torch.float16,
+        )
+    folders += [Path(f) for f in args.extra_data]
     cfg = EagleTrainingConfig(
         window=args.window,
         epochs=args.epochs,

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..heads.medusa import MedusaHeads
-from .data import DistillationData, _write_json, load_distillation_data
+from .data import DistillationData, load_distillation_data, write_json
 from .run import (
     REPORT_NAME,
     TrainingRun,
@@ -354,7 +354,7 @@ def train_medusa(
     heads.model_card = _model_card(report, data.manifest, cfg)
     if accelerator.is_main_process:
         heads.save_pretrained(out)
-        _write_json(out / REPORT_NAME, report)
+        write_json(out / REPORT_NAME, report)
     return heads, report
 
 

@@ -28,7 +28,7 @@ import torch
 
 from ..generation.tree_shapes import optimal_tree_choices
 from ..heads.medusa import MedusaHeads
-from .data import DistillationData, _write_json
+from .data import DistillationData, write_json
 from .medusa import REPORT_NAME, MedusaTrainingConfig, head_positions, medusa_labels, split_sequences
 from .step_cost import step_cost_curve
 
@@ -221,7 +221,7 @@ def tune_and_save_tree(
         "rows": [{**r, "tau": round(r["tau"], 4), "cost": round(r["cost"], 4)} for r in tuning.rows],
         "chosen": tuning.choices,
     }
-    _write_json(Path(out_dir) / REPORT_NAME, report)
+    write_json(Path(out_dir) / REPORT_NAME, report)
     return tuning
 
 

@@ -35,15 +35,20 @@ import torch.nn.functional as F
 
 from ..generation.proposers.mlp_speculator import check_widths, draft_tree_batch
 from ..heads.mlp_speculator import MLPSpeculator
-from .data import DistillationData, _write_json, load_distillation_data
+from .data import DistillationData, load_distillation_data, write_json
 from .medusa import (
     IGNORE,
     medusa_labels,
 )
-from .run import REPORT_NAME, head_positions, latest_checkpoint, split_sequences
-from .run import data_description as _data_description
-from .run import lr_lambda as _lr_lambda
-from .run import save_checkpoint as _save_checkpoint
+from .run import (
+    REPORT_NAME,
+    data_description,
+    head_positions,
+    latest_checkpoint,
+    lr_lambda,
+    save_checkpoint,
+    split_sequences,
+)
 from .step_cost import step_cost_curve
 
 # level widths tried by `tune_speculator_tree` (each also cut at every depth by AdaptiveDepth at run time)
@@ -384,7 +389,7 @@ def train_mlp_speculator(
     total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
     total = min(total, cfg.max_steps) if cfg.max_steps is not None else total
     optimizer = torch.optim.AdamW(spec.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg.warmup_steps, total))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps, total))
     step, elapsed, history = _resume_state(out, cfg, resume, spec, optimizer, scheduler)
 
     def evaluate() -> dict:
@@ -394,7 +399,7 @@ def train_mlp_speculator(
         state = {"speculator": {k: v.detach().cpu() for k, v in spec.state_dict().items()}, "step": step,
                  "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "elapsed": elapsed,
                  "config": dataclasses.asdict(cfg), "history": json.dumps(history)}  # fmt: skip
-        _save_checkpoint(out, state, cfg.keep_checkpoints)
+        save_checkpoint(out, state, cfg.keep_checkpoints)
 
     before = None
     if step == 0 and split.eval_pos.numel():
@@ -433,7 +438,7 @@ def train_mlp_speculator(
     spec = spec.to("cpu").eval()
     report = _report(spec, data, split, cfg, step, elapsed, losses, before, after, history)
     spec.save_pretrained(out)
-    _write_json(out / REPORT_NAME, report)
+    write_json(out / REPORT_NAME, report)
     return spec, report
 
 
@@ -448,7 +453,7 @@ def _report(spec, data, split: _Split, cfg, step, elapsed, losses, before, after
     manifest = data.manifest
     report = {
         "base_model": spec.base_model_name_or_path,
-        "training_data": _data_description(manifest),
+        "training_data": data_description(manifest),
         "data_dir": str(data.folder) if data.folder is not None else None,
         "num_sequences": int(data.seq_bounds.shape[0]),
         "num_tokens": int(data.input_ids.numel()),
@@ -558,7 +563,7 @@ def main(args) -> int:
         eval_pos = _split(data, config).eval_pos
         report["tree_tuning"] = tune_speculator_tree(spec, data, eval_pos, model)
         spec.save_pretrained(out)
-        _write_json(out / REPORT_NAME, report)
+        write_json(out / REPORT_NAME, report)
     top1 = (report["held_out"] or {}).get("top1_per_stage")
     print(f"[{report['steps']} steps in {report['training_time_s']:.0f} s; held-out top-1 per stage {top1}; tree "
           f"{spec.tree.get('widths')}; saved to {out}]", file=sys.stderr)  # fmt: skip

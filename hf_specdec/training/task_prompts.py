@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .data import distinct_prompts
+
 TASK_KINDS = ("multi_turn", "translation", "summarisation", "qa", "math_reasoning", "rag")
 
 TOPICS = (
@@ -217,6 +219,10 @@ def chat_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def _key(prompt: TaskPrompt) -> str:
+    return repr(prompt.messages)
+
+
 def _user(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
@@ -236,23 +242,7 @@ def seed_prompts(num_prompts: int, seed: int = 0) -> list[TaskPrompt]:
         fields = {"topic": rng.choice(TOPICS), "name": rng.choice(NAMES), "place": rng.choice(PLACES)}
         return TaskPrompt(kind, _user(rng.choice(templates[kind]).format(**fields)))
 
-    return _distinct(num_prompts, kinds, make)
-
-
-def _distinct(num_prompts: int, kinds: Sequence[str], make) -> list[TaskPrompt]:
-    out: list[TaskPrompt] = []
-    seen: set[str] = set()
-    attempts = 0
-    while len(out) < num_prompts:
-        attempts += 1
-        if attempts > 50 * num_prompts + 1000:
-            raise ValueError(f"cannot make {num_prompts} distinct prompts from the templates (got {len(out)})")
-        prompt = make(kinds[attempts % len(kinds)])
-        key = repr(prompt.messages)
-        if key not in seen:
-            seen.add(key)
-            out.append(prompt)
-    return out
+    return distinct_prompts(num_prompts, kinds, make, "seed prompts", key=_key)
 
 
 @dataclass
@@ -372,7 +362,7 @@ def task_prompts(material: SeedMaterial, num_prompts: int, seed: int = 0) -> lis
             "need at least 3 passages and 1 conversation (run the seed stage with more prompts or longer answers)"
         )
     rng = random.Random(f"task-stage:{seed}")
-    return _distinct(num_prompts, TASK_KINDS, lambda kind: _make_task(kind, material, rng))
+    return distinct_prompts(num_prompts, TASK_KINDS, lambda kind: _make_task(kind, material, rng), "task prompts", _key)
 
 
 def recipe(num_seed: int, num_tasks: int, seed: int) -> dict:
@@ -408,17 +398,32 @@ def _drop_benchmark_overlap(prompts: list[TaskPrompt]) -> tuple[list[TaskPrompt]
     return kept, len(prompts) - len(kept)
 
 
-def _build_stage(model, tokenizer, prompts: list[TaskPrompt], folder: Path, stage_recipe: dict, **kwargs) -> None:
+def _length_sorted_blocks(ids: list[list[int]], block: int) -> list[int]:
+    """An order of ``ids`` that keeps each block of ``block`` consecutive prompts together (so a partly built folder
+    still mixes every kind) but sorts each block by length, so that a batch pads little."""
+    order: list[int] = []
+    for start in range(0, len(ids), block):
+        order += sorted(range(start, min(start + block, len(ids))), key=lambda i: len(ids[i]))
+    return order
+
+
+def _build_stage(
+    model, tokenizer, prompts: list[TaskPrompt], folder: Path, stage_recipe: dict, **kwargs
+) -> list[TaskPrompt]:
+    """Build one stage's folder (resumable) and return its prompts in the order the data holds them."""
     from .data import build_distillation_data
 
     prompts, dropped = _drop_benchmark_overlap(prompts)
+    ids = [chat_ids(tokenizer, p.messages) for p in prompts]
+    order = _length_sorted_blocks(ids, int(kwargs.get("shard_size", 64)))
+    prompts, ids = [prompts[i] for i in order], [ids[i] for i in order]
     folder.mkdir(parents=True, exist_ok=True)
     kinds = {"kinds": [p.kind for p in prompts], "dropped_spec_bench_overlap": dropped}
     (folder / KINDS_NAME).write_text(json.dumps(kinds) + "\n", encoding="utf-8")
-    ids = [chat_ids(tokenizer, p.messages) for p in prompts]
     build_distillation_data(
         model, ids, folder, recipe={**stage_recipe, "dropped_spec_bench_overlap": dropped}, **kwargs
     )
+    return prompts
 
 
 def build_task_data(
@@ -451,9 +456,8 @@ def build_task_data(
     seeds = seed_prompts(num_seed, seed)
     seed_dir, task_dir = out / "seed", out / "tasks"
     seed_kwargs = {**kwargs, **({"max_new_tokens": seed_max_new_tokens} if seed_max_new_tokens else {})}
-    _build_stage(model, tokenizer, seeds, seed_dir, {**rec, "stage": "seed"}, **seed_kwargs)
+    seeds = _build_stage(model, tokenizer, seeds, seed_dir, {**rec, "stage": "seed"}, **seed_kwargs)
     data = load_distillation_data(seed_dir)
-    seeds, _ = _drop_benchmark_overlap(seeds)  # deterministic: the same prompts, in the order the data holds them
     answers = [
         tokenizer.decode(data.input_ids[a:e].tolist(), skip_special_tokens=True) for _, a, e in data.seq_bounds.tolist()
     ]

@@ -82,3 +82,14 @@ def test_tree_tuning_measures_the_step_cost_the_assistant_reads():
     assistant = EagleAssistant(head)
     assert (assistant.top_k, assistant.depth, assistant.num_nodes) == (3, 3, 8)
     assert assistant.step_cost == {n: float(c) for n, c in ((4, tree["step_cost"]["4"]), (8, tree["step_cost"]["8"]))}
+
+
+def test_cli_trains_on_several_data_folders():
+    from hf_specdec.cli import build_parser
+    from hf_specdec.training.eagle_cli import train_eagle_main
+
+    args = build_parser().parse_args(["train", "eagle", "--out", "x", "--data", "d1", "d2", "--draft-vocab", "4096"])
+    assert args.data == ["d1", "d2"] and args.extra_data == [] and args.draft_vocab == 4096
+    assert args.func is train_eagle_main
+    args = build_parser().parse_args(["train", "eagle", "--out", "x", "--data-dir", "root", "--extra-data", "d3"])
+    assert args.data is None and args.data_dir == "root" and args.extra_data == ["d3"]

@@ -1,0 +1,74 @@
+"""Building self-distillation data: the one-pass greedy answers and states equal `generate` followed by a second
+forward, rows that end early leave the batch without changing the others, and the six-task prompts are built in
+blocks sorted by length."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_specdec.testing import tiny_causal_lm
+from hf_specdec.training.data import (
+    _generate_answers,
+    build_distillation_data,
+    distinct_prompts,
+    final_hidden_states,
+    greedy_answers_with_states,
+    load_distillation_data,
+)
+from hf_specdec.training.task_prompts import _length_sorted_blocks
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = tiny_causal_lm("llama", vocab_size=64, hidden_size=32, num_layers=2, seed=5)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 64, (int(n),), generator=gen).tolist() for n in (3, 9, 5, 12, 7, 4)]
+    return model, prompts
+
+
+@pytest.mark.parametrize("stop_early", [False, True])
+def test_one_pass_equals_generate_then_forward(tiny, stop_early):
+    model, prompts = tiny
+    eos = set(torch.as_tensor(model.generation_config.eos_token_id).reshape(-1).tolist())  # generate stops there
+    if stop_early:  # the token two rows choose third ends their answers: those rows leave the batch mid-way
+        free = _generate_answers(model, prompts, 12, 0, eos, {"do_sample": False})
+        eos |= {free[1][2], free[3][2]}
+    expected = _generate_answers(model, prompts, 12, 0, eos, {"do_sample": False})
+    states_expected = final_hidden_states(model, [p + a for p, a in zip(prompts, expected)])
+    answers, states = greedy_answers_with_states(model, prompts, 12, 0, eos)
+    assert answers == expected
+    if stop_early:
+        assert min(len(a) for a in answers) < 12 and max(len(a) for a in answers) == 12
+    for p, a, s, ref in zip(prompts, answers, states, states_expected):
+        assert s.shape == (len(p) + len(a), 32)
+        torch.testing.assert_close(s, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_built_folder_holds_the_one_pass_states(tiny, tmp_path):
+    model, prompts = tiny
+    build_distillation_data(model, prompts, tmp_path, max_new_tokens=8, batch_size=4, shard_size=4,
+                            hidden_dtype=torch.float32, progress=False)  # fmt: skip
+    data = load_distillation_data(tmp_path)
+    assert data.seq_bounds.shape == (len(prompts), 3)
+    s, a, e = data.seq_bounds[3].tolist()
+    assert data.input_ids[s:a].tolist() == prompts[3]
+    ref = final_hidden_states(model, [data.input_ids[s:e].tolist()])[0]
+    torch.testing.assert_close(data.hidden[s:e], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_length_sorted_blocks_keep_blocks_and_sort_inside():
+    ids = [[0] * n for n in (5, 1, 3, 9, 2, 7, 4)]
+    order = _length_sorted_blocks(ids, 3)
+    assert order == [1, 2, 0, 4, 5, 3, 6]
+    assert sorted(order) == list(range(len(ids)))
+
+
+def test_distinct_prompts_redraws_duplicates_and_refuses_too_few():
+    counter = iter(range(10**6))
+    out = distinct_prompts(5, ["a", "b"], lambda task: f"{task}{next(counter) % 3}", "prompts")
+    assert len(set(out)) == 5
+    with pytest.raises(ValueError, match="cannot make 7 distinct prompts"):
+        distinct_prompts(7, ["a", "b"], lambda task: f"{task}{next(counter) % 3}", "prompts")
+    keyed = distinct_prompts(2, ["x"], lambda task: (task, next(counter)), "pairs", key=lambda p: p[1] % 2)
+    assert {p[1] % 2 for p in keyed} == {0, 1}
