@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections import Counter
+
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -129,3 +132,118 @@ def assert_same_tokens(actual: torch.Tensor, expected: torch.Tensor, label: str 
             i = next((i for i, (x, y) in enumerate(zip(a, e)) if x != y), min(len(a), len(e)))
             msg.append(f"row {b}: first difference at index {i}: got {a[i : i + 5]} expected {e[i : i + 5]}")
     raise AssertionError("\n".join(msg))
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Within: ``torch.set_num_threads(n)`` (tiny per-row tensor ops only lose to thread wake-ups on a busy CPU)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def toy_encode(text: str, vocab: int = 97) -> list[int]:
+    """A stand-in tokenizer for the tiny models: BOS + one id per word (ids 3..vocab-1), at most 6 words."""
+    return [1] + [3 + sum(map(ord, w)) % (vocab - 3) for w in text.split()[:6]]
+
+
+# ----------------------------------------------------------------------------------- exact sampling, end to end
+# A tiny target whose first three sampled tokens have a joint distribution small enough to enumerate exactly: a
+# sampled run with an assistant is compared with it by chi-square (3000 rows: 5 sigma on a cell of probability 0.3
+# is a bias of 0.042), and a wrong verifier (`greedy_verification`) must be rejected.
+SAMPLING_VOCAB = 8
+SAMPLING_PROMPT = (1, 5, 3, 6)
+SAMPLING_WARPERS = dict(temperature=0.8, top_k=5)
+
+
+def sampling_target():
+    """The tiny target of the exact-sampling checks: vocabulary `SAMPLING_VOCAB`, peaked but not degenerate
+    next-token distributions."""
+    model = tiny_causal_lm(vocab_size=SAMPLING_VOCAB, hidden_size=32, num_layers=2, seed=0)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.0)
+    return model
+
+
+def sample_first_tokens(model, assistant, rows: int, *, check_power: bool = True, **generate_kwargs) -> Counter:
+    """Counts of the first 3 tokens of ``rows`` rows sampled from `SAMPLING_PROMPT` with ``assistant`` (padded
+    after EOS). ``check_power``: fail when 2-token drafts are rarely accepted (the check would then be vacuous)."""
+    ids = torch.tensor([list(SAMPLING_PROMPT)] * rows)  # [rows, P]
+    torch.manual_seed(0)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), assistant=assistant, do_sample=True,
+                         max_new_tokens=4, return_dict_in_generate=True, **SAMPLING_WARPERS, **generate_kwargs)  # fmt: skip
+    per_depth = out.spec_stats.accepted_per_depth
+    if check_power:
+        assert len(per_depth) > 1 and per_depth[1] > 0.05 * rows, f"vacuous: 2-token drafts rarely accepted {per_depth}"
+    pad = int(model.generation_config.pad_token_id)
+    gen = torch.cat([out.sequences[:, len(SAMPLING_PROMPT) :], torch.full((rows, 3), pad)], 1)[:, :3]  # [rows, 3]
+    return Counter(tuple(r) for r in gen.tolist())
+
+
+def exact_first_tokens(model, length: int) -> dict[tuple[int, ...], float]:
+    """P(first ``length`` generated tokens after `SAMPLING_PROMPT`), enumerated in fp64 from vanilla generate's own
+    processed scores (a row that emitted EOS is padded)."""
+    eos, pad = int(model.generation_config.eos_token_id), int(model.generation_config.pad_token_id)
+    probs: dict[tuple[int, ...], list[float]] = {}
+    frontier: list[tuple[int, ...]] = [()]
+    for _ in range(length):
+        live = [g for g in frontier if eos not in g]
+        ids = torch.tensor([list(SAMPLING_PROMPT) + list(g) for g in live])
+        out = model.generate(ids, do_sample=True, max_new_tokens=1, output_scores=True, return_dict_in_generate=True,
+                             attention_mask=torch.ones_like(ids), **SAMPLING_WARPERS)  # fmt: skip
+        for g, scores in zip(live, out.scores[0].double()):
+            probs[g] = torch.softmax(scores, -1).tolist()
+        frontier = [g + (t,) for g in live for t in range(model.config.vocab_size)]
+    joint: dict[tuple[int, ...], float] = {}
+
+    def walk(prefix: tuple[int, ...], p: float) -> None:
+        if len(prefix) == length:
+            joint[prefix] = joint.get(prefix, 0.0) + p
+        elif eos in prefix:
+            walk(prefix + (pad,), p)
+        else:
+            for tok, q in enumerate(probs[prefix]):
+                if q > 0:
+                    walk(prefix + (tok,), p * q)
+
+    walk((), 1.0)
+    return joint
+
+
+def first_tokens_p_values(counts: Counter, model) -> list[float]:
+    """Chi-square p-values of the sampled first 1, 2 and 3 tokens (`sample_first_tokens`) against
+    `exact_first_tokens` (cells expected fewer than 5 times pooled). Needs scipy (the ``test`` extra)."""
+    from scipy.stats import chisquare
+
+    out = []
+    n = sum(counts.values())
+    for length in (1, 2, 3):
+        joint = exact_first_tokens(model, length)
+        observed = Counter()
+        for seq, c in counts.items():
+            observed[seq[:length]] += c
+        assert set(observed) <= {k for k, p in joint.items() if p > 0}, "sampled an impossible sequence"
+        keys = [k for k, p in joint.items() if p * n >= 5]
+        f_obs = [observed[k] for k in keys] + [n - sum(observed[k] for k in keys)]
+        f_exp = [joint[k] * n for k in keys] + [n * (1 - sum(joint[k] for k in keys))]
+        if f_exp[-1] < 1e-9:
+            f_obs, f_exp = f_obs[:-1], f_exp[:-1]
+        out.append(float(chisquare(f_obs, f_exp).pvalue))
+    return out
+
+
+@contextlib.contextmanager
+def greedy_verification():
+    """Within: the loop verifies every tree greedily, also when sampling: the wrong verifier a sampling check must
+    reject (its negative control). Not thread-safe: it swaps ``generation.loop.verify_tree``."""
+    from .generation import loop
+
+    real = loop.verify_tree
+    loop.verify_tree = lambda tree, scores, **kw: real(tree, scores, **{**kw, "do_sample": False})
+    try:
+        yield
+    finally:
+        loop.verify_tree = real

@@ -6,12 +6,10 @@ EAGLE-3 heads; the head's cache covers the prompt; sampling with EAGLE trees kee
 from __future__ import annotations
 
 import inspect
-from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
-from test_mlp_speculator_generate import p_values  # the exact enumeration and chi-square, shared
 
 import hf_specdec
 import hf_specdec.generation.loop as loop
@@ -19,7 +17,16 @@ from hf_specdec.generation.proposers import NgramAssistant, as_proposer
 from hf_specdec.generation.proposers.eagle import EagleAssistant
 from hf_specdec.generation.proposers.fallback import FallbackAssistant
 from hf_specdec.heads.eagle import EagleHead
-from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm
+from hf_specdec.testing import (
+    SAMPLING_VOCAB,
+    assert_same_tokens,
+    first_tokens_p_values,
+    greedy_verification,
+    left_pad,
+    sample_first_tokens,
+    sampling_target,
+    tiny_causal_lm,
+)
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 5], [9, 9, 8, 7, 6, 5, 4], [12, 13, 12, 13, 12, 13, 12, 13, 12]]
 # These tests check the EAGLE trees themselves; the loop's tree budget (when it has one) would cut a random head's
@@ -95,51 +102,32 @@ def test_head_cache_covers_the_prompt_and_the_accepted_path():
 
 
 # --------------------------------------------------------------------------------------------- exact sampling
-E2E_V, E2E_PROMPT, E2E_ROWS = 8, [1, 5, 3, 6], 3000
-WARPERS = dict(temperature=0.8, top_k=5)
+E2E_ROWS = 3000
 
 
 @pytest.fixture(scope="module")
 def e2e_model():
-    model = tiny_causal_lm(vocab_size=E2E_V, hidden_size=32, num_layers=2, seed=0)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(2.0)  # peaked but not degenerate next-token distributions
-    return model
+    return sampling_target()
 
 
 def e2e_assistant(model) -> EagleAssistant:
     # every token is a depth-1 child, the best-scored deeper nodes fill the rest: deep acceptance despite a random head
-    return EagleAssistant(random_head(model, seed=5), top_k=E2E_V, depth=3, num_nodes=40)
-
-
-def sample_first_tokens(model, assistant, rows: int, *, check_power: bool = True) -> Counter:
-    """The first 3 tokens of ``rows`` sampled rows (padded after EOS); checks that 2-token drafts get accepted."""
-    ids = torch.tensor([E2E_PROMPT] * rows)
-    torch.manual_seed(0)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), assistant=assistant, do_sample=True,
-                         max_new_tokens=4, return_dict_in_generate=True, **WARPERS, **FULL_TREES)  # fmt: skip
-    per_depth = out.spec_stats.accepted_per_depth
-    if check_power:  # a greedy verifier (the negative control) rejects most random drafts by design
-        assert len(per_depth) > 1 and per_depth[1] > 0.05 * rows, f"vacuous: 2-token drafts rarely accepted {per_depth}"
-    pad = int(model.generation_config.pad_token_id)
-    gen = torch.cat([out.sequences[:, len(E2E_PROMPT) :], torch.full((rows, 3), pad)], 1)[:, :3]
-    return Counter(tuple(r) for r in gen.tolist())
+    return EagleAssistant(random_head(model, seed=5), top_k=SAMPLING_VOCAB, depth=3, num_nodes=40)
 
 
 def test_sampling_with_eagle_trees_matches_the_target_distribution(e2e_model):
-    counts = sample_first_tokens(e2e_model, e2e_assistant(e2e_model), E2E_ROWS)
-    ps = p_values(counts, e2e_model)
+    counts = sample_first_tokens(e2e_model, e2e_assistant(e2e_model), E2E_ROWS, **FULL_TREES)
+    ps = first_tokens_p_values(counts, e2e_model)
     assert min(ps) > 1e-4, f"chi-square p-values of the first 1, 2, 3 tokens: {ps}"
 
 
-def test_a_wrong_verifier_is_caught_with_these_trees(e2e_model, monkeypatch):
+def test_a_wrong_verifier_is_caught_with_these_trees(e2e_model):
     """The harness has power: verifying the EAGLE trees greedily while sampling must be rejected."""
-    real = loop.verify_tree
-    monkeypatch.setattr(
-        loop, "verify_tree", lambda tree, scores, **kw: real(tree, scores, **{**kw, "do_sample": False})
-    )
-    counts = sample_first_tokens(e2e_model, e2e_assistant(e2e_model), E2E_ROWS // 3, check_power=False)
-    ps = p_values(counts, e2e_model)
+    with greedy_verification():  # it rejects most random drafts by design: no power check on the drafts
+        counts = sample_first_tokens(
+            e2e_model, e2e_assistant(e2e_model), E2E_ROWS // 3, check_power=False, **FULL_TREES
+        )
+    ps = first_tokens_p_values(counts, e2e_model)
     assert min(ps) < 1e-6, f"greedy verification of a sampled call was not caught: p-values {ps}"
 
 

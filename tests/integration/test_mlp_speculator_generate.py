@@ -5,13 +5,10 @@ with the shipped speculator), batch 1 and 4 of mixed lengths; sampling with its 
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 import hf_specdec  # noqa: F401  (routes generate(assistant=...))
 from hf_specdec.generation.proposers import as_proposer
@@ -22,7 +19,15 @@ from hf_specdec.generation.proposers.mlp_speculator import (
 )
 from hf_specdec.generation.tree import DraftTree
 from hf_specdec.heads.mlp_speculator import MLPSpeculator
-from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm
+from hf_specdec.testing import (
+    assert_same_tokens,
+    first_tokens_p_values,
+    greedy_verification,
+    left_pad,
+    sample_first_tokens,
+    sampling_target,
+    tiny_causal_lm,
+)
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 5], [9, 9, 8, 7, 6, 5, 4], [12, 13, 12, 13, 12, 13, 12, 13, 12]]
 
@@ -123,76 +128,12 @@ def test_assistant_resolution_and_target_check():
 
 
 # --------------------------------------------------------------------------------------------- exact sampling
-E2E_V, E2E_PROMPT, E2E_ROWS = 8, [1, 5, 3, 6], 3000  # 5 sigma on a cell of probability 0.3: a bias of 0.042
-WARPERS = dict(temperature=0.8, top_k=5)
+E2E_ROWS = 3000
 
 
 @pytest.fixture(scope="module")
 def e2e_model():
-    model = tiny_causal_lm(vocab_size=E2E_V, hidden_size=32, num_layers=2, seed=0)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(2.0)  # peaked but not degenerate next-token distributions
-    return model
-
-
-def exact_joint(model, length: int) -> dict[tuple[int, ...], float]:
-    """P(first ``length`` generated tokens), enumerated in fp64 from vanilla generate's own processed scores (a row
-    that emitted EOS is padded)."""
-    eos, pad = int(model.generation_config.eos_token_id), int(model.generation_config.pad_token_id)
-    probs: dict[tuple[int, ...], np.ndarray] = {}
-    frontier = [()]
-    for _ in range(length):
-        live = [g for g in frontier if eos not in g]
-        ids = torch.tensor([E2E_PROMPT + list(g) for g in live])
-        out = model.generate(ids, do_sample=True, max_new_tokens=1, output_scores=True, return_dict_in_generate=True,
-                             attention_mask=torch.ones_like(ids), **WARPERS)  # fmt: skip
-        for g, s in zip(live, out.scores[0].double()):
-            probs[g] = torch.softmax(s, -1).numpy()
-        frontier = [g + (t,) for g in live for t in range(E2E_V)]
-    joint: dict[tuple[int, ...], float] = {}
-
-    def walk(prefix: tuple[int, ...], p: float) -> None:
-        if len(prefix) == length:
-            joint[prefix] = joint.get(prefix, 0.0) + p
-        elif eos in prefix:
-            walk(prefix + (pad,), p)
-        else:
-            for tok, q in enumerate(probs[prefix]):
-                if q > 0:
-                    walk(prefix + (tok,), p * q)
-
-    walk((), 1.0)
-    return joint
-
-
-def sample_first_tokens(model, assistant, rows: int) -> Counter:
-    ids = torch.tensor([E2E_PROMPT] * rows)
-    torch.manual_seed(0)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), assistant=assistant, do_sample=True,
-                         max_new_tokens=4, return_dict_in_generate=True, tree_budget=False, **WARPERS)  # fmt: skip
-    per_depth = out.spec_stats.accepted_per_depth
-    assert len(per_depth) > 1 and per_depth[1] > 0.05 * rows, f"vacuous: 2-token drafts rarely accepted {per_depth}"
-    pad = int(model.generation_config.pad_token_id)
-    gen = torch.cat([out.sequences[:, len(E2E_PROMPT) :], torch.full((rows, 3), pad)], 1)[:, :3]
-    return Counter(tuple(r) for r in gen.tolist())
-
-
-def p_values(counts: Counter, model) -> list[float]:
-    out = []
-    for length in (1, 2, 3):
-        joint = exact_joint(model, length)
-        observed = Counter()
-        for seq, c in counts.items():
-            observed[seq[:length]] += c
-        assert set(observed) <= {k for k, p in joint.items() if p > 0}, "sampled an impossible sequence"
-        keys = [k for k, p in joint.items() if p * sum(counts.values()) >= 5]  # pool rare cells
-        n = sum(counts.values())
-        f_obs = [observed[k] for k in keys] + [n - sum(observed[k] for k in keys)]
-        f_exp = [joint[k] * n for k in keys] + [n * (1 - sum(joint[k] for k in keys))]
-        if f_exp[-1] < 1e-9:
-            f_obs, f_exp = f_obs[:-1], f_exp[:-1]
-        out.append(float(chisquare(f_obs, f_exp).pvalue))
-    return out
+    return sampling_target()
 
 
 def e2e_assistant(model) -> MLPSpeculatorAssistant:
@@ -201,21 +142,16 @@ def e2e_assistant(model) -> MLPSpeculatorAssistant:
 
 
 def test_sampling_with_speculator_trees_matches_the_target_distribution(e2e_model):
-    counts = sample_first_tokens(e2e_model, e2e_assistant(e2e_model), E2E_ROWS)
-    ps = p_values(counts, e2e_model)
+    counts = sample_first_tokens(e2e_model, e2e_assistant(e2e_model), E2E_ROWS, tree_budget=False)
+    ps = first_tokens_p_values(counts, e2e_model)
     assert min(ps) > 1e-4, f"chi-square p-values of the first 1, 2, 3 tokens: {ps}"
 
 
-def test_a_wrong_verifier_is_caught_with_these_trees(e2e_model, monkeypatch):
+def test_a_wrong_verifier_is_caught_with_these_trees(e2e_model):
     """The harness has power: verifying the speculator's trees greedily while sampling must be rejected."""
-    import hf_specdec.generation.loop as loop
-
-    real = loop.verify_tree
-    monkeypatch.setattr(
-        loop, "verify_tree", lambda tree, scores, **kw: real(tree, scores, **{**kw, "do_sample": False})
-    )
-    counts = sample_first_tokens(e2e_model, e2e_assistant(e2e_model), E2E_ROWS // 3)
-    ps = p_values(counts, e2e_model)
+    with greedy_verification():
+        counts = sample_first_tokens(e2e_model, e2e_assistant(e2e_model), E2E_ROWS // 3, tree_budget=False)
+    ps = first_tokens_p_values(counts, e2e_model)
     assert min(ps) < 1e-6, f"greedy verification of a sampled call was not caught: p-values {ps}"
 
 

@@ -28,6 +28,7 @@ from scipy.stats import chisquare
 from hf_specdec.generation.proposers.base import Proposer
 from hf_specdec.generation.tree import DraftSampling, DraftTree
 from hf_specdec.generation.verify import Verdict, verify_greedy, verify_tree
+from hf_specdec.testing import torch_threads
 
 V = 5
 PROMPT = (3, 1)
@@ -41,10 +42,8 @@ P_CATCH = 1e-6  # ... and a wrong one must be rejected at this one
 @pytest.fixture(autouse=True, scope="module")
 def _one_torch_thread():
     """The rules run tiny per-row tensor ops: intra-op threads only add wake-up latency (badly so on a busy box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 # ------------------------------------------------------------------------------------------------- toy models

@@ -8,7 +8,7 @@ import torch
 
 from hf_specdec.generation.proposers.medusa import MedusaAssistant
 from hf_specdec.heads.medusa import MedusaHeads
-from hf_specdec.testing import tiny_causal_lm
+from hf_specdec.testing import tiny_causal_lm, torch_threads, toy_encode
 from hf_specdec.training import (
     MedusaTrainingConfig,
     acceptance_table,
@@ -35,18 +35,11 @@ SPEC_BENCH = find_questions_file()  # the copy shipped in the package
 NUM_PROMPTS = 256  # a random tiny model needs this many answers for held-out accuracy to generalise
 
 
-def toy_encode(text: str, vocab: int = 97) -> list[int]:
-    """A stand-in tokenizer for the tiny model: BOS + one id per word (ids 3..vocab-1), at most 6 words."""
-    return [1] + [3 + sum(map(ord, w)) % (vocab - 3) for w in text.split()[:6]]
-
-
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """One torch thread: these runs are tiny, and two threads on a shared, loaded CPU are ten times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

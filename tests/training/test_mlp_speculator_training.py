@@ -8,7 +8,7 @@ import torch
 
 from hf_specdec.generation.proposers.mlp_speculator import MLPSpeculatorAssistant
 from hf_specdec.heads.mlp_speculator import MLPSpeculator
-from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm
+from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm, torch_threads, toy_encode
 from hf_specdec.training import build_distillation_data, latest_checkpoint, load_distillation_data, make_prompts
 from hf_specdec.training.medusa import head_positions, medusa_labels
 from hf_specdec.training.mlp_speculator import (
@@ -23,17 +23,10 @@ from hf_specdec.training.mlp_speculator import (
 NUM_PROMPTS = 256
 
 
-def toy_encode(text: str, vocab: int = 97) -> list[int]:
-    """A stand-in tokenizer for the tiny model: BOS + one id per word (ids 3..vocab-1), at most 6 words."""
-    return [1] + [3 + sum(map(ord, w)) % (vocab - 3) for w in text.split()[:6]]
-
-
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

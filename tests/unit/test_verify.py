@@ -17,15 +17,14 @@ from scipy.stats import chisquare
 from hf_specdec.generation import verify as verify_mod
 from hf_specdec.generation.tree import DraftSampling, DraftTree
 from hf_specdec.generation.verify import Verdict, sample_from_scores, verify_greedy, verify_tree
+from hf_specdec.testing import torch_threads
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_torch_thread():
     """The rules run tiny per-row tensor ops: intra-op threads only add wake-up latency (badly so on a busy box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 N_MC = 3000  # draws per Monte-Carlo check; 5 sigma on a probability of 0.5 is +-0.046
