@@ -286,9 +286,14 @@ def data_description(manifest: dict) -> str:
         recipe = part.get("prompt_recipe") or {}
         gen = part.get("generation") or {}
         how = "sampled" if gen.get("do_sample") else "greedy"
+        shards = part.get("shards") or []
+        sequences = sum(sh["num_sequences"] for sh in shards)
+        answers = sum(sh.get("num_answer_tokens", 0) for sh in shards)
+        planned = part.get("num_prompts") or recipe.get("num_prompts")
+        stage = f", {recipe['stage']} stage" if recipe.get("stage") else ""
         described.append(
-            f"{part.get('num_sequences', len(part['shards']))} {how} answers (max {gen.get('max_new_tokens')} new "
-            f"tokens, {part.get('num_answer_tokens', '?')} answer tokens) to {recipe.get('num_prompts')} prompts "
-            f"({recipe.get('kind', 'templates x topics')}, seed {recipe.get('seed')})"
+            f"{sequences} {how} answers (max {gen.get('max_new_tokens')} new tokens, {answers} answer tokens) to "
+            f"{sequences} of {planned} planned prompts ({recipe.get('kind', 'templates x topics')}{stage}, "
+            f"seed {recipe.get('seed')})"
         )
     return f"self-distillation of {manifest.get('base_model')}: " + "; ".join(described) + "; no benchmark questions"

@@ -72,3 +72,18 @@ def test_distinct_prompts_redraws_duplicates_and_refuses_too_few():
         distinct_prompts(7, ["a", "b"], lambda task: f"{task}{next(counter) % 3}", "prompts")
     keyed = distinct_prompts(2, ["x"], lambda task: (task, next(counter)), "pairs", key=lambda p: p[1] % 2)
     assert {p[1] % 2 for p in keyed} == {0, 1}
+
+
+def test_description_of_a_partly_built_folder_counts_its_shards(tiny, tmp_path):
+    from hf_specdec.training.run import data_description
+
+    model, prompts = tiny
+    manifest = build_distillation_data(model, prompts, tmp_path, max_new_tokens=4, batch_size=3, shard_size=3,
+                                       hidden_dtype=torch.float32, progress=False)  # fmt: skip
+    manifest["shards"], manifest["complete"] = manifest["shards"][:1], False  # as if the build was stopped
+    for key in ("num_sequences", "num_answer_tokens"):
+        manifest.pop(key)
+    answers = manifest["shards"][0]["num_answer_tokens"]
+    assert f"3 greedy answers (max 4 new tokens, {answers} answer tokens) to 3 of 6 planned" in data_description(
+        manifest
+    )
