@@ -20,7 +20,6 @@ so that rows of different lengths draft together. `save_pretrained` writes the u
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,6 +39,7 @@ from .hub import (
     _library_version,
     base_model_dims,
     check_shapes,
+    read_json,
     read_tensors,
     render_model_card,
     save_tensors,
@@ -600,12 +600,9 @@ def _read_weights(source: HeadSource) -> tuple[dict[str, torch.Tensor], str]:
 def _read_config(source: HeadSource) -> tuple[dict, str]:
     path = source.require(CONFIG_NAME, "the EAGLE head's Llama config")
     try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"EagleHead: {path} is not valid JSON ({err})") from err
-    if not isinstance(config, dict):
-        raise ValueError(f"EagleHead: {path} holds a {type(config).__name__}, expected a JSON object")
+        config = read_json(path)
+    except ValueError as err:
+        raise ValueError(f"EagleHead: {err}") from err
     missing = [k for k in _REQUIRED_FIELDS if config.get(k) is None]
     if missing:
         raise ValueError(f"EagleHead: {path} lacks {missing}; an EAGLE config is a Llama config of the draft layer")

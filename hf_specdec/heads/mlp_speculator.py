@@ -30,7 +30,6 @@ builds it (after ``import hf_specdec``).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -49,6 +48,7 @@ from .hub import (
     check_base_model,
     check_reachable,
     check_shapes,
+    read_json,
     read_sharded_tensors,
     read_tensors,
 )
@@ -418,12 +418,9 @@ def _read_config(source: HeadSource) -> tuple[dict, str]:
             f"{OWNER}: {source.describe_missing([CONFIG_NAME])}; an MLP speculator needs its config"
         )
     try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{OWNER}: {path} is not valid JSON ({err}); expected the speculator's config.json") from err
-    if not isinstance(config, dict):
-        raise ValueError(f"{OWNER}: {path} holds a {type(config).__name__}, expected a JSON object")
+        config = read_json(path)
+    except ValueError as err:
+        raise ValueError(f"{OWNER}: {err} (expected the speculator's config.json)") from err
     return config, str(path)
 
 
