@@ -122,6 +122,17 @@ def left_pad(rows, pad=0):
     return ids, mask
 
 
+def spec_bench_batch(tokenizer, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[B, W]` left-padded input ids and attention mask of the first turns of ``batch`` (at most 4) shipped Spec-Bench
+    questions from different categories, through the tokenizer's chat template: a real batch for the default model."""
+    from .bench.questions import find_questions_file, load_questions
+    from .models import chat_prompt_ids
+
+    questions = load_questions(find_questions_file())
+    picks = [questions[i]["turns"][0] for i in (0, 41, 122, 200)][:batch]
+    return left_pad([chat_prompt_ids(tokenizer, q)[0].tolist() for q in picks], pad=tokenizer.pad_token_id or 0)
+
+
 def assert_same_tokens(actual: torch.Tensor, expected: torch.Tensor, label: str = ""):
     if actual.shape == expected.shape and torch.equal(actual, expected):
         return

@@ -26,6 +26,7 @@ from hf_specdec.testing import (
     left_pad,
     sample_first_tokens,
     sampling_target,
+    spec_bench_batch,
     tiny_causal_lm,
 )
 
@@ -162,14 +163,9 @@ SHIPPED = Path(hf_specdec.__file__).parent / "assets" / "mlp-speculator-smollm2-
 @pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 4])
 def test_default_model_with_the_shipped_speculator_matches_vanilla(default_model, batch):
-    from hf_specdec.bench.questions import find_questions_file, load_questions
-    from hf_specdec.models import chat_prompt_ids
-
     model, tok = default_model
     spec = MLPSpeculator.from_pretrained(SHIPPED, base_model=model, dtype=torch.float32)
-    questions = load_questions(find_questions_file())
-    picks = [questions[i]["turns"][0] for i in (0, 41, 122, 200)][:batch]
-    ids, mask = left_pad([chat_prompt_ids(tok, q)[0].tolist() for q in picks], pad=tok.pad_token_id or 0)
+    ids, mask = spec_bench_batch(tok, batch)
     expected = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False)
     for budget in (False, True):  # its own trees, and the loop's default tree budget
         out = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, assistant=spec,
