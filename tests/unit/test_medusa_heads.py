@@ -41,29 +41,28 @@ def reference_logits(x, w, b, lm, base_lm_head=None):
     return torch.stack(out)
 
 
-def fasterdecoding_state(w, b, lm, prefix=""):
-    """FasterDecoding key names: {h}.{l}.linear.weight/bias, {h}.{L}.weight."""
+def upstream_state(w, b, lm, block_key: str, lm_head_key: str) -> dict:
+    """Per-head block weights ``w[h][layer]`` (biases ``b``, None: none) and lm_heads ``lm[h]`` (None: shared) under
+    an upstream layout's key templates (``{h}`` head, ``{layer}`` block, ``{kind}`` weight/bias, ``{L}`` blocks)."""
     state = {}
     for h in range(len(w)):
         for layer in range(len(w[h])):
-            state[f"{prefix}{h}.{layer}.linear.weight"] = w[h][layer]
+            state[block_key.format(h=h, layer=layer, kind="weight")] = w[h][layer]
             if b is not None:
-                state[f"{prefix}{h}.{layer}.linear.bias"] = b[h][layer]
+                state[block_key.format(h=h, layer=layer, kind="bias")] = b[h][layer]
         if lm is not None:
-            state[f"{prefix}{h}.{len(w[h])}.weight"] = lm[h]
+            state[lm_head_key.format(h=h, L=len(w[h]))] = lm[h]
     return state
+
+
+def fasterdecoding_state(w, b, lm, prefix=""):
+    """FasterDecoding key names: {h}.{l}.linear.weight/bias, {h}.{L}.weight."""
+    return upstream_state(w, b, lm, prefix + "{h}.{layer}.linear.{kind}", prefix + "{h}.{L}.weight")
 
 
 def vllm_state(w, b, lm):
-    state = {}
-    for h in range(len(w)):
-        for layer in range(len(w[h])):
-            state[f"blocks.{h}.layers.{layer}.weight"] = w[h][layer]
-            if b is not None:
-                state[f"blocks.{h}.layers.{layer}.bias"] = b[h][layer]
-        if lm is not None:
-            state[f"lm_heads.{h}.weight"] = lm[h]
-    return state
+    """vLLM key names: blocks.{h}.layers.{l}.weight/bias, lm_heads.{h}.weight."""
+    return upstream_state(w, b, lm, "blocks.{h}.layers.{layer}.{kind}", "lm_heads.{h}.weight")
 
 
 def write_json(path: Path, obj) -> None:
