@@ -68,6 +68,20 @@ def test_bad_values_are_refused_in_one_line_before_loading_a_model(capsys, monke
     assert not missing, f"{missing} not in {line!r}"
 
 
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ('{"question_id": 1, "category": "qa"}\n', [":1:", "question_id, category and a non-empty turns"]),
+        ("not json\n", ["--questions", "Expecting value"]),
+    ],
+)
+def test_a_damaged_question_file_names_itself(capsys, tmp_path, text, words):
+    path = tmp_path / "questions.jsonl"
+    path.write_text(text)
+    line = _error_line(capsys, ["bench", "--questions", str(path)])
+    assert f"--questions {path}" in line and not [w for w in words if w not in line], line
+
+
 @pytest.mark.parametrize("command", [["generate", "hi"], ["bench"]])
 def test_the_installed_command_prints_no_traceback(command):
     proc = subprocess.run(
