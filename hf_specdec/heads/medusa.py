@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .convert import medusa_expected_shapes, read_medusa_checkpoint
+from .derived import cached_derived
 from .hub import (
     HeadSource,
     PretrainedHead,
@@ -280,15 +281,12 @@ class MedusaHeads(
         """The rows of the shared lm_head's weight (and bias) at ``token_map``, gathered once and reused while neither
         the lm_head nor the map changes (same storage, same version counters)."""
         w, b, m = head.weight, head.bias, self.token_map
-        key = (w.data_ptr(), w._version, w.device, w.dtype, m.data_ptr(), m._version)
-        key += (None,) if b is None else (b.data_ptr(), b._version)
-        cached = self.__dict__.get("_draft_rows_cache")
-        if cached is None or cached[0] != key:
+
+        def gather() -> tuple[torch.Tensor, torch.Tensor | None]:
             idx = m.to(w.device)
-            bias = None if b is None else b.detach()[idx]
-            cached = (key, w.detach()[idx].contiguous(), bias)
-            self.__dict__["_draft_rows_cache"] = cached  # plain attribute: never saved, never a buffer
-        return cached[1], cached[2]
+            return w.detach()[idx].contiguous(), None if b is None else b.detach()[idx]
+
+        return cached_derived(self, "_draft_rows_cache", (w, b, m), gather)
 
     def forward(self, hidden_states: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
         """Every head's logits.

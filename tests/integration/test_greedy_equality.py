@@ -155,3 +155,21 @@ def test_default_model_self_draft_accepts_everything(default_model):
         tree_budget=False,  # the chains as proposed: a self-draft costs a full forward per level, the budget cuts it
     )
     assert out.spec_stats.tau == k + 1
+
+
+@pytest.mark.parametrize("arch", ARCHS[:1])
+def test_assistants_made_and_used_under_inference_mode_give_the_same_tokens(tiny_models, arch):
+    """Users call generate inside ``torch.inference_mode()`` and may build their assistant there too: tensors made
+    in inference mode carry no version counter, which the heads' caches of gathered lm_head rows must not need."""
+    from hf_specdec.heads.medusa import MedusaHeads
+
+    model = tiny_models[arch]
+    ids, mask = left_pad(PROMPTS)
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
+    with torch.inference_mode():
+        vocab = model.config.vocab_size
+        heads = MedusaHeads.for_model(model, num_heads=3, draft_vocab_size=vocab // 2)
+        for assistant in (heads, hf_specdec.NgramAssistant()):
+            for _ in range(2):  # the second call reuses the cached rows
+                out = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, assistant=assistant)
+                assert_same_tokens(out, expected, f"inference_mode {type(assistant).__name__}")
