@@ -13,7 +13,10 @@ never scores below its child). The budgeter
    ``E(K) / time(K)``. ``K = 0`` — drafting nothing, a plain decoding step through the same loop — is always an
    option and wins unless drafting is predicted to be faster by ``margin``,
 4. now and then verifies the next larger size the cost curve has not measured yet, if it is predicted to lose at
-   most ``1 - explore_tolerance`` of the best rate, so that a machine where big trees are cheap (a GPU) finds out,
+   most ``1 - explore_tolerance`` of the best rate, so that a machine where big trees are cheap (a GPU) finds out;
+   the next size above the best is verified whatever its prediction when it was measured too few times, long ago
+   or never (`StepCostModel.needs_sample`), so that a slow stretch of the machine cannot lock the rows into
+   drafting nothing,
 5. stops asking for drafts from a row whose drafts stopped paying, when proposing costs something, and asks again
    after ``probe_every`` steps (doubling after every rejected probe, up to ``probe_max``; back to ``probe_every``
    after an accepted one); a probe verifies the row's best node so that its calibration can recover.
@@ -336,7 +339,7 @@ class TreeBudgeter:
         best = max(range(len(rate)), key=lambda k: (rate[k], -k))
         if best and rate[best] < rate[0] * (1.0 + self.margin):
             best = 0
-        best = self._explore(rows + fixed, best, rate)
+        best = self._explore(rows + fixed, best, rate, len(gains))
         counts = [0] * rows
         for _, b in merged[:best]:
             counts[b] += 1
@@ -363,23 +366,28 @@ class TreeBudgeter:
                 break
         return rates
 
-    def _explore(self, base: int, best: int, rate: list[float]) -> int:
-        """Now and then, the next unmeasured size of the exploration ladder above ``best`` if it loses little."""
+    def _explore(self, base: int, best: int, rate: list[float], available: int) -> int:
+        """Now and then a size of the exploration ladder above ``best`` whose cost is not well known. The next one
+        up is verified whatever its prediction says when it was measured too few times, long ago or never (that
+        prediction is what is in doubt, and a neighbour of the best size loses little); larger ones only when never
+        measured and predicted to lose little. ``available`` nodes exist."""
         if self._steps - self._last_explore < self.explore_every:
             return best
+        neighbour = True
         for n in self._ladder:
             k = n - base
             if k <= best:
                 continue
-            if k >= len(rate):
+            if k > available:
                 break
-            if self.cost.samples(n) >= self.explore_samples:
-                continue  # measured already: the curve knows it
-            if rate[k] >= self.explore_tolerance * rate[best]:
-                self._last_explore = self._steps
-                self._explorations += 1
-                return k
-            break  # larger sizes only lose more
+            why = self.cost.needs_sample(n, self.explore_samples)
+            if why is not None and (neighbour or (why == "unmeasured" and k < len(rate))):
+                if neighbour or rate[k] >= self.explore_tolerance * rate[best]:
+                    self._last_explore = self._steps
+                    self._explorations += 1
+                    return k
+                break  # larger sizes are predicted to lose more still
+            neighbour = False
         return best
 
     def _gate(self, row: int, k: int, has_candidates: bool) -> int:

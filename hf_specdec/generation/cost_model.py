@@ -11,6 +11,11 @@ slope) and lets measurements take over as soon as they exist:
 - each bucket keeps its last ``window`` samples and is summarised by their median (robust to a preempted step);
   once the curve has a few samples, a new one is clipped to within 3x of what the curve expects there, so that a
   one-off (weights packed inside that forward) cannot poison a rarely visited size through the isotonic fit;
+- a bucket not sampled during the last ``stale_after`` samples of the model is *stale*: what it says may be from
+  another state of the machine (another process on the cores for a while, weights not packed yet). `needs_sample`
+  tells the budgeter to verify such a size again; when the fresh sample disagrees with the stale median by more than
+  ``_DISAGREE`` either way, the machine has changed and every stale bucket is forgotten (fresh samples and the
+  prior take over), so one slow stretch cannot lock a row into drafting nothing;
 - the bucket medians are made non-decreasing in n (weighted isotonic regression, pool-adjacent-violators);
 - between measured buckets the cost is interpolated linearly; below them it is the smallest measured bucket scaled
   by the prior's ratio; above them it grows with the measured slope (over at least a doubling of n), never slower
@@ -43,6 +48,8 @@ _MIN_SLOPE_FRACTION = 0.25  # extrapolation past the measured sizes grows at lea
 _CLIP_AFTER = 8  # samples before new ones are clipped to the curve's range ...
 _CLIP_FACTOR = 3.0  # ... of [expected / 3, expected * 3]
 _EMA = 0.2  # weight of a new sample in the running means (bookkeeping seconds per row)
+DEFAULT_STALE_AFTER = 48  # a bucket not sampled during this many of the model's samples is stale
+_DISAGREE = 1.25  # a stale bucket re-measured off by more than this factor: the machine changed, stale data goes
 
 
 def cost_grid(limit: int = 1 << 16) -> list[int]:
@@ -178,11 +185,16 @@ class StepCostModel:
         window: samples kept per bucket.
     """
 
-    def __init__(self, prior: PriorCurve | None = None, window: int = DEFAULT_WINDOW):
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
+    def __init__(
+        self, prior: PriorCurve | None = None, window: int = DEFAULT_WINDOW, stale_after: int = DEFAULT_STALE_AFTER
+    ):
+        if window < 1 or stale_after < 1:
+            raise ValueError(f"window and stale_after must be >= 1, got {window} and {stale_after}")
         self.prior = prior or PriorCurve.linear()
-        self.window = window
+        self.window, self.stale_after = window, stale_after
+        self._count = 0  # samples taken so far (the model's clock for staleness)
+        self._last: dict[int, int] = {}  # bucket -> `_count` at its latest sample
+        self.forgotten = 0  # how often stale measurements were dropped because the machine changed
         self._samples: dict[int, deque[float]] = {}
         self._medians: dict[int, float] = {}  # bucket -> median of its samples
         self._rows: dict[int, int] = {}  # bucket -> largest row count seen (reported only)
@@ -222,16 +234,42 @@ class StepCostModel:
             return  # nothing verified, or a clock that did not move: no information
         g = self.bucket(tokens)
         with self._lock:
-            if sum(len(s) for s in self._samples.values()) >= _CLIP_AFTER:
+            if self._count >= _CLIP_AFTER:
                 # a one-off (weights packed inside this forward, a preempted thread) must not poison a rarely
                 # visited size through the isotonic fit: one sample moves the curve by at most _CLIP_FACTOR
                 expected = self._curve_locked()(g)
                 seconds = min(max(seconds, expected / _CLIP_FACTOR), expected * _CLIP_FACTOR)
+            value = seconds * self.prior(g) / self.prior(tokens)
+            if self._is_stale(g) and not 1 / _DISAGREE <= value / self._medians[g] <= _DISAGREE:
+                self._forget_stale()
+            self._count += 1
+            self._last[g] = self._count
             samples = self._samples.setdefault(g, deque(maxlen=self.window))
-            samples.append(seconds * self.prior(g) / self.prior(tokens))
+            samples.append(value)
             self._medians[g] = statistics.median(samples)
             self._rows[g] = max(self._rows.get(g, 0), rows)
             self._curve = None
+
+    def _is_stale(self, g: int) -> bool:
+        return g in self._samples and self._count - self._last[g] >= self.stale_after
+
+    def _forget_stale(self) -> None:
+        """The machine changed (a stale size re-measured disagrees): drop every stale bucket."""
+        for g in [g for g in self._samples if self._is_stale(g)]:
+            del self._samples[g], self._medians[g], self._last[g]
+        self.forgotten += 1
+
+    def needs_sample(self, n: int, min_samples: int) -> str | None:
+        """Why a verify over ``n`` tokens should be measured: ``"unmeasured"`` (never, or forgotten), ``"stale"`` (not
+        sampled recently: it may describe another state of the machine), ``"few"`` (fewer than ``min_samples``), or
+        None when its bucket is well measured."""
+        g = self.bucket(n)
+        with self._lock:
+            if g not in self._samples:
+                return "unmeasured"
+            if self._is_stale(g):
+                return "stale"
+            return "few" if len(self._samples[g]) < min_samples else None
 
     def record_other(self, rows: int, seconds: float) -> None:
         """The loop's bookkeeping of one step with ``rows`` rows (emit, feedback) took ``seconds``."""
@@ -291,6 +329,8 @@ class StepCostModel:
                 "max_rows": dict(sorted(self._rows.items())),
                 "other_s_per_row": self._other_per_row,
                 "prior": dict(zip(self.prior.ns, self.prior.cs)),
+                "stale": [g for g in grid if self._is_stale(g)],
+                "forgotten": self.forgotten,
             }
 
 

@@ -310,3 +310,37 @@ def test_cost_model_takes_samples_from_two_threads():
     for t in threads:
         t.join()
     assert cost.num_samples == 4000
+
+
+def _decode(budgeter, tree, scores, accept, steps, slow, rng, propose_s=0.0005):
+    """``steps`` simulated decoding steps; verify forwards that draft (k > 0) take ``slow`` times the CPU curve."""
+    sizes = []
+    for _ in range(steps):
+        k = budgeter.cut([RowCandidates(0, tree, scores)])[0].num_nodes
+        sizes.append(k)
+        depth = 0
+        while depth < k and rng.random() < accept:
+            depth += 1
+        budgeter.record_verdicts([list(range(depth))])
+        budgeter.record_step(1 + k, 1, cpu_curve(1 + k) * (slow if k else 1.0), propose_s if k else 0.0, 0.0)
+    return sizes
+
+
+@pytest.mark.parametrize("slow", [1.8, 3.0, 6.0])
+def test_a_burst_of_slow_drafting_steps_does_not_lock_the_row_into_drafting_nothing(slow):
+    """Drafting steps measured slow for a while (weights not packed yet, another process on the core) make every
+    tree look expensive; once the machine is quiet again the budgeter must find the paying size again (re-measuring
+    sizes whose measurements disagree with what the rest of the curve says), not keep drafting nothing forever."""
+    tree, scores = chain(0.8, 12)
+    budgeter = TreeBudgeter(measured(cpu_curve, sizes=[1], repeats=3))
+    rng = random.Random(3)
+    _decode(budgeter, tree, scores, 0.8, 40, slow, rng)  # the burst
+    sizes = _decode(budgeter, tree, scores, 0.8, 300, 1.0, rng)  # quiet again
+
+    def rate(j):
+        return (1 + sum(scores[:j])) / (cpu_curve(1 + j) + (0.0005 if j else 0.0))
+
+    best = max(range(13), key=rate)
+    tail = sizes[-50:]
+    assert min(rate(k) for k in tail[-10:]) >= 0.9 * rate(best), (tail, best)
+    assert sum(k > 0 for k in tail) >= 45, f"the row must draft again after the burst: {tail}"
