@@ -19,7 +19,9 @@ never scores below its child). The budgeter
    drafting nothing,
 5. stops asking for drafts from a row whose drafts stopped paying, when proposing costs something, and asks again
    after ``probe_every`` steps (doubling after every rejected probe, up to ``probe_max``; back to ``probe_every``
-   after an accepted one); a probe verifies the row's best node so that its calibration can recover.
+   after an accepted one); a probe verifies the row's best node so that its calibration can recover. A row of a
+   free proposer (prompt lookup) keeps proposing and is probed on the same schedule while it drafts nothing:
+   calibration learns only from verified nodes, so without probes a few early rejections would stop it for good.
 
 Which nodes survive depends only on the scores and on earlier steps, never on the target's answer to this step, so
 greedy output is unchanged. Trees whose children were *sampled* (`DraftSampling.WITHOUT_REPLACEMENT` / ``IID``) are
@@ -404,12 +406,21 @@ class TreeBudgeter:
             gate.paused, gate.idle, gate.interval = False, 0, 0
             return k
         if probing:
-            self._probes += 1
-            gate.idle, gate.interval, gate.probed = 0, min(self.probe_max, gate.interval * 2), True
-            return 1
+            return self._probe(gate)
         if not gate.paused and self._proposing_counts():
             gate.paused, gate.idle, gate.interval = True, 0, self.probe_every
-        return 0
+            return 0
+        # a free proposer's row is never paused, but its calibration only learns from verified nodes: after
+        # ``interval`` steps of drafting nothing it verifies its best node once, so that it can recover
+        gate.idle += 1
+        gate.interval = gate.interval or self.probe_every
+        return self._probe(gate) if gate.idle >= gate.interval else 0
+
+    def _probe(self, gate: _RowGate) -> int:
+        """Verify the row's best node; the interval to the next probe doubles unless this one is accepted."""
+        self._probes += 1
+        gate.idle, gate.interval, gate.probed = 0, min(self.probe_max, gate.interval * 2), True
+        return 1
 
     def _proposing_counts(self) -> bool:
         return self.propose_seconds is not None and self.propose_seconds >= self.pause_fraction * self.cost.predict(1)

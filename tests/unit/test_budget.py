@@ -344,3 +344,21 @@ def test_a_burst_of_slow_drafting_steps_does_not_lock_the_row_into_drafting_noth
     tail = sizes[-50:]
     assert min(rate(k) for k in tail[-10:]) >= 0.9 * rate(best), (tail, best)
     assert sum(k > 0 for k in tail) >= 45, f"the row must draft again after the burst: {tail}"
+
+
+def test_a_free_proposers_row_recovers_from_early_rejections():
+    """Calibration learns only from verified nodes: a free proposer's row whose first drafts were all rejected must
+    still be probed while it drafts nothing, and draft again once its drafts would be accepted."""
+    cost = measured(cpu_curve)
+    tree, scores = chain(0.7, 8)
+    budgeter = TreeBudgeter(cost, probe_every=3, probe_max=12)
+    budgeter.propose_seconds = 1e-6  # prompt lookup: never paused
+    sizes = []
+    for step in range(80):
+        assert budgeter.depth_cap(0, 8) == 8
+        k = budgeter.cut([RowCandidates(0, tree, scores)])[0].num_nodes
+        sizes.append(k)
+        budgeter.record_verdicts([list(range(k)) if step >= 30 else []])  # rejected, then predictable text
+    assert 0 in sizes[:30], "early rejections must shrink the trees to nothing"
+    assert sizes[-1] >= 3, f"the row must draft again once its probes are accepted: {sizes[-20:]}"
+    assert budgeter.summary()["probes"] >= 1
