@@ -12,16 +12,20 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from ..cli_args import positive_int
 from .options import DEFAULT_CONCURRENCY
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``hf-specdec demo`` options."""
     parser.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; 0.0.0.0 for all)")
-    parser.add_argument("--port", type=int, default=None, help="port (default: 7860 or the next free one)")
+    parser.add_argument("--port", type=_port, default=None, help="port (default: 7860 or the next free one)")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
     parser.add_argument(
-        "--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="requests served at once (default %(default)s)"
+        "--concurrency",
+        type=positive_int,
+        default=DEFAULT_CONCURRENCY,
+        help="requests served at once (default %(default)s)",
     )
     parser.add_argument(
         "--parallel",
@@ -30,7 +34,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tokens/s is measured on an otherwise idle CPU)",
     )
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up run of each method at start")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument(
+        "--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
+
+
+def _port(text: str) -> int:
+    """argparse type: a TCP port, 1 to 65535."""
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port between 1 and 65535, got {value}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,11 +52,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     if args.threads is not None:
-        if args.threads < 1:
-            raise SystemExit(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    if args.concurrency < 1:
-        raise SystemExit(f"--concurrency must be at least 1, got {args.concurrency}")
     try:
         import gradio  # noqa: F401
     except ModuleNotFoundError as exc:

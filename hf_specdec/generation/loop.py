@@ -175,19 +175,10 @@ def generate(
         `[B, W + G]` token ids like vanilla `generate`, or a `GenerateDecoderOnlyOutput` with an extra
         ``spec_stats`` attribute when ``return_dict_in_generate=True``.
     """
-    if assistant is None:
-        raise ValueError("hf_specdec.generate needs an assistant: model.generate(ids, assistant=...)")
     generation_config = generation_config if generation_config is not None else model.generation_config
-    validate_call(model, input_ids, generation_config, model_kwargs)
-    if hf_specdec_streamer is not None and input_ids.shape[0] > 1:
-        raise ValueError("streamers support batch size 1 only (as in vanilla generate)")
-    proposer: Proposer = as_proposer(assistant, model)
-    proposer.validate(model)
-    stopper = _StopChecker(stopping_criteria)
-    max_length = stopper.max_length if stopper.max_length is not None else generation_config.max_length
-    if max_length is None:
-        raise ValueError("set max_new_tokens or max_length")
-    rows = _rows_from_input(input_ids, model_kwargs.get("attention_mask"), max(0, max_length - input_ids.shape[1]))
+    proposer, stopper, max_length, rows = _checked_call(
+        model, input_ids, assistant, generation_config, stopping_criteria, hf_specdec_streamer, model_kwargs
+    )
     returns = bool(generation_config.return_dict_in_generate)
     if hf_specdec_streamer is not None:
         hf_specdec_streamer.put(input_ids.cpu())
@@ -220,6 +211,27 @@ def generate(
     if hf_specdec_streamer is not None:
         hf_specdec_streamer.end()
     return _output(call, input_ids, rows, generation_config)
+
+
+def _checked_call(model, input_ids, assistant, generation_config, stopping_criteria, streamer, model_kwargs):
+    """Everything checked before the model runs: the inputs, the options, the assistant against the model.
+
+    Returns:
+        the proposer, the stop checker, the max length and one `_Row` per row of `[B, W]` ``input_ids``.
+    """
+    if assistant is None:
+        raise ValueError("hf_specdec.generate needs an assistant: model.generate(ids, assistant=...)")
+    validate_call(model, input_ids, generation_config, model_kwargs)
+    if streamer is not None and input_ids.shape[0] > 1:
+        raise ValueError("streamers support batch size 1 only (as in vanilla generate)")
+    proposer: Proposer = as_proposer(assistant, model)
+    proposer.validate(model)
+    stopper = _StopChecker(stopping_criteria)
+    max_length = stopper.max_length if stopper.max_length is not None else generation_config.max_length
+    if max_length is None:
+        raise ValueError("set max_new_tokens or max_length")
+    rows = _rows_from_input(input_ids, model_kwargs.get("attention_mask"), max(0, max_length - input_ids.shape[1]))
+    return proposer, stopper, max_length, rows
 
 
 def _setup(call: _Call, generation_config, logits_processor, batch_size: int) -> ProposerSetup:
