@@ -113,6 +113,12 @@ def available_methods() -> dict[str, Method]:
 METHODS: dict[str, Method] = available_methods()  # as of import; `resolve_methods` re-reads the registry
 
 
+def quick_methods() -> list[str]:
+    """The quick benchmark's methods: vanilla, the best ready-made assistant and n-gram (prompt lookup)."""
+    best = available_assistants()[:1]
+    return list(dict.fromkeys(["vanilla", *best, "ngram"]))
+
+
 def resolve_methods(names: Sequence[str] | str | None) -> list[Method]:
     """The methods named (comma-separated string or list), vanilla always first (it is every speedup's baseline)."""
     methods = available_methods()

@@ -6,7 +6,8 @@ ratio measured under the same machine load; results are reported per Spec-Bench 
 `report` for the metric definitions). Greedy outputs of every method are compared token by token with vanilla's
 and mismatches are reported, not hidden.
 
-    hf-specdec bench                                  # greedy, batch 1, 128 new tokens, 4 questions per category
+    hf-specdec bench                                  # quick: 1 question per category, vanilla/ngram/best
+    hf-specdec bench --full                           # every method, 4 questions per category
     hf-specdec bench --methods ngram,null --per-category 2 --out results/
     hf-specdec bench --batch 4                        # batches of mixed prompt lengths against vanilla batch-4
     hf-specdec bench --sample                         # adds temperature 0.7 and 1.0 (top_p 0.9)
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from ..cli_args import (
     UsageError,
@@ -37,7 +39,7 @@ from ..cli_args import (
 )
 from ..generation.cost_model import cost_model_for
 from ..kernels.cpu_linear import packed_weights
-from .methods import BenchContext, Method, available_methods, resolve_methods
+from .methods import BenchContext, Method, available_methods, quick_methods, resolve_methods
 from .questions import find_questions_file, interleave_categories, load_questions, sample_questions
 from .report import budgets_by_method, markdown_report, summarize, write_results
 
@@ -45,6 +47,9 @@ GREEDY = "greedy"
 SAMPLING_TEMPERATURES = (0.7, 1.0)
 SAMPLING_TOP_P = 0.9
 DEFAULT_DRAFT_LAYERS = 8
+QUICK_PER_CATEGORY = 1  # the default run: six prompts, a few minutes on a 2-core CPU
+FULL_PER_CATEGORY = 4  # --full: the 24 prompts of the results in docs/results.md
+DEFAULT_OUT = "hf-specdec-bench"  # results.md, results.json and results.png are written here
 
 
 @dataclass
@@ -332,12 +337,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``hf-specdec bench`` options."""
     methods = ",".join(available_methods())
     parser.add_argument(
-        "--methods",
-        default=methods,
-        help=f"comma-separated methods (vanilla is always run as the baseline); default: all of {methods}",
+        "--full",
+        action="store_true",
+        help=f"the full benchmark: every method ({methods}) on {FULL_PER_CATEGORY} questions per category "
+        f"(default: the quick one, {QUICK_PER_CATEGORY} question per category, vanilla against n-gram and the best "
+        "ready-made assistant)",
     )
     parser.add_argument(
-        "--per-category", type=positive_int, default=4, help="questions per Spec-Bench category (default 4)"
+        "--methods",
+        default=None,
+        help="comma-separated methods (vanilla is always run as the baseline); default: vanilla,ngram and the best "
+        f"ready-made assistant, or with --full all of {methods}",
+    )
+    parser.add_argument(
+        "--per-category",
+        type=positive_int,
+        default=None,
+        help=f"questions per Spec-Bench category (default {QUICK_PER_CATEGORY}, or {FULL_PER_CATEGORY} with --full)",
     )
     parser.add_argument(
         "--max-new-tokens", type=positive_int, default=128, help="tokens generated per prompt (default 128)"
@@ -351,7 +367,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--questions", default=None, help="Spec-Bench JSONL file (default: the 240 questions shipped in the package)"
     )
     parser.add_argument("--categories", default=None, help="comma-separated pooled categories (default: all)")
-    parser.add_argument("--out", default=None, help="directory for results.md, results.json and results.png")
+    parser.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        help="directory for results.md, results.json and results.png (default %(default)s)",
+    )
     parser.add_argument(
         "--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)"
     )
@@ -376,6 +396,10 @@ def _checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Set
         UsageError: a value argparse cannot check alone (a method or category name, the question file, an
             impossible combination, ``--model`` or ``--out``), naming the option, the value and what is expected.
     """
+    if args.per_category is None:
+        args.per_category = FULL_PER_CATEGORY if args.full else QUICK_PER_CATEGORY
+    if args.methods is None:
+        args.methods = ",".join(available_methods()) if args.full else ",".join(quick_methods())
     try:
         methods = resolve_methods(args.methods)
     except ValueError as err:
@@ -439,9 +463,12 @@ def main(args: argparse.Namespace) -> int:
     if args.batch > 1:
         questions = interleave_categories(questions)
 
+    groups = -(-len(questions) // args.batch) * len(settings)
+    bar = tqdm(total=groups, desc="hf-specdec bench", unit="prompt" if args.batch == 1 else "batch", disable=args.quiet)
+
     def log(msg: str) -> None:
         if not args.quiet:
-            print(msg, file=sys.stderr, flush=True)
+            bar.write(msg, file=sys.stderr)
 
     t0 = time.perf_counter()
     model, tokenizer, model_name = load_model_argument(args.model)
@@ -467,6 +494,7 @@ def main(args: argparse.Namespace) -> int:
 
     def save_partial(so_far: list[dict]) -> None:
         records[:] = so_far  # what an interruption keeps
+        bar.update(1)
         if args.out:  # written after every prompt, so that Ctrl-C or a timeout loses nothing (plot at the end)
             write_results(args.out, so_far, meta(done=False), plot=False)
 
@@ -490,6 +518,7 @@ def main(args: argparse.Namespace) -> int:
         if records:
             print(markdown_report(summarize(records), meta(done=False)), flush=True)
         return 143 if isinstance(interrupt, _Terminated) else 130
+    bar.close()
     print(markdown_report(summarize(records), meta(done=True)))
     if args.out:
         paths = write_results(args.out, records, meta(done=True))
