@@ -38,6 +38,8 @@ as a prefix of their draw order, which keeps exact sampling exact.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -153,6 +155,17 @@ class AcceptanceCalibration:
                 pred[d] += s
                 nodes[d] += 1.0
 
+    def source_evidence(self) -> dict[Hashable, list[list[float]]]:
+        """A copy of the source-level evidence (accepted, predicted, nodes per depth), to seed a later call."""
+        return {s: [column[:] for column in table] for s, table in self._source.items()}
+
+    def seed(self, evidence: dict[Hashable, list[list[float]]], max_nodes: float = 8.0) -> None:
+        """Start from an earlier call's source-level evidence, worth at most ``max_nodes`` nodes per depth (so this
+        call's own verdicts take over within a few steps); rows start from their source as usual."""
+        for source, (acc, pred, nodes) in evidence.items():
+            scale = [min(1.0, max_nodes / n) if n > 0 else 0.0 for n in nodes]
+            self._source[source] = [[a * k for a, k in zip(column, scale)] for column in (acc, pred, nodes)]
+
     def summary(self) -> dict:
         """``{source: [factor per depth]}`` at the source level."""
         return {str(s): [round(c, 3) for c in self.factors(s, -1)] for s in self._source}
@@ -200,6 +213,30 @@ def calibrated_probs(tree: DraftTree, cond: Sequence[float], factors: Sequence[f
             last_child[p] = i
         out.append(x)
     return out
+
+
+# what each source's scores were worth in the last call on a model: the next call's calibration starts from it
+_EVIDENCE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_EVIDENCE_LOCK = threading.Lock()
+
+
+def carried_calibration(model: torch.nn.Module) -> AcceptanceCalibration:
+    """A fresh calibration for a call on ``model``, seeded with what the assistants' scores were worth in earlier
+    calls on it (kept beside the model, never on it), so that a call does not start by trusting over-confident
+    scores again."""
+    calibration = AcceptanceCalibration()
+    with _EVIDENCE_LOCK:
+        evidence = _EVIDENCE.get(model)
+    if evidence:
+        calibration.seed(evidence)
+    return calibration
+
+
+def keep_calibration(model: torch.nn.Module, calibration: AcceptanceCalibration) -> None:
+    """Remember ``calibration``'s source-level evidence for the next call on ``model`` (`carried_calibration`)."""
+    evidence = calibration.source_evidence()
+    with _EVIDENCE_LOCK:
+        _EVIDENCE[model] = {**_EVIDENCE.get(model, {}), **evidence}
 
 
 @dataclass

@@ -26,7 +26,7 @@ from transformers.generation import (
     StoppingCriteriaList,
 )
 
-from .budget import TreeBudgeter
+from .budget import TreeBudgeter, carried_calibration, keep_calibration
 from .cost_model import cost_model_for
 from .inputs import prompt_starts, validate_call
 from .logits import NodeScorer
@@ -206,6 +206,8 @@ def generate(
             while active := [r for r in rows if not r.finished]:
                 _step(call, active)
             call.stats.packed_weight_bytes = target.packed_bytes()
+            if call.budget is not None and tree_budget is True:
+                keep_calibration(model, call.budget.calibration)
         finally:
             proposer.finish()
     if hf_specdec_streamer is not None:
@@ -328,7 +330,7 @@ def _tree_budget(tree_budget: bool | TreeBudgeter, model) -> TreeBudgeter | None
     if isinstance(tree_budget, TreeBudgeter):
         return tree_budget
     if tree_budget is True:
-        return TreeBudgeter(cost_model_for(model))
+        return TreeBudgeter(cost_model_for(model), calibration=carried_calibration(model))
     if tree_budget is False or tree_budget is None:
         return None
     raise TypeError(f"tree_budget must be True, False or a TreeBudgeter, got {type(tree_budget).__name__}")

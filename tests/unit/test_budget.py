@@ -362,3 +362,20 @@ def test_a_free_proposers_row_recovers_from_early_rejections():
     assert 0 in sizes[:30], "early rejections must shrink the trees to nothing"
     assert sizes[-1] >= 3, f"the row must draft again once its probes are accepted: {sizes[-20:]}"
     assert budgeter.summary()["probes"] >= 1
+
+
+def test_calibration_carries_over_to_the_next_call_on_the_same_model_with_bounded_weight():
+    from hf_specdec.generation.budget import carried_calibration, keep_calibration
+
+    model = torch.nn.Linear(2, 2)
+    first = carried_calibration(model)
+    assert first.factors("medusa", 0)[0] == pytest.approx(1.0), "nothing known yet: scores start trusted"
+    for _ in range(40):  # the heads' depth-1 scores of 0.8 are accepted a quarter of the time
+        first.update("medusa", 0, [1, 1, 1, 1], [0.8] * 4, [True, False, False, False])
+    keep_calibration(model, first)
+    second = carried_calibration(model)
+    assert second.factors("medusa", 3)[0] < 0.6, "a new call starts from what the scores were worth"
+    assert carried_calibration(torch.nn.Linear(2, 2)).factors("medusa", 0)[0] == pytest.approx(1.0)
+    for _ in range(6):  # this call's own verdicts take over within a few steps
+        second.update("medusa", 0, [1, 1, 1, 1], [0.8] * 4, [True] * 4)
+    assert second.factors("medusa", 0)[0] > 0.9
