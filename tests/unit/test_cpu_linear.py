@@ -17,6 +17,8 @@ pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="this torch b
 def _pack_at_once(monkeypatch):
     """Tests of the packed path pack at the first verify forward (a call waits PACK_AFTER forwards by default)."""
     monkeypatch.setattr(cpu_linear, "PACK_AFTER", 1)
+    monkeypatch.setattr(cpu_linear, "_GEMM_CHOICE", {})  # every test tunes the GEMM forms of its shapes afresh
+    monkeypatch.setattr(cpu_linear, "_GEMM_TRIALS", {})
 
 
 def _net(bias=True):
@@ -42,11 +44,25 @@ def test_packed_path_is_taken_from_min_rows(monkeypatch):
     calls = []
     real = cpu_linear.packed_weight
     monkeypatch.setattr(cpu_linear, "packed_weight", lambda w: calls.append(w) or real(w))
+    tuning = 3 * cpu_linear.TUNE_TRIALS  # every GEMM form timed TUNE_TRIALS times
     with torch.no_grad(), packed_linears(net, enabled=True):
-        net(torch.randn(cpu_linear.MIN_ROWS - 1, 24))
-        assert calls == []  # few rows: MKL's matrix-vector path, as in stock decoding
-        net(torch.randn(cpu_linear.MIN_ROWS, 24))
-        assert len(calls) == 2
+        for _ in range(tuning + 2):
+            net(torch.randn(cpu_linear.MIN_ROWS - 1, 24))
+        assert calls == []  # few rows: no packing (stock or weight-major GEMM, whichever is faster here)
+        for _ in range(tuning):
+            net(torch.randn(cpu_linear.MIN_ROWS, 24))
+        assert {id(w) for w in calls} == {id(net[0].weight), id(net[2].weight)}
+
+
+def test_each_gemm_form_computes_the_linear_and_the_fastest_is_kept():
+    net = _net()
+    x = torch.randn(5, 24)
+    expected = net(x)
+    with torch.no_grad(), packed_linears(net, enabled=True):
+        for _ in range(3 * cpu_linear.TUNE_TRIALS + 2):  # through every form while they are timed, then the chosen
+            torch.testing.assert_close(net(x), expected, rtol=1e-5, atol=1e-5)
+    chosen = {k: v for k, v in cpu_linear.gemm_choices().items() if k.startswith(("40x24, 5 rows", "16x40, 5 rows"))}
+    assert len(chosen) == 2 and set(chosen.values()) <= {"linear", "weight_major", "packed"}, chosen
 
 
 def test_model_is_restored_after_the_block_and_on_errors():
@@ -149,13 +165,13 @@ def test_draft_model_linears_are_packed_for_the_call_and_restored(monkeypatch):
     draft = tiny_causal_lm("llama", seed=7)
     ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 5, 6, 7]])
     expected = model.generate(ids, max_new_tokens=12, do_sample=False)
-    packed = []
-    real = cpu_linear.packed_weight
-    monkeypatch.setattr(cpu_linear, "packed_weight", lambda w: packed.append(w) or real(w))
+    tuned = []
+    real = cpu_linear._fastest_gemm
+    monkeypatch.setattr(cpu_linear, "_fastest_gemm", lambda x, w, *a: tuned.append(w) or real(x, w, *a))
     out = model.generate(ids, max_new_tokens=12, do_sample=False, assistant=DraftModelAssistant(draft, depth=3))
     assert_same_tokens(out, expected, "draft model with packed linears")
     draft_weights = {id(p) for p in draft.parameters()}
-    assert any(id(w) in draft_weights for w in packed), "the draft model's forwards did not use the packed linears"
+    assert any(id(w) in draft_weights for w in tuned), "the draft model's forwards did not use the patched linears"
     assert all("forward" not in m.__dict__ for m in (*model.modules(), *draft.modules()))
 
 
@@ -199,7 +215,7 @@ def test_keep_and_the_packed_weights_block_keep_the_copies_until_released(monkey
             net(x)
         assert cpu_linear.packed_bytes(net) == warm, "a call inside the block released the copies"
     assert cpu_linear.packed_bytes(net) == 0
-    assert packed and {id(w) for w in packed} <= {id(net[0].weight), id(net[1].weight)}
+    assert {id(w) for w in packed} <= {id(net[0].weight), id(net[1].weight)}  # (the tuner may pick another form)
 
 
 def test_generate_reports_and_releases_or_keeps_the_copies(monkeypatch):
