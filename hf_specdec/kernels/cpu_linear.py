@@ -134,8 +134,9 @@ def _kept(model: nn.Module) -> bool:
 
 
 def _packed_forward(module: nn.Linear, model: nn.Module):
-    """``module``'s instance-level forward: for this thread's verify forwards of 2 to `MAX_ROWS` rows, the fastest
-    GEMM form measured on this machine (`_fastest_gemm`); `F.linear` otherwise (one row: exactly stock decoding)."""
+    """``module``'s instance-level forward: for this thread's verify forwards of 2 to `TUNE_MAX_ROWS` rows, the
+    fastest GEMM form measured on this machine (`_fastest_gemm`); up to `MAX_ROWS` the packed GEMM once packing is
+    allowed; `F.linear` otherwise (one row: exactly stock decoding)."""
     weight, bias, key = module.weight, module.bias, id(model)
     seen = [0]  # eligible forwards of this layer since it was patched (shared by the calls open on the model)
 
@@ -149,6 +150,10 @@ def _packed_forward(module: nn.Linear, model: nn.Module):
         if rows >= MIN_ROWS:
             seen[0] += 1
             can_pack = seen[0] >= PACK_AFTER or weight in _PACKED or _kept(model)
+        if rows > TUNE_MAX_ROWS:  # a prompt's prefill: every length would be a new shape to time
+            return _gemm("packed" if can_pack else "linear", x.reshape(rows, -1), weight, bias).reshape(
+                *x.shape[:-1], weight.shape[0]
+            )
         return _fastest_gemm(x, weight, bias, rows, can_pack)
 
     forward.hf_specdec_packed = True
@@ -160,6 +165,7 @@ def _packed_forward(module: nn.Linear, model: nn.Module):
 # one with the lowest median is kept for the process. On a 2-core AMD EPYC VM, `W @ x.T` ran SmolLM2's lm_head
 # (49152 x 576) over 2-4 rows in 6-8 ms against 21-38 ms for `F.linear`; on other CPUs the packed GEMM wins.
 TUNE_TRIALS = 3
+TUNE_MAX_ROWS = 64  # verify forwards of draft trees; above, MKL-packed when allowed, else F.linear
 _GEMM_CHOICE: dict[tuple, str] = {}
 _GEMM_TRIALS: dict[tuple, dict[str, list[float]]] = {}
 
