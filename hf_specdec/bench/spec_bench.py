@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import os
 import platform
 import signal
 import sys
@@ -536,7 +537,7 @@ def _meta(args, model_name, methods, draft_layers, total_layers, path, num_promp
     """The run's description for the report (``complete`` False while prompts remain or after an interruption)."""
     return {
         "model": model_name,
-        "device": f"cpu ({platform.processor() or platform.machine()}), torch {torch.__version__}",
+        "device": f"cpu ({_cpu_name()}, {os.cpu_count()} cores), torch {torch.__version__}",
         "threads": torch.get_num_threads(),
         "batch": args.batch,
         "max_new_tokens": args.max_new_tokens,
@@ -552,6 +553,18 @@ def _meta(args, model_name, methods, draft_layers, total_layers, path, num_promp
         "wall_s": time.perf_counter() - t0,
         "complete": done,
     }
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (``lscpu``'s "Model name", from /proc/cpuinfo), else the platform's description."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _version(module: str) -> str | None:
