@@ -292,17 +292,24 @@ def make_context_prompts(stage1: DistillationData, tokenizer, num_prompts: int, 
 
 
 # ---------------------------------------------------------------------------------------------------- target data
-def _generate_answers(
-    model, prompts: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int, eos_ids: set[int], gen_kwargs: dict
-) -> list[list[int]]:
-    """Answers of ``model`` to a batch of prompt id lists (left padding), each cut after its first EOS."""
-    device = next(model.parameters()).device
+def _left_padded(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[B, W]` left-padded ids and attention mask of a batch of prompt id lists."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
         mask[i, width - len(p) :] = 1
+    return ids, mask
+
+
+def _generate_answers(
+    model, prompts: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int, eos_ids: set[int], gen_kwargs: dict
+) -> list[list[int]]:
+    """Answers of ``model`` to a batch of prompt id lists (left padding), each cut after its first EOS."""
+    device = next(model.parameters()).device
+    ids, mask = _left_padded(prompts, pad_id)  # [B, W]
+    width = ids.shape[1]
     out = model.generate(
         ids.to(device),
         attention_mask=mask.to(device),
@@ -341,12 +348,8 @@ def greedy_answers_with_states(
 
     device = next(model.parameters()).device
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-        mask[i, width - len(p) :] = 1
+    ids, mask = _left_padded(prompts, pad_id)  # [B, W]
+    width = ids.shape[1]
     ids, mask = ids.to(device), mask.to(device)
     cache = DynamicCache()
     rows = torch.arange(len(prompts), device=device)  # [b] original row of each live batch row
