@@ -223,7 +223,7 @@ def test_cli_parser_knows_the_subcommands():
     assert args.question == "hi" and args.assistant == "draft"
     assert parser.parse_args(["generate", "hi", "--assistant", "medusa"]).assistant == "medusa"
     with pytest.raises(SystemExit):
-        parser.parse_args(["generate", "hi", "--assistant", "eagle"])
+        parser.parse_args(["generate", "hi", "--assistant", "nope"])
 
 
 def test_sampling_settings():
