@@ -151,10 +151,14 @@ def test_benchmark_tab_runs_one_category(demo):
     assert "| ngram |" in table and "| vanilla |" in table
 
 
-def test_command_line_refuses_bad_numbers_before_loading_anything():
+def test_command_line_refuses_bad_numbers_before_loading_anything(capsys):
     from hf_specdec.demo import main
 
-    with pytest.raises(SystemExit, match="--concurrency must be at least 1, got 0"):
-        main(["--concurrency", "0"])
-    with pytest.raises(SystemExit, match="--threads must be at least 1, got 0"):
-        main(["--threads", "0"])
+    for argv, words in (
+        (["--concurrency", "0"], "--concurrency: must be at least 1, got 0"),
+        (["--threads", "0"], "--threads: must be at least 1, got 0"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2, argv  # argparse's usage error, as every hf-specdec subcommand
+        assert words in capsys.readouterr().err
