@@ -7,7 +7,7 @@ hf-specdec bench [--methods ...] [--per-category N] [--batch 4] [--sample] [--ou
 hf-specdec convert                                       # convert the default model now, print its folder
 hf-specdec train medusa --out DIR [--num-prompts N --max-new-tokens M --epochs E --num-heads 4 --resume]
 hf-specdec train mlp-speculator --out DIR [--data FOLDER... --epochs E --inner-dim 384 --resume]
-hf-specdec train eagle --out DIR [--data DIR --num-seed 32 --num-tasks 120 --epochs E --resume]
+hf-specdec train eagle --out DIR [--data-dir DIR --extra-data FOLDER... --num-seed 32 --num-tasks 120 --epochs E --resume]
 hf-specdec demo [--host H] [--port P] [--share] [--concurrency N] [--parallel]   # Gradio demo, http://127.0.0.1:7860
 """
 

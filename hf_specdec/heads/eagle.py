@@ -31,6 +31,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from .derived import cached_derived
 from .hub import (
     CARD_NAME,
     CONFIG_NAME,
@@ -405,13 +406,12 @@ class EagleHead(
     def _draft_rows(self, head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The target lm_head's rows at the draft vocabulary, gathered once while neither changes."""
         w, b, m = head.weight, head.bias, self.d2t
-        key = (w.data_ptr(), w._version, w.device, m.data_ptr(), m._version)
-        cached = self.__dict__.get("_rows_cache")
-        if cached is None or cached[0] != key:
+
+        def gather() -> tuple[torch.Tensor, torch.Tensor | None]:
             idx = self.draft_to_token(torch.arange(m.numel(), device=m.device)).to(w.device)
-            cached = (key, w.detach()[idx].contiguous(), None if b is None else b.detach()[idx])
-            self.__dict__["_rows_cache"] = cached
-        return cached[1], cached[2]
+            return w.detach()[idx].contiguous(), None if b is None else b.detach()[idx]
+
+        return cached_derived(self, "_rows_cache", (w, b, m), gather)
 
     def draft_to_token(self, index: torch.Tensor) -> torch.Tensor:
         """Token ids of draft-vocabulary indices (identity without a draft vocabulary)."""

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .derived import cached_derived
 from .hub import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -270,14 +271,13 @@ class MLPSpeculator(
         if self.token_map is None:
             return token_ids
         m = self.token_map
-        key = (m.data_ptr(), m._version, m.device, self.vocab_size)
-        cached = self.__dict__.get("_emb_rows_cache")
-        if cached is None or cached[0] != key:
+
+        def invert() -> torch.Tensor:  # [V] draft index of every token id (m.numel() for tokens outside)
             rows = torch.full((self.vocab_size,), m.numel(), dtype=torch.long, device=m.device)
             rows[m] = torch.arange(m.numel(), device=m.device)
-            cached = (key, rows)
-            self.__dict__["_emb_rows_cache"] = cached  # plain attribute: never saved, never a buffer
-        return cached[1].to(token_ids.device)[token_ids]
+            return rows
+
+        return cached_derived(self, "_emb_rows_cache", (m,), invert).to(token_ids.device)[token_ids]
 
     def draft_to_token(self, index: torch.Tensor) -> torch.Tensor:
         """Token ids `[...]` of draft-vocabulary indices `[...]` (the identity without a truncated vocabulary)."""

@@ -161,15 +161,23 @@ def test_default_model_self_draft_accepts_everything(default_model):
 def test_assistants_made_and_used_under_inference_mode_give_the_same_tokens(tiny_models, arch):
     """Users call generate inside ``torch.inference_mode()`` and may build their assistant there too: tensors made
     in inference mode carry no version counter, which the heads' caches of gathered lm_head rows must not need."""
+    from hf_specdec.heads.eagle import EagleHead
     from hf_specdec.heads.medusa import MedusaHeads
+    from hf_specdec.heads.mlp_speculator import MLPSpeculator
 
     model = tiny_models[arch]
     ids, mask = left_pad(PROMPTS)
     expected = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
     with torch.inference_mode():
         vocab = model.config.vocab_size
-        heads = MedusaHeads.for_model(model, num_heads=3, draft_vocab_size=vocab // 2)
-        for assistant in (heads, hf_specdec.NgramAssistant()):
+        half = torch.arange(0, vocab, 2)  # a truncated draft vocabulary: every head gathers lm_head rows for it
+        assistants = (
+            MedusaHeads.for_model(model, num_heads=3, draft_vocab_size=vocab // 2),
+            EagleHead.for_model(model, draft_vocab=half).eval(),
+            MLPSpeculator.for_model(model, inner_dim=32, n_predict=2, token_map=half).eval(),
+            hf_specdec.NgramAssistant(),
+        )
+        for assistant in assistants:
             for _ in range(2):  # the second call reuses the cached rows
                 out = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, assistant=assistant)
                 assert_same_tokens(out, expected, f"inference_mode {type(assistant).__name__}")
