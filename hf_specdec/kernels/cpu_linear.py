@@ -7,9 +7,11 @@ model (2-core Xeon, fp32) that makes a 4-row forward cost ~1.5x a 1-row forward 
 negligible; it is what kept trees on this machine at one or two nodes (docs/results.md).
 
 `packed_linears(model)` removes that cost: inside the block, every plain `nn.Linear` of the model whose input has
-at least `MIN_ROWS` rows runs ``torch.ops.mkl._mkl_linear`` on a copy of its weight packed once (MKL's
-``cblas_sgemm_pack``; the copy is kept, keyed by the weight tensor and its version, until the weight is freed or
-changed). Fewer rows keep `F.linear`, so single-token decoding runs exactly the same kernels as stock `generate`.
+2 to `TUNE_MAX_ROWS` rows runs the GEMM form measured fastest on this machine for its shape and row count
+(`_fastest_gemm`: `F.linear`, weight-major ``W @ x.T``, or, from `MIN_ROWS` rows, ``torch.ops.mkl._mkl_linear`` on a
+copy of its weight packed once with MKL's ``cblas_sgemm_pack``, kept per weight tensor and version until the weight
+is freed or changed). One row keeps `F.linear`, so single-token decoding runs exactly the kernels of stock
+`generate`.
 Same math, same fp32 precision; only the blocking of the sums may differ, as it already does between a 1-row and an
 n-row forward.
 
