@@ -152,11 +152,12 @@ def _packed_forward(module: nn.Linear, model: nn.Module):
         if rows >= MIN_ROWS:
             seen[0] += 1
             can_pack = seen[0] >= PACK_AFTER or weight in _PACKED or _kept(model)
+        x2 = x.reshape(rows, x.shape[-1]).contiguous()  # [rows, in]
         if rows > TUNE_MAX_ROWS:  # a prompt's prefill: every length would be a new shape to time
-            return _gemm("packed" if can_pack else "linear", x.reshape(rows, -1), weight, bias).reshape(
-                *x.shape[:-1], weight.shape[0]
-            )
-        return _fastest_gemm(x, weight, bias, rows, can_pack)
+            y = _gemm("packed" if can_pack else "linear", x2, weight, bias)
+        else:
+            y = _fastest_gemm(x2, weight, bias, can_pack)
+        return y.reshape(*x.shape[:-1], weight.shape[0])
 
     forward.hf_specdec_packed = True
     return forward
@@ -182,14 +183,14 @@ def _gemm(form: str, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return torch.ops.mkl._mkl_linear(x2, packed_weight(weight), weight, bias, x2.shape[0])
 
 
-def _fastest_gemm(x: torch.Tensor, weight: torch.Tensor, bias, rows: int, can_pack: bool) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` `[..., out]` through the form measured fastest for this shape (see above)."""
+def _fastest_gemm(x2: torch.Tensor, weight: torch.Tensor, bias, can_pack: bool) -> torch.Tensor:
+    """`[rows, out]` ``F.linear(x2, weight, bias)`` of `[rows, in]` ``x2`` through the form measured fastest for this
+    shape and row count (see above)."""
     forms = ("packed", "linear", "weight_major") if can_pack else ("linear", "weight_major")
-    key = (weight.shape[0], weight.shape[1], rows, bias is not None, torch.get_num_threads(), can_pack)
-    x2 = x.reshape(rows, x.shape[-1]).contiguous()
+    key = (weight.shape[0], weight.shape[1], x2.shape[0], bias is not None, torch.get_num_threads(), can_pack)
     form = _GEMM_CHOICE.get(key)
     if form is not None:
-        return _gemm(form, x2, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+        return _gemm(form, x2, weight, bias)
     trials = _GEMM_TRIALS.setdefault(key, {f: [] for f in forms})
     form = min(forms, key=lambda f: len(trials[f]))
     start = time.perf_counter()
@@ -198,7 +199,7 @@ def _fastest_gemm(x: torch.Tensor, weight: torch.Tensor, bias, rows: int, can_pa
     if all(len(trials[f]) >= TUNE_TRIALS for f in forms):
         _GEMM_CHOICE[key] = min(forms, key=lambda f: statistics.median(trials[f]))
         _GEMM_TRIALS.pop(key, None)
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    return out
 
 
 def gemm_choices() -> dict[str, str]:
