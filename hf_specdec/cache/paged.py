@@ -7,8 +7,8 @@ All layers share one `BlockAllocator` (the same block tables), so a slot means t
 
 Two ways to use it:
 
-- Drop-in: ``model.generate(ids, past_key_values=PagedCache())``. ``update`` appends the new K/V of every row and
-  returns the row's dense K/V, so any attention implementation works.
+- Drop-in: ``model.generate(ids, cache=PagedCache())`` (``past_key_values=`` before transformers' rename).
+  ``update`` appends the new K/V of every row and returns the row's dense K/V, so any attention implementation works.
 - Speculative decoding (hf_specdec's loop): a planned forward `reserve` s slots once; the registered attention
   writes K/V straight into them and reads through the block tables. Afterwards `commit_chunk` keeps a written chunk
   (prefill), `commit` moves accepted tree nodes into place (inside and across blocks) and frees pages of rejected

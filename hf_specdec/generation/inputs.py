@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ..cache.model_arg import USER_CACHE_KEYS, user_cache
+
 # GenerationConfig fields that change vanilla decoding and that the loop does not implement. Each is refused by name.
 UNSUPPORTED_FLAGS = ("output_attentions", "output_hidden_states", "low_memory", "token_healing")
 # model inputs the loop understands (the rest is refused)
@@ -16,7 +18,7 @@ ALLOWED_MODEL_INPUTS = {
     "position_ids",
     "logits_to_keep",
     "use_cache",
-    "past_key_values",
+    *USER_CACHE_KEYS,
     "cache_position",
 }
 
@@ -30,11 +32,9 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, model_kwarg
         )
     check_prompt(model, input_ids, model_kwargs.get("attention_mask"), model_kwargs.get("inputs_embeds"))
     _validate_generation_config(generation_config)
-    cache = model_kwargs.get("past_key_values")
+    name, cache = user_cache(model_kwargs)
     if cache is not None and getattr(cache, "_is_user_defined", False) and cache.get_seq_length() > 0:
-        raise ValueError(
-            "past_key_values with cached tokens cannot be continued with an assistant; pass the full prompt"
-        )
+        raise ValueError(f"{name} with cached tokens cannot be continued with an assistant; pass the full prompt")
     extra = sorted(k for k, v in model_kwargs.items() if k not in ALLOWED_MODEL_INPUTS and v is not None)
     if extra:
         raise ValueError(

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import DynamicCache
 
+from ..cache.model_arg import cache_kwarg
 from ..generation.target import PlannedModel
 from ..generation.tree import DraftTree
 
@@ -77,7 +78,7 @@ def _sdpa_curve(model, prompt: torch.Tensor, trees: dict, timer: Timer) -> tuple
     model.config._attn_implementation = "sdpa"
     try:
         past = DynamicCache(config=model.config)
-        model(input_ids=prompt[None], past_key_values=past, use_cache=True)
+        model(input_ids=prompt[None], use_cache=True, **cache_kwarg(model.forward, past))
         curve = {}
         for n, (mask, ids) in trees.items():
             positions = (context + mask.sum(1) - 1).to(device)  # [n]
@@ -89,8 +90,8 @@ def _sdpa_curve(model, prompt: torch.Tensor, trees: dict, timer: Timer) -> tuple
                     input_ids=ids[None],
                     position_ids=positions[None],
                     attention_mask=full,
-                    past_key_values=past,
                     use_cache=True,
+                    **cache_kwarg(model.forward, past),
                 )
                 past.crop(-ids.numel())  # drop the tree again (negative = tokens to remove)
                 return out

@@ -4,6 +4,7 @@ from conftest import ARCHS
 
 from hf_specdec import DraftTree, PagedCache
 from hf_specdec.attention.plan import build_plan
+from hf_specdec.cache.model_arg import cache_kwarg
 from hf_specdec.testing import assert_same_tokens, left_pad
 
 
@@ -14,7 +15,9 @@ def test_drop_in_generate_matches_default_cache(tiny_models, arch, block_size):
     ids, mask = left_pad([[5, 6, 7, 8, 9, 10, 11], [3, 4, 5], [9, 9, 8, 7, 6]])
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
     cache = PagedCache(model.config, block_size=block_size)
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, past_key_values=cache)
+    out = model.generate(
+        ids, attention_mask=mask, max_new_tokens=12, do_sample=False, **cache_kwarg(model.forward, cache)
+    )
     assert_same_tokens(out, ref, f"{arch} block_size={block_size}")
     assert cache.get_seq_length() == ids.shape[1] + 12 - 1
 
