@@ -17,11 +17,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from .generation.proposers.base import Proposer
+from .generation.proposers.eagle import EagleAssistant
 from .generation.proposers.fallback import FallbackAssistant
 from .generation.proposers.medusa import MedusaAssistant
+from .generation.proposers.mlp_speculator import MLPSpeculatorAssistant
 from .generation.proposers.ngram import NgramAssistant
+from .heads.eagle import EagleHead
+from .heads.hub import PretrainedHead
 from .heads.medusa import MedusaHeads
+from .heads.mlp_speculator import MLPSpeculator
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 DEFAULT_MEDUSA_DIR = ASSETS / "medusa-smollm2-135m-instruct"
@@ -110,111 +117,87 @@ def load_default_assistant(name: str = DEFAULT_ASSISTANT) -> Proposer:
 
 
 # ------------------------------------------------------------------------------------ the shipped assistants
-def _medusa_heads_ship() -> bool:
-    return (DEFAULT_MEDUSA_DIR / "config.json").is_file()
+@dataclass(frozen=True)
+class ShippedHead:
+    """A head trained for the default model that ships inside the package: its folder (config, weights, model card
+    with how it was trained and what it reaches) and its class. Loaded once, on the CPU in fp32, with the tree
+    defaults and measured step costs its config carries."""
+
+    what: str  # for messages: "Medusa heads"
+    folder: Path
+    head_class: type[PretrainedHead]
+
+    def ships(self) -> bool:
+        """Whether the folder is present (a broken install lacks it)."""
+        return (self.folder / "config.json").is_file()
+
+    def load(self) -> PretrainedHead:
+        """The head (the same object on every call)."""
+        if not self.ships():
+            raise FileNotFoundError(f"the shipped {self.what} are missing from {self.folder} (broken install?)")
+        return _load_once(self.head_class, self.folder)
 
 
-@functools.lru_cache(maxsize=1)
-def default_medusa_heads() -> MedusaHeads:
-    """The Medusa heads trained for the default model that ship inside the package (loaded once, CPU, fp32).
+@functools.cache
+def _load_once(head_class: type[PretrainedHead], folder: Path) -> PretrainedHead:
+    return head_class.from_pretrained(folder, dtype=torch.float32).eval()
 
-    They share the default model's lm_head and carry their tuned tree (``tree_choices``); see the model card in
-    ``hf_specdec/assets/medusa-smollm2-135m-instruct/README.md`` for how they were trained and what they reach.
-    """
-    if not _medusa_heads_ship():
-        raise FileNotFoundError(f"the shipped Medusa heads are missing from {DEFAULT_MEDUSA_DIR} (broken install?)")
-    return MedusaHeads.from_pretrained(DEFAULT_MEDUSA_DIR).eval()
+
+MEDUSA = ShippedHead("Medusa heads", DEFAULT_MEDUSA_DIR, MedusaHeads)
+EAGLE = ShippedHead("EAGLE head", ASSETS / "eagle-smollm2-135m-instruct", EagleHead)
+MLP_SPECULATOR = ShippedHead("MLP speculator", ASSETS / "mlp-speculator-smollm2-135m-instruct", MLPSpeculator)
+DEFAULT_EAGLE_DIR, DEFAULT_MLP_SPECULATOR_DIR = EAGLE.folder, MLP_SPECULATOR.folder
+
+
+def _with_ngram(assistant: Callable[[], Proposer]) -> Callable[[], Proposer]:
+    """Prompt lookup where it finds a match, else ``assistant``."""
+    return lambda: FallbackAssistant(NgramAssistant(), assistant())
+
+
+def _medusa() -> Proposer:
+    return MedusaAssistant(MEDUSA.load())
+
+
+def _eagle() -> Proposer:
+    return EagleAssistant(EAGLE.load())
+
+
+def _mlp_speculator() -> Proposer:
+    return MLPSpeculatorAssistant(MLP_SPECULATOR.load())
 
 
 register_default_assistant(
     "ngram+medusa",
-    lambda: FallbackAssistant(NgramAssistant(), MedusaAssistant(default_medusa_heads())),
+    _with_ngram(_medusa),
     description="FallbackAssistant: prompt lookup (NgramAssistant) where it finds a match, else the shipped Medusa "
     "heads",
-    requires=_medusa_heads_ship,
+    requires=MEDUSA.ships,
 )
 register_default_assistant(
     "ngram", NgramAssistant, description="NgramAssistant: prompt lookup over token trees (no trained weights)"
 )
 register_default_assistant(
     "medusa",
-    lambda: MedusaAssistant(default_medusa_heads()),
+    _medusa,
     description="MedusaAssistant with the shipped Medusa-1 heads and their tuned tree",
-    requires=_medusa_heads_ship,
+    requires=MEDUSA.ships,
 )
-
-
-DEFAULT_EAGLE_DIR = ASSETS / "eagle-smollm2-135m-instruct"
-
-
-def _eagle_head_ships() -> bool:
-    return (DEFAULT_EAGLE_DIR / "config.json").is_file()
-
-
-@functools.lru_cache(maxsize=1)
-def default_eagle_head():
-    """The EAGLE-1/2 head trained for the default model that ships inside the package (loaded once, CPU, fp32); it
-    carries its tree defaults and measured step costs (model card: ``hf_specdec/assets/eagle-smollm2-135m-instruct``)."""
-    from .heads.eagle import EagleHead
-
-    if not _eagle_head_ships():
-        raise FileNotFoundError(f"the shipped EAGLE head is missing from {DEFAULT_EAGLE_DIR} (broken install?)")
-    return EagleHead.from_pretrained(DEFAULT_EAGLE_DIR).eval()
-
-
-def _eagle_assistant() -> Proposer:
-    from .generation.proposers.eagle import EagleAssistant
-
-    return EagleAssistant(default_eagle_head())
-
-
 register_default_assistant(
     "eagle",
-    _eagle_assistant,
+    _eagle,
     description="EagleAssistant: the shipped EAGLE-1/2 head drafting EAGLE-2 dynamic trees",
-    requires=_eagle_head_ships,
+    requires=EAGLE.ships,
 )
 register_default_assistant(
     "ngram+eagle",
-    lambda: FallbackAssistant(NgramAssistant(), _eagle_assistant()),
+    _with_ngram(_eagle),
     description="FallbackAssistant: prompt lookup (NgramAssistant) where it finds a match, else the shipped EAGLE head",
-    requires=_eagle_head_ships,
+    requires=EAGLE.ships,
 )
-
-
-DEFAULT_MLP_SPECULATOR_DIR = ASSETS / "mlp-speculator-smollm2-135m-instruct"
-
-
-def _mlp_speculator_ships() -> bool:
-    return (DEFAULT_MLP_SPECULATOR_DIR / "config.json").is_file()
-
-
-@functools.lru_cache(maxsize=1)
-def default_mlp_speculator():
-    """The MLP speculator trained for the default model that ships inside the package (loaded once, CPU, fp32 from
-    its fp16 storage); it carries its tree widths and measured step costs (model card:
-    ``hf_specdec/assets/mlp-speculator-smollm2-135m-instruct``)."""
-    import torch
-
-    from .heads.mlp_speculator import MLPSpeculator
-
-    if not _mlp_speculator_ships():
-        raise FileNotFoundError(
-            f"the shipped MLP speculator is missing from {DEFAULT_MLP_SPECULATOR_DIR} (broken install?)"
-        )
-    return MLPSpeculator.from_pretrained(DEFAULT_MLP_SPECULATOR_DIR, dtype=torch.float32).eval()
-
-
-def _mlp_speculator_assistant() -> Proposer:
-    from .generation.proposers.mlp_speculator import MLPSpeculatorAssistant
-
-    return MLPSpeculatorAssistant(default_mlp_speculator())
-
-
 register_default_assistant(
     "mlp_speculator",
-    _mlp_speculator_assistant,
+    _mlp_speculator,
     description="MLPSpeculatorAssistant: the shipped MLP speculator (IBM accelerator architecture) drafting trimmed "
     "product trees",
-    requires=_mlp_speculator_ships,
+    requires=MLP_SPECULATOR.ships,
 )

@@ -20,31 +20,25 @@ so that rows of different lengths draft together. `save_pretrained` writes the u
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from huggingface_hub import ModelCard, ModelHubMixin
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from ..cache.model_arg import cache_kwarg
 from .derived import cached_derived
 from .hub import (
-    CARD_NAME,
     CONFIG_NAME,
-    WEIGHTS_NAME,
     HeadSource,
-    _library_version,
+    PretrainedHead,
     base_model_dims,
+    base_model_name,
     check_shapes,
     read_json,
     read_tensors,
-    render_model_card,
-    save_tensors,
-    write_config,
 )
 
 # Llama config fields the head's decoder layer needs (upstream EAGLE configs are full Llama configs).
@@ -108,14 +102,14 @@ class _ExtendKV:
         self.prefix_key, self.prefix_value = key, value  # [B, kv_heads, S, D]
         self.new_key = self.new_value = None
 
-    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         self.new_key, self.new_value = key_states, value_states  # [B, kv_heads, q, D]
         return torch.cat([self.prefix_key, key_states], dim=2), torch.cat([self.prefix_value, value_states], dim=2)
 
 
 class EagleHead(
     nn.Module,
-    ModelHubMixin,
+    PretrainedHead,
     library_name="hf-specdec",
     tags=["speculative-decoding", "eagle"],
     paper_url="https://arxiv.org/abs/2401.15077",
@@ -136,6 +130,8 @@ class EagleHead(
         tree: defaults for the dynamic tree (``top_k``, ``depth``, ``num_nodes``, ``step_cost``...).
         model_card: facts for the generated model card.
     """
+
+    head_type = "eagle"
 
     def __init__(
         self,
@@ -214,12 +210,11 @@ class EagleHead(
         fields.pop("rope_scaling", None)
         if version == 3:
             fields["target_hidden_size"] = hidden
-        name = getattr(model.config, "_name_or_path", None) or None
         head = cls(
             fields,
             version=version,
             draft_vocab_size=None if draft_vocab is None else int(draft_vocab.numel()),
-            base_model_name_or_path=kwargs.pop("base_model_name_or_path", name),
+            base_model_name_or_path=kwargs.pop("base_model_name_or_path", base_model_name(model)),
             **kwargs,
         )
         if draft_vocab is not None:
@@ -243,52 +238,18 @@ class EagleHead(
             self.t2d[ids] = True
 
     @classmethod
-    def from_pretrained(
-        cls,
-        pretrained_model_name_or_path: str | os.PathLike,
-        *,
-        base_model: nn.Module | None = None,
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-        revision: str | None = None,
-        token: str | bool | None = None,
-        cache_dir: str | os.PathLike | None = None,
-        local_files_only: bool = False,
-        force_download: bool = False,
-    ) -> EagleHead:
-        """Load an EAGLE head (EAGLE-1/2, EAGLE-3 or our format) from a folder or a Hub repo id.
+    def _read_checkpoint(cls, source: HeadSource) -> tuple[dict, dict, str]:
+        """``(init kwargs, tensors in our layout, source format)`` of the EAGLE head in ``source`` (any layout)."""
+        init, tensors, _, source_format = read_eagle_checkpoint(source)
+        return init, tensors, source_format
 
-        Args:
-            pretrained_model_name_or_path: folder or repo id (e.g. ``"yuhuili/EAGLE-LLaMA3-Instruct-8B"``).
-            base_model: the target; when given, sizes and layers are checked and the head is bound to it.
-            dtype / device: cast / move the head (default: the checkpoint's dtype, CPU).
-            revision / token / cache_dir / local_files_only / force_download: Hub download options.
-        Returns:
-            `EagleHead` in eval mode.
-        """
-        source = HeadSource(
-            pretrained_model_name_or_path,
-            revision=revision,
-            token=token,
-            cache_dir=cache_dir,
-            local_files_only=local_files_only,
-            force_download=force_download,
-        )
-        init, tensors, where, fmt = read_eagle_checkpoint(source)
-        with torch.device("meta"):
-            head = cls(**init)
-        head.load_state_dict(tensors, strict=True, assign=True)
-        head.rotary_emb = LlamaRotaryEmbedding(head.config)  # not stored: rebuilt on the CPU
-        head.source, head.source_format = str(source), fmt
-        if dtype is not None:
-            head.to(dtype=dtype)
-            head.rotary_emb.to(dtype=torch.float32)
-        if device is not None:
-            head.to(device=device)
-        head.eval()
-        if base_model is not None:
-            head.bind(base_model)
-        return head
+    def _place(self, dtype: torch.dtype | None, device: torch.device | str | None) -> None:
+        """Cast / move the loaded head; the rotary frequencies (never stored) are built afresh in float32 where the
+        head lies, whatever its dtype (as transformers builds them)."""
+        self.rotary_emb = LlamaRotaryEmbedding(self.config)  # the meta-built one cannot move
+        super()._place(dtype, device)
+        with torch.device(self._param.device):
+            self.rotary_emb = LlamaRotaryEmbedding(self.config)
 
     # ------------------------------------------------------------------------------------------ target
     def check_compatible(self, model: nn.Module) -> None:
@@ -383,7 +344,10 @@ class EagleHead(
         cos_sin = self.rotary_emb(x, positions.to(x.device))
         kv = _ExtendKV(past_key.to(dtype), past_value.to(dtype))
         attn, _ = layer.self_attn(
-            hidden_states=x, position_embeddings=cos_sin, attention_mask=mask[:, None], past_key_values=kv
+            hidden_states=x,
+            position_embeddings=cos_sin,
+            attention_mask=mask[:, None],
+            **cache_kwarg(layer.self_attn.forward, kv),
         )
         h = residual + attn
         out = h + layer.mlp(layer.post_attention_layernorm(h))
@@ -454,7 +418,6 @@ class EagleHead(
             "bias": self.fc.bias is not None,
             "head_type": "eagle",
             "eagle_version": self.version,
-            "hf_specdec_version": _library_version(),
             "has_embed_tokens": self.embed_tokens is not None,
             "draft_vocab_size": self.draft_vocab_size,
             "target_hidden_size": self.target_hidden_size,
@@ -466,26 +429,14 @@ class EagleHead(
             "dtype": str(self._param.dtype).removeprefix("torch."),
         }
 
-    def _save_pretrained(self, save_directory: Path) -> None:
-        save_directory = Path(save_directory)
-        state = {k: v for k, v in self.state_dict().items() if not k.startswith("rotary_emb.")}
-        save_tensors(state, save_directory / WEIGHTS_NAME)
-        write_config(self.config_dict(), save_directory / CONFIG_NAME)
-        (save_directory / CARD_NAME).unlink(missing_ok=True)  # ModelHubMixin writes the card only when absent
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor name this head saves, with its shape (the upstream names)."""
+        return expected_shapes(self)
 
-    def push_to_hub(self, repo_id: str, **kwargs) -> str:
-        """Upload ``config.json``, ``model.safetensors`` and the model card to the Hub repo ``repo_id`` (takes
-        `huggingface_hub.ModelHubMixin.push_to_hub`'s options)."""
-        card_kwargs = {"repo_id": repo_id, **(kwargs.pop("model_card_kwargs", None) or {})}
-        return super().push_to_hub(repo_id, model_card_kwargs=card_kwargs, **kwargs)
+    def card_config(self) -> dict:
+        return {**self.config_dict(), "hidden_size": self.target_hidden_size}
 
-    def generate_model_card(self, repo_id: str | None = None, **facts) -> ModelCard:
-        """The README.md model card; ``facts`` add to / override ``self.model_card`` (tau, speedup, ...)."""
-        config = self.config_dict()
-        config["hidden_size"] = self.target_hidden_size
-        config["model_card"] = {**self.model_card, **facts}
-        base = self.base_model_name_or_path or "<base model id>"
-        where = repo_id or "<this repo id or folder>"
+    def _card_text(self, base: str, where: str) -> tuple[str, str, str, str]:
         kind = "EAGLE-1/2" if self.version == 1 else "EAGLE-3"
         description = (
             f"An {kind} draft head ([Li et al. 2024](https://arxiv.org/abs/2401.15077)) for speculative decoding with "
@@ -493,21 +444,8 @@ class EagleHead(
             "(EAGLE-2), which the base model verifies in one forward pass. Greedy output is identical to the base "
             "model's own; sampling is exact."
         )
-        usage = f"""
-import hf_specdec
-from hf_specdec import EagleHead
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-tok = AutoTokenizer.from_pretrained("{base}")
-model = AutoModelForCausalLM.from_pretrained("{base}")
-head = EagleHead.from_pretrained("{where}", base_model=model)
-ids = tok("The capital of France is", return_tensors="pt").input_ids
-out = model.generate(ids, max_new_tokens=128, do_sample=False, assistant=head)
-print(tok.decode(out[0]))
-"""
-        return render_model_card(
-            head_type="eagle", title=f"{kind} head for {base}", config=config, usage=usage, description=description
-        )
+        load = f'EagleHead.from_pretrained("{where}", base_model=model)'
+        return f"{kind} head for {base}", description, "from hf_specdec import EagleHead", load
 
     def extra_repr(self) -> str:
         return (

@@ -313,6 +313,11 @@ def base_model_dims(model: torch.nn.Module) -> tuple[int, int]:
     return int(text.hidden_size), int(text.vocab_size)
 
 
+def base_model_name(model: torch.nn.Module) -> str | None:
+    """The name or folder ``model`` was loaded from (its config's ``_name_or_path``), or None."""
+    return getattr(getattr(model, "config", None), "_name_or_path", None) or None
+
+
 def check_base_model(
     owner: str,
     model: torch.nn.Module,
@@ -429,37 +434,64 @@ class PretrainedHead(ModelHubMixin):
     - ``_card_text(base, where)``: the model card's ``(title, description, import line, load expression)``;
     - ``check_compatible(model)``: refuse a target whose sizes differ (``bind`` may also remember parts of it).
 
-    Its ``from_pretrained`` documents its options and calls `_load`.
+    It gives the class ``from_pretrained``, ``save_pretrained``, ``push_to_hub`` and ``generate_model_card``.
     """
 
     head_type: str = ""
 
     @classmethod
-    def _load(
+    def from_pretrained(
         cls,
         pretrained_model_name_or_path: str | os.PathLike,
-        hub_options: Mapping,
+        *,
         base_model: torch.nn.Module | None = None,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        local_files_only: bool = False,
+        force_download: bool = False,
         **read_options,
     ):
-        """Read a head from a folder or Hub repo (``hub_options``: `HeadSource`'s), build it without initialising
-        weights, load the tensors strictly, cast / move it, put it in eval mode and bind it to ``base_model``."""
-        source = HeadSource(pretrained_model_name_or_path, **hub_options)
+        """Load the head from a local folder or a Hub repo id, in any published layout its class reads
+        (docs/formats.md): build it without initialising weights, load the tensors strictly, cast / move it, put it
+        in eval mode and bind it to ``base_model``.
+
+        Args:
+            pretrained_model_name_or_path: folder or repo id (e.g. ``"FasterDecoding/medusa-vicuna-7b-v1.3"``).
+            base_model: the target model; when given, its sizes are checked and the head is bound to it.
+            dtype / device: cast / move the head (default: the checkpoint's dtype, CPU).
+            revision / token / cache_dir / local_files_only / force_download: Hub download options.
+            read_options: options of the class's reader (`MedusaHeads`: ``num_heads``, keep only the first heads).
+        Returns:
+            the head in eval mode.
+        """
+        source = HeadSource(
+            pretrained_model_name_or_path,
+            revision=revision,
+            token=token,
+            cache_dir=cache_dir,
+            local_files_only=local_files_only,
+            force_download=force_download,
+        )
         init_kwargs, tensors, source_format = cls._read_checkpoint(source, **read_options)
         with torch.device("meta"):
             head = cls(**init_kwargs)
         head.load_state_dict(tensors, strict=True, assign=True)
         head.source, head.source_format = str(source), source_format
-        if dtype is not None:
-            head.to(dtype=dtype)
-        if device is not None:
-            head.to(device=device)
+        head._place(dtype, device)
         head.eval()
         if base_model is not None:
             head.bind(base_model)
         return head
+
+    def _place(self, dtype: torch.dtype | None, device: torch.device | str | None) -> None:
+        """Cast / move a head just loaded (a class whose modules hold state the checkpoint lacks rebuilds it here)."""
+        if dtype is not None:
+            self.to(dtype=dtype)
+        if device is not None:
+            self.to(device=device)
 
     def bind(self, model: torch.nn.Module):
         """Check ``model`` (`check_compatible`); returns self."""
@@ -473,7 +505,7 @@ class PretrainedHead(ModelHubMixin):
         if set(state) != set(expected):
             raise RuntimeError(f"{type(self).__name__} would save {sorted(state)}, its format holds {sorted(expected)}")
         save_tensors(state, save_directory / WEIGHTS_NAME)
-        write_config(self.config_dict(), save_directory / CONFIG_NAME)
+        write_config({**self.config_dict(), "hf_specdec_version": _library_version()}, save_directory / CONFIG_NAME)
         # ModelHubMixin writes README.md only when absent: remove a stale card so it is regenerated
         (save_directory / CARD_NAME).unlink(missing_ok=True)
 
@@ -486,9 +518,13 @@ class PretrainedHead(ModelHubMixin):
         card_kwargs = {"repo_id": repo_id, **(kwargs.pop("model_card_kwargs", None) or {})}
         return super().push_to_hub(repo_id, model_card_kwargs=card_kwargs, **kwargs)
 
+    def card_config(self) -> dict:
+        """The config facts the model card shows (``hidden_size``: the base model's)."""
+        return self.config_dict()
+
     def generate_model_card(self, repo_id: str | None = None, **facts) -> ModelCard:
         """The README.md model card; ``facts`` add to / override ``self.model_card`` (tau, speedup, ...)."""
-        config = self.config_dict()
+        config = self.card_config()
         config["model_card"] = {**self.model_card, **facts}
         base = self.base_model_name_or_path or "<base model id>"
         title, description, import_line, load = self._card_text(base, repo_id or "<this repo id or folder>")

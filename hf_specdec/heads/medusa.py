@@ -15,7 +15,6 @@ top-k guesses into a static token tree is `hf_specdec.generation.proposers.medus
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
@@ -26,8 +25,8 @@ from .derived import cached_derived
 from .hub import (
     HeadSource,
     PretrainedHead,
-    _library_version,
     base_model_dims,
+    base_model_name,
     check_base_model,
 )
 
@@ -131,14 +130,13 @@ class MedusaHeads(
         """Fresh heads sized for ``model`` and bound to it. Per-head lm_heads start as copies of the base lm_head
         (as upstream Medusa initialises them)."""
         hidden, vocab = base_model_dims(model)
-        name = getattr(getattr(model, "config", None), "_name_or_path", None) or None
         heads = cls(
             hidden_size=hidden,
             num_heads=num_heads,
             num_layers=num_layers,
             vocab_size=vocab,
             share_lm_head=share_lm_head,
-            base_model_name_or_path=kwargs.pop("base_model_name_or_path", name),
+            base_model_name_or_path=kwargs.pop("base_model_name_or_path", base_model_name(model)),
             **kwargs,
         )
         if not share_lm_head:
@@ -148,44 +146,6 @@ class MedusaHeads(
             with torch.no_grad():
                 heads.lm_head_weight.copy_(base_w.unsqueeze(0).expand_as(heads.lm_head_weight))
         return heads.bind(model)
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        pretrained_model_name_or_path: str | os.PathLike,
-        *,
-        base_model: nn.Module | None = None,
-        num_heads: int | None = None,
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-        revision: str | None = None,
-        token: str | bool | None = None,
-        cache_dir: str | os.PathLike | None = None,
-        local_files_only: bool = False,
-        force_download: bool = False,
-    ) -> MedusaHeads:
-        """Load Medusa heads from a local folder or a Hub repo id, in any published layout (docs/formats.md).
-
-        Args:
-            pretrained_model_name_or_path: folder or repo id (e.g. ``"FasterDecoding/medusa-vicuna-7b-v1.3"``).
-            base_model: the target model; when given, its sizes are checked and the heads are bound to it.
-            num_heads: keep only the first ``num_heads`` heads.
-            dtype: cast the weights (default: keep the checkpoint's dtype).
-            device: where to put the heads (default: CPU).
-            revision / token / cache_dir / local_files_only / force_download: Hub download options.
-        Returns:
-            `MedusaHeads` in eval mode.
-        """
-        hub_options = dict(
-            revision=revision,
-            token=token,
-            cache_dir=cache_dir,
-            local_files_only=local_files_only,
-            force_download=force_download,
-        )
-        return cls._load(
-            pretrained_model_name_or_path, hub_options, base_model, dtype=dtype, device=device, num_heads=num_heads
-        )
 
     @classmethod
     def _read_checkpoint(cls, source: HeadSource, num_heads: int | None = None) -> tuple[dict, dict, str]:
@@ -333,7 +293,6 @@ class MedusaHeads(
         """What ``config.json`` holds (our format)."""
         return {
             "head_type": self.head_type,
-            "hf_specdec_version": _library_version(),
             "hidden_size": self.hidden_size,
             "num_heads": self.num_heads,
             "num_layers": self.num_layers,

@@ -31,7 +31,6 @@ builds it (after ``import hf_specdec``).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 
 import torch
@@ -44,8 +43,8 @@ from .hub import (
     WEIGHTS_NAME,
     HeadSource,
     PretrainedHead,
-    _library_version,
     base_model_dims,
+    base_model_name,
     check_base_model,
     check_reachable,
     check_shapes,
@@ -193,54 +192,19 @@ class MLPSpeculator(
             kwargs: other `MLPSpeculator` arguments (``tie_weights``, ``scale_input``, ...).
         """
         hidden, vocab = base_model_dims(model)
-        name = getattr(getattr(model, "config", None), "_name_or_path", None) or None
         spec = cls(
             emb_dim=hidden,
             inner_dim=inner_dim,
             vocab_size=vocab,
             n_predict=n_predict,
             draft_vocab_size=None if token_map is None else int(token_map.numel()),
-            base_model_name_or_path=kwargs.pop("base_model_name_or_path", name),
+            base_model_name_or_path=kwargs.pop("base_model_name_or_path", base_model_name(model)),
             **kwargs,
         )
         if token_map is not None:
             spec.token_map.copy_(token_map.to(torch.long))
         spec.check_compatible(model)
         return spec
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        pretrained_model_name_or_path: str | os.PathLike,
-        *,
-        base_model: nn.Module | None = None,
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-        revision: str | None = None,
-        token: str | bool | None = None,
-        cache_dir: str | os.PathLike | None = None,
-        local_files_only: bool = False,
-        force_download: bool = False,
-    ) -> MLPSpeculator:
-        """Load an MLP speculator (published "accelerator" layout or our format) from a folder or a Hub repo id.
-
-        Args:
-            pretrained_model_name_or_path: folder or repo id (e.g. ``"ibm-ai-platform/llama3-8b-accelerator"``).
-            base_model: the target model; when given, its hidden size and vocabulary are checked.
-            dtype: cast the weights (default: keep the checkpoint's dtype).
-            device: where to put it (default: CPU).
-            revision / token / cache_dir / local_files_only / force_download: Hub download options.
-        Returns:
-            `MLPSpeculator` in eval mode.
-        """
-        hub_options = dict(
-            revision=revision,
-            token=token,
-            cache_dir=cache_dir,
-            local_files_only=local_files_only,
-            force_download=force_download,
-        )
-        return cls._load(pretrained_model_name_or_path, hub_options, base_model, dtype=dtype, device=device)
 
     @classmethod
     def _read_checkpoint(cls, source: HeadSource) -> tuple[dict, dict, str]:
@@ -336,7 +300,6 @@ class MLPSpeculator(
         """What ``config.json`` holds (our format)."""
         return {
             "head_type": HEAD_TYPE,
-            "hf_specdec_version": _library_version(),
             "hidden_size": self.emb_dim,  # the base model's hidden size (= emb_dim), as every head's config says
             "emb_dim": self.emb_dim,
             "inner_dim": self.inner_dim,
