@@ -30,6 +30,7 @@ from .medusa_tree import (
 )
 from .run import (
     HeldOutSplit,
+    RunConfig,
     TrainingRun,
     head_positions,
     held_out_split,
@@ -42,6 +43,7 @@ __all__ = [
     "CONTEXT_STAGE_DIR",
     "DistillationData",
     "HeldOutSplit",
+    "RunConfig",
     "TrainingRun",
     "MedusaTrainingConfig",
     "build_default_data",

@@ -28,6 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..cache.model_arg import cache_kwarg
 from ..heads.hub import base_model_dims
 from ..models import chat_prompt_ids
 from .benchmark_questions import find_questions_file, spec_bench_overlap
@@ -356,7 +357,8 @@ def greedy_answers_with_states(
     answers: list[list[int]] = [[] for _ in prompts]
     states: list[list[torch.Tensor]] = [[] for _ in prompts]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, W]
-    h = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache).last_hidden_state
+    past = cache_kwarg(decoder.forward, cache)
+    h = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, **past).last_hidden_state
     for i, p in enumerate(prompts):
         states[i].append(h[i, width - len(p) :].cpu())
     next_pos = positions[:, -1:] + 1  # [b, 1]
@@ -368,7 +370,7 @@ def greedy_answers_with_states(
             live.append(t not in eos_ids and step + 1 < max_new_tokens)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         h = decoder(
-            input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=cache
+            input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, **past
         ).last_hidden_state  # [b, 1, H]: the state of the token just chosen
         for j, r in enumerate(rows.tolist()):
             states[r].append(h[j].cpu())
@@ -473,55 +475,13 @@ def build_distillation_data(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    gc = model.generation_config
-    eos = eos_token_id if eos_token_id is not None else gc.eos_token_id
-    eos_ids = set(torch.as_tensor(eos if eos is not None else []).reshape(-1).tolist())
-    pad = pad_token_id if pad_token_id is not None else gc.pad_token_id
-    if pad is None:
-        pad = min(eos_ids) if eos_ids else 0
-    gen_kwargs = {"do_sample": bool(do_sample)}
-    if do_sample:
-        gen_kwargs.update(temperature=float(temperature), top_p=float(top_p), top_k=0)
-    generation = {
-        "max_new_tokens": int(max_new_tokens),
-        "do_sample": bool(do_sample),
-        "temperature": float(temperature) if do_sample else None,
-        "top_p": float(top_p) if do_sample else None,
-        "seed": int(seed),
-        "eos_token_id": sorted(eos_ids),
-        "pad_token_id": int(pad),
-        "batch_size": int(batch_size),
-        "padding": "left (generate), right (hidden-state forward)" if do_sample else "left (one greedy pass)",
-    }
-    settings = {"generation": generation, "shard_size": int(shard_size), "hidden_dtype": str(hidden_dtype)}
-    fingerprint = _fingerprint(prompt_ids, settings)
-    hidden_size, vocab_size = base_model_dims(model)
-    manifest_path = out / MANIFEST_NAME
-    if manifest_path.is_file():
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        if manifest.get("fingerprint") != fingerprint:
-            raise ValueError(
-                f"{out} already holds distillation data for other prompts or generation settings "
-                f"(fingerprint {manifest.get('fingerprint')} vs {fingerprint}); use another folder or delete it"
-            )
-    else:
-        manifest = {
-            "format_version": DATA_FORMAT_VERSION,
-            "fingerprint": fingerprint,
-            "base_model": base_model_name or getattr(model.config, "_name_or_path", None) or type(model).__name__,
-            "hidden_size": hidden_size,
-            "vocab_size": vocab_size,
-            "prompt_recipe": recipe,
-            "num_prompts": len(prompt_ids),
-            **settings,
-            "shards": [],
-            "complete": False,
-        }
+    how = _Answering.of(model, max_new_tokens, batch_size, do_sample, temperature, top_p, eos_token_id, pad_token_id)
+    settings = {"generation": how.describe(seed), "shard_size": int(shard_size), "hidden_dtype": str(hidden_dtype)}
+    manifest = _open_manifest(out, model, prompt_ids, settings, recipe, base_model_name)
     done = {s["file"] for s in manifest["shards"] if (out / s["file"]).is_file()}
     manifest["shards"] = [s for s in manifest["shards"] if s["file"] in done]
-    starts = list(range(0, len(prompt_ids), shard_size))
     bar = tqdm(total=len(prompt_ids), desc="target answers", unit="prompt", disable=not progress)
-    for index, start in enumerate(starts):
+    for index, start in enumerate(range(0, len(prompt_ids), shard_size)):
         name = f"shard-{index:05d}.safetensors"
         chunk = prompt_ids[start : start + shard_size]
         if name in done:
@@ -530,49 +490,123 @@ def build_distillation_data(
         t0 = time.perf_counter()
         if do_sample:
             torch.manual_seed(seed * 1_000_003 + index)
+        seqs, hiddens = how.answer(model, chunk, bar)
+        entry = _write_shard(out / name, seqs, hiddens, chunk, hidden_dtype)
+        manifest["shards"].append({"file": name, "first_prompt": start, **entry,
+                                   "seconds": round(time.perf_counter() - t0, 2)})  # fmt: skip
+        manifest["shards"].sort(key=lambda s: s["first_prompt"])
+        write_json(out / MANIFEST_NAME, manifest)
+    bar.close()
+    manifest["complete"] = True
+    for key in ("num_sequences", "num_tokens", "num_answer_tokens"):
+        manifest[key] = sum(s[key] for s in manifest["shards"])
+    write_json(out / MANIFEST_NAME, manifest)
+    return manifest
+
+
+@dataclass
+class _Answering:
+    """How `build_distillation_data` lets the target answer: length, batch, greedy or sampled, stop and pad ids."""
+
+    max_new_tokens: int
+    batch_size: int
+    do_sample: bool
+    temperature: float
+    top_p: float
+    eos_ids: set[int]
+    pad: int
+
+    @classmethod
+    def of(cls, model, max_new_tokens, batch_size, do_sample, temperature, top_p, eos_token_id, pad_token_id):
+        """Stop and pad ids default to the model's generation config (pad: the lowest stop id, else 0)."""
+        gc = model.generation_config
+        eos = eos_token_id if eos_token_id is not None else gc.eos_token_id
+        eos_ids = set(torch.as_tensor(eos if eos is not None else []).reshape(-1).tolist())
+        pad = pad_token_id if pad_token_id is not None else gc.pad_token_id
+        if pad is None:
+            pad = min(eos_ids) if eos_ids else 0
+        return cls(int(max_new_tokens), int(batch_size), bool(do_sample), float(temperature), float(top_p), eos_ids,
+                   int(pad))  # fmt: skip
+
+    def describe(self, seed: int) -> dict:
+        """The manifest's ``generation`` entry."""
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "do_sample": self.do_sample,
+            "temperature": self.temperature if self.do_sample else None,
+            "top_p": self.top_p if self.do_sample else None,
+            "seed": int(seed),
+            "eos_token_id": sorted(self.eos_ids),
+            "pad_token_id": self.pad,
+            "batch_size": self.batch_size,
+            "padding": "left (generate), right (hidden-state forward)" if self.do_sample else "left (one greedy pass)",
+        }
+
+    def answer(self, model, prompts: Sequence[Sequence[int]], bar) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """``(prompt + answer ids of each prompt, their final hidden states [len, H] each)``, ``batch_size`` prompts
+        per call."""
         seqs: list[list[int]] = []
         hiddens: list[torch.Tensor] = []
-        for b in range(0, len(chunk), batch_size):
-            batch = [list(map(int, p)) for p in chunk[b : b + batch_size]]
-            if do_sample:
+        for b in range(0, len(prompts), self.batch_size):
+            batch = [list(map(int, p)) for p in prompts[b : b + self.batch_size]]
+            if self.do_sample:
+                sampling = {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p, "top_k": 0}
                 with torch.no_grad():
-                    answers = _generate_answers(model, batch, max_new_tokens, pad, eos_ids, gen_kwargs)
+                    answers = _generate_answers(model, batch, self.max_new_tokens, self.pad, self.eos_ids, sampling)
                 full = [p + a for p, a in zip(batch, answers)]
                 hiddens += final_hidden_states(model, full)
             else:
-                answers, states = greedy_answers_with_states(model, batch, max_new_tokens, pad, eos_ids)
+                answers, states = greedy_answers_with_states(model, batch, self.max_new_tokens, self.pad, self.eos_ids)
                 full = [p + a for p, a in zip(batch, answers)]
                 hiddens += states
             seqs += full
             bar.update(len(batch))
-        tensors = {
-            "input_ids": torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
-            "hidden": torch.cat(hiddens).to(hidden_dtype).contiguous(),
-            "seq_lens": torch.tensor([len(s) for s in seqs], dtype=torch.int64),
-            "prompt_lens": torch.tensor([len(p) for p in chunk], dtype=torch.int64),
-        }
-        tmp = out / (name + ".tmp")
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, out / name)
-        manifest["shards"].append(
-            {
-                "file": name,
-                "first_prompt": start,
-                "num_sequences": len(seqs),
-                "num_tokens": int(tensors["input_ids"].numel()),
-                "num_answer_tokens": int(sum(len(s) - len(p) for s, p in zip(seqs, chunk))),
-                "seconds": round(time.perf_counter() - t0, 2),
-            }
-        )
-        manifest["shards"].sort(key=lambda s: s["first_prompt"])
-        write_json(manifest_path, manifest)
-    bar.close()
-    manifest["complete"] = True
-    manifest["num_sequences"] = sum(s["num_sequences"] for s in manifest["shards"])
-    manifest["num_tokens"] = sum(s["num_tokens"] for s in manifest["shards"])
-    manifest["num_answer_tokens"] = sum(s["num_answer_tokens"] for s in manifest["shards"])
-    write_json(manifest_path, manifest)
-    return manifest
+        return seqs, hiddens
+
+
+def _open_manifest(out: Path, model, prompt_ids, settings: dict, recipe, base_model_name) -> dict:
+    """The folder's manifest (refused when written for other prompts or settings), or a fresh one."""
+    fingerprint = _fingerprint(prompt_ids, settings)
+    path = out / MANIFEST_NAME
+    if path.is_file():
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        if manifest.get("fingerprint") != fingerprint:
+            raise ValueError(
+                f"{out} already holds distillation data for other prompts or generation settings "
+                f"(fingerprint {manifest.get('fingerprint')} vs {fingerprint}); use another folder or delete it"
+            )
+        return manifest
+    hidden_size, vocab_size = base_model_dims(model)
+    return {
+        "format_version": DATA_FORMAT_VERSION,
+        "fingerprint": fingerprint,
+        "base_model": base_model_name or getattr(model.config, "_name_or_path", None) or type(model).__name__,
+        "hidden_size": hidden_size,
+        "vocab_size": vocab_size,
+        "prompt_recipe": recipe,
+        "num_prompts": len(prompt_ids),
+        **settings,
+        "shards": [],
+        "complete": False,
+    }
+
+
+def _write_shard(path: Path, seqs: list[list[int]], hiddens: list[torch.Tensor], prompts, hidden_dtype) -> dict:
+    """Write one shard atomically; returns its manifest counts."""
+    tensors = {
+        "input_ids": torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
+        "hidden": torch.cat(hiddens).to(hidden_dtype).contiguous(),
+        "seq_lens": torch.tensor([len(s) for s in seqs], dtype=torch.int64),
+        "prompt_lens": torch.tensor([len(p) for p in prompts], dtype=torch.int64),
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, path)
+    return {
+        "num_sequences": len(seqs),
+        "num_tokens": int(tensors["input_ids"].numel()),
+        "num_answer_tokens": int(sum(len(s) - len(p) for s, p in zip(seqs, prompts))),
+    }
 
 
 def build_default_data(

@@ -31,45 +31,33 @@ import torch.nn.functional as F
 
 from ..heads.eagle import EagleHead
 from .data import DistillationData
-from .run import REPORT_NAME, HeldOutSplit, TrainingRun, lr_lambda, split_sequences, step_counts
+from .run import REPORT_NAME, HeldOutSplit, RunConfig, TrainingRun, lr_lambda, split_sequences, step_counts
 
 HEAD_DIR = "head"
 
 
 @dataclass
-class EagleTrainingConfig:
-    """Hyper-parameters of `train_eagle` (EAGLE's defaults where they apply).
+class EagleTrainingConfig(RunConfig):
+    """Hyper-parameters of `train_eagle` (EAGLE's defaults where they apply; the schedule, held-out split and
+    checkpoints: `RunConfig`'s, with ``positions_per_step`` counting windows).
 
     Attributes:
         window: pairs per training window (a longer sequence is cut into windows).
-        positions_per_step: windows per optimisation step.
-        epochs / max_steps: training length.
-        lr / weight_decay / warmup_steps / max_grad_norm: AdamW and the warm-up + cosine schedule.
         reg_weight / token_weight: weights of the feature regression and the token loss.
         noise: uniform noise on the input features, as a fraction of their standard deviation.
         draft_vocab: size of the draft (and loss) vocabulary; 0 = the full vocabulary.
-        eval_fraction / eval_positions / eval_every: held-out sequences, scored answer positions, cadence.
-        checkpoint_every / keep_checkpoints / seed: resumable runs.
     """
 
     window: int = 256
-    positions_per_step: int = 4
-    epochs: float = 3.0
-    max_steps: int | None = None
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 20
-    max_grad_norm: float = 0.5
     reg_weight: float = 1.0
     token_weight: float = 0.5
     noise: float = 0.1
     draft_vocab: int = 8192
-    eval_fraction: float = 0.05
-    eval_positions: int = 2048
+    positions_per_step: int = 4
+    epochs: float = 3.0
+    max_grad_norm: float = 0.5
     eval_every: int = 100
     checkpoint_every: int = 50
-    keep_checkpoints: int = 2
-    seed: int = 0
 
     def __post_init__(self):
         if self.window < 2 or self.positions_per_step < 1:

@@ -29,6 +29,7 @@ from ..heads.medusa import MedusaHeads
 from .data import DistillationData, load_distillation_data, write_json
 from .run import (
     REPORT_NAME,
+    RunConfig,
     TrainingRun,
     head_positions,
     held_out_split,
@@ -42,48 +43,28 @@ IGNORE = -100
 
 
 @dataclass
-class MedusaTrainingConfig:
-    """Hyper-parameters of `train_medusa`.
+class MedusaTrainingConfig(RunConfig):
+    """Hyper-parameters of `train_medusa` (the schedule, held-out split and checkpoints: `RunConfig`'s).
 
     Args:
         num_heads / num_layers / share_lm_head: the `MedusaHeads` shape (share_lm_head reuses the frozen base lm_head).
-        epochs: passes over the training positions (fractional allowed); ``max_steps`` caps the steps.
-        positions_per_step: hidden-state positions per optimizer step (sampled without replacement per epoch).
-        lr / weight_decay / warmup_steps: AdamW, linear warmup then cosine decay to 10 %.
         decay: head k's loss weight is ``decay ** k`` (Medusa: 0.8).
         distill: ``"hard"``: cross-entropy against the target's tokens; ``"soft"``: against the target's distribution.
         loss_vocab: train the softmax over the ``loss_vocab`` most frequent answer tokens only (None: full vocab).
         draft_vocab: with ``loss_vocab``, the heads also *draft* over that vocabulary only (``token_map``): decoding
             then projects onto ``loss_vocab`` lm_head rows per head instead of all of them (cheaper drafting; tokens
             outside it are never guessed).
-        eval_fraction / eval_positions: held-out sequences and how many of their positions are scored.
-        eval_every / checkpoint_every: in steps (0: only at the end).
-        seed: split, sampling order and init.
         mixed_precision: ``"no"``, ``"bf16"`` or ``"fp16"`` (passed to `accelerate.Accelerator`).
-        max_grad_norm: gradient clipping.
     """
 
     num_heads: int = 4
     num_layers: int = 1
     share_lm_head: bool = True
-    epochs: float = 1.0
-    max_steps: int | None = None
-    positions_per_step: int = 256
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 20
     decay: float = 0.8
     distill: str = "hard"
     loss_vocab: int | None = None
     draft_vocab: bool = False
-    eval_fraction: float = 0.05
-    eval_positions: int = 2048
-    eval_every: int = 0
-    checkpoint_every: int = 200
-    keep_checkpoints: int = 2
-    seed: int = 0
     mixed_precision: str = "no"
-    max_grad_norm: float = 1.0
 
     def __post_init__(self):
         if self.distill not in ("hard", "soft"):

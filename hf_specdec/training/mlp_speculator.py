@@ -21,11 +21,7 @@ latest one.
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,15 +36,7 @@ from .medusa import (
     IGNORE,
     medusa_labels,
 )
-from .run import (
-    REPORT_NAME,
-    data_description,
-    head_positions,
-    latest_checkpoint,
-    lr_lambda,
-    save_checkpoint,
-    split_sequences,
-)
+from .run import REPORT_NAME, RunConfig, TrainingRun, held_out_split, lr_lambda, step_counts
 from .step_cost import step_cost_curve
 
 # level widths tried by `tune_speculator_tree` (each also cut at every depth by AdaptiveDepth at run time)
@@ -56,20 +44,13 @@ DEFAULT_WIDTH_CANDIDATES = ((1, 1, 1, 1), (2, 2, 2, 2), (3, 2, 2, 2), (3, 3, 3, 
 
 
 @dataclass
-class MLPSpeculatorTrainingConfig:
-    """Hyper-parameters of `train_mlp_speculator`.
+class MLPSpeculatorTrainingConfig(RunConfig):
+    """Hyper-parameters of `train_mlp_speculator` (the schedule, held-out split and checkpoints: `RunConfig`'s).
 
     Args:
         inner_dim / n_predict / tie_weights / scale_input / top_k_tokens_per_head: the `MLPSpeculator` shape.
         draft_vocab: predict over the ``draft_vocab`` most frequent answer tokens only (None: the full vocabulary).
-        epochs: passes over the training positions (fractional allowed); ``max_steps`` caps the steps.
-        positions_per_step: positions per optimizer step (sampled without replacement per epoch).
-        lr / weight_decay / warmup_steps: AdamW, linear warm-up then cosine decay to 10 %.
         decay: stage k's loss weight is ``decay ** k``.
-        eval_fraction / eval_positions: held-out sequences and how many of their positions are scored.
-        eval_every / checkpoint_every: in steps (0: only at the end).
-        seed: split, sampling order and init.
-        max_grad_norm: gradient clipping (0: none).
     """
 
     inner_dim: int = 384
@@ -78,20 +59,9 @@ class MLPSpeculatorTrainingConfig:
     scale_input: bool = True
     top_k_tokens_per_head: tuple[int, ...] = (4, 3, 2, 2)
     draft_vocab: int | None = 8192
-    epochs: float = 3.0
-    max_steps: int | None = None
-    positions_per_step: int = 256
-    lr: float = 2e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 20
     decay: float = 0.8
-    eval_fraction: float = 0.05
-    eval_positions: int = 2048
-    eval_every: int = 0
-    checkpoint_every: int = 200
-    keep_checkpoints: int = 2
-    seed: int = 0
-    max_grad_norm: float = 1.0
+    epochs: float = 3.0
+    lr: float = 2e-3
 
     def __post_init__(self):
         self.top_k_tokens_per_head = tuple(int(k) for k in self.top_k_tokens_per_head)
@@ -289,54 +259,28 @@ def draft_vocabulary(data: DistillationData, positions: torch.Tensor, size: int)
     return top, float(counts[top].sum() / counts.sum().clamp(min=1))
 
 
-@dataclass
-class _Split:
-    train_seqs: torch.Tensor  # [S_train] sequence indices
-    eval_seqs: torch.Tensor  # [S_eval]
-    train_pos: torch.Tensor  # [P_train] positions t (stage 0's label t + 2 is an answer token)
-    eval_pos: torch.Tensor  # [P_eval]
-    token_map: torch.Tensor | None  # [V'] draft vocabulary, or None
-    coverage: float  # share of the stage-0 training labels inside the draft vocabulary
+def _draft_vocab(data: DistillationData, train_pos: torch.Tensor, cfg: MLPSpeculatorTrainingConfig):
+    """``(token map [V'] or None, share of the stage-0 training labels it covers)``."""
+    if cfg.draft_vocab is None or cfg.draft_vocab >= int(data.manifest["vocab_size"]):
+        return None, 1.0
+    return draft_vocabulary(data, train_pos, cfg.draft_vocab)
 
 
-def _split(data: DistillationData, cfg: MLPSpeculatorTrainingConfig) -> _Split:
-    train_seqs, eval_seqs = split_sequences(data, cfg.eval_fraction, cfg.seed)
-    train_pos = head_positions(data, train_seqs)
-    if train_pos.numel() == 0:
-        raise ValueError("the data holds no answer tokens to train on (every answer is shorter than 2 tokens)")
-    eval_pos = head_positions(data, eval_seqs)
-    if eval_pos.numel() > cfg.eval_positions:
-        pick = torch.randperm(eval_pos.numel(), generator=torch.Generator().manual_seed(cfg.seed + 1))
-        eval_pos = eval_pos[pick[: cfg.eval_positions]].sort().values
-    token_map, coverage = None, 1.0
-    vocab = int(data.manifest["vocab_size"])
-    if cfg.draft_vocab is not None and cfg.draft_vocab < vocab:
-        token_map, coverage = draft_vocabulary(data, train_pos, cfg.draft_vocab)
-    return _Split(train_seqs, eval_seqs, train_pos, eval_pos, token_map, coverage)
-
-
-def _resume_state(out: Path, cfg: MLPSpeculatorTrainingConfig, resume: bool, spec, optimizer, scheduler):
-    """``(step, elapsed, history)`` from the latest checkpoint (loaded into the modules), or a fresh start."""
-    ckpt = latest_checkpoint(out)
-    if ckpt is None:
-        return 0, 0.0, []
-    if not resume:
-        raise FileExistsError(
-            f"{out} already holds training checkpoints ({ckpt.name}); pass resume=True (CLI: --resume) to continue, "
-            "or use another output folder"
-        )
-    state = torch.load(ckpt, map_location="cpu", weights_only=True)
-    saved, now = state["config"], dataclasses.asdict(cfg)
-    for key in ("inner_dim", "n_predict", "tie_weights", "scale_input", "draft_vocab", "positions_per_step", "seed"):
-        if saved.get(key) != now[key]:
-            raise ValueError(
-                f"cannot resume from {ckpt}: it was trained with {key}={saved.get(key)!r}, now {key}={now[key]!r}; "
-                "use the same settings or another output folder"
-            )
-    spec.load_state_dict(state["speculator"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    return int(state["step"]), float(state["elapsed"]), json.loads(state["history"])
+def _fresh_speculator(cfg: MLPSpeculatorTrainingConfig, data: DistillationData, token_map, base: str | None):
+    spec = MLPSpeculator(
+        emb_dim=int(data.hidden.shape[1]),
+        inner_dim=cfg.inner_dim,
+        vocab_size=int(data.manifest["vocab_size"]),
+        n_predict=cfg.n_predict,
+        top_k_tokens_per_head=list(cfg.top_k_tokens_per_head),
+        tie_weights=cfg.tie_weights,
+        scale_input=cfg.scale_input,
+        draft_vocab_size=None if token_map is None else int(token_map.numel()),
+        base_model_name_or_path=base,
+    )
+    if token_map is not None:
+        spec.token_map.copy_(token_map)
+    return spec
 
 
 def train_mlp_speculator(
@@ -363,80 +307,36 @@ def train_mlp_speculator(
     Returns:
         ``(speculator, report)``: the trained speculator (CPU, eval mode) and the training report dict.
     """
-    from tqdm.auto import tqdm
-
     cfg = config or MLPSpeculatorTrainingConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = data if isinstance(data, DistillationData) else load_distillation_data(data)
-    split = _split(data, cfg)
+    split = held_out_split(data, cfg.eval_fraction, cfg.eval_positions, cfg.seed)
+    token_map, coverage = _draft_vocab(data, split.train_pos, cfg)
     torch.manual_seed(cfg.seed)
-    spec = MLPSpeculator(
-        emb_dim=int(data.hidden.shape[1]),
-        inner_dim=cfg.inner_dim,
-        vocab_size=int(data.manifest["vocab_size"]),
-        n_predict=cfg.n_predict,
-        top_k_tokens_per_head=list(cfg.top_k_tokens_per_head),
-        tie_weights=cfg.tie_weights,
-        scale_input=cfg.scale_input,
-        draft_vocab_size=None if split.token_map is None else int(split.token_map.numel()),
-        base_model_name_or_path=base_model_name_or_path or data.manifest.get("base_model"),
-    )
-    if split.token_map is not None:
-        spec.token_map.copy_(split.token_map)
-    spec.to(device).train()
-    steps_per_epoch = math.ceil(split.train_pos.numel() / cfg.positions_per_step)
-    total = max(1, math.ceil(cfg.epochs * steps_per_epoch))
-    total = min(total, cfg.max_steps) if cfg.max_steps is not None else total
+    base = base_model_name_or_path or data.manifest.get("base_model")
+    spec = _fresh_speculator(cfg, data, token_map, base).to(device).train()
+    _, total = step_counts(split.train_pos.numel(), cfg.positions_per_step, cfg.epochs, cfg.max_steps)
     optimizer = torch.optim.AdamW(spec.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps, total))
-    step, elapsed, history = _resume_state(out, cfg, resume, spec, optimizer, scheduler)
+    run = TrainingRun(out, cfg, spec, "speculator", optimizer, scheduler)
+    same = ("inner_dim", "n_predict", "tie_weights", "scale_input", "draft_vocab", "positions_per_step", "seed")
+    run.resume(resume, same=same)
+
+    def loss_of(pos: torch.Tensor) -> torch.Tensor:
+        return speculator_loss(spec, *_batch(data, pos, cfg.n_predict, device), cfg.decay)[0]
 
     def evaluate() -> dict:
         return evaluate_mlp_speculator(spec, data, split.eval_pos, cfg.decay)
 
-    def checkpoint() -> None:
-        state = {"speculator": {k: v.detach().cpu() for k, v in spec.state_dict().items()}, "step": step,
-                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "elapsed": elapsed,
-                 "config": dataclasses.asdict(cfg), "history": json.dumps(history)}  # fmt: skip
-        save_checkpoint(out, state, cfg.keep_checkpoints)
-
-    before = None
-    if step == 0 and split.eval_pos.numel():
-        before = evaluate()
-        history.append({"step": 0, **before})
-    bar = tqdm(total=total, initial=step, desc="mlp speculator", unit="step", disable=not progress)
-    t_start, losses = time.perf_counter() - elapsed, []
-    order, order_epoch = None, -1
-    while step < total:
-        epoch, index = divmod(step, steps_per_epoch)
-        if epoch != order_epoch:  # the same order after a resume: seeded by (seed, epoch)
-            gen = torch.Generator().manual_seed(cfg.seed * 7919 + epoch)
-            order, order_epoch = split.train_pos[torch.randperm(split.train_pos.numel(), generator=gen)], epoch
-        pos = order[index * cfg.positions_per_step : (index + 1) * cfg.positions_per_step]
-        loss = speculator_loss(spec, *_batch(data, pos, cfg.n_predict, device), cfg.decay)[0]
-        loss.backward()
-        if cfg.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(spec.parameters(), cfg.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step, elapsed = step + 1, time.perf_counter() - t_start
-        losses.append(loss.item())
-        bar.update(1)
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
-        if cfg.eval_every and step % cfg.eval_every == 0 and step < total and split.eval_pos.numel():
-            history.append({"step": step, **evaluate()})
-            bar.write(f"step {step}: held-out top-1 per stage {history[-1]['top1_per_stage']}")
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-            checkpoint()
-    bar.close()
-    after = evaluate() if split.eval_pos.numel() else None
-    if after is not None:
-        history.append({"step": step, **after})
-    checkpoint()
+    held = evaluate if split.eval_pos.numel() else None
+    before, after = run.train(
+        split.train_pos, total, loss_of, held, desc="mlp speculator", metric="top1_per_stage", progress=progress
+    )
     spec = spec.to("cpu").eval()
-    report = _report(spec, data, split, cfg, step, elapsed, losses, before, after, history)
+    report = {"base_model": spec.base_model_name_or_path, **run.report(data, split, before, after)}
+    report["draft_vocab_coverage"] = round(coverage, 4) if token_map is not None else None
+    spec.model_card = _model_card(report, data.manifest, cfg)
     spec.save_pretrained(out)
     write_json(out / REPORT_NAME, report)
     return spec, report
@@ -448,45 +348,23 @@ def _answer_tokens(manifest: dict) -> int:
     return sum(p.get("num_answer_tokens") or sum(s["num_answer_tokens"] for s in p.get("shards", [])) for p in parts)
 
 
-def _report(spec, data, split: _Split, cfg, step, elapsed, losses, before, after, history) -> dict:
-    """The training report, and the model-card facts it implies (stored in ``spec.model_card``)."""
-    manifest = data.manifest
-    report = {
-        "base_model": spec.base_model_name_or_path,
-        "training_data": data_description(manifest),
-        "data_dir": str(data.folder) if data.folder is not None else None,
-        "num_sequences": int(data.seq_bounds.shape[0]),
-        "num_tokens": int(data.input_ids.numel()),
-        "train_sequences": int(split.train_seqs.numel()),
-        "eval_sequences": int(split.eval_seqs.numel()),
-        "train_positions": int(split.train_pos.numel()),
-        "eval_positions": int(split.eval_pos.numel()),
-        "generation": manifest.get("generation"),
-        "steps": step,
-        "training_time_s": round(elapsed, 1),
-        "config": dataclasses.asdict(cfg),
-        "draft_vocab_coverage": round(split.coverage, 4) if split.token_map is not None else None,
-        "train_loss_first_steps": round(sum(losses[:10]) / max(1, len(losses[:10])), 4),
-        "train_loss_last_steps": round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4),
-        "held_out_before": before,
-        "held_out": after,
-        "history": history,
-    }
-    top1 = after["top1_per_stage"] if after else None
-    spec.model_card = {
+def _model_card(report: dict, manifest: dict, cfg: MLPSpeculatorTrainingConfig) -> dict:
+    """The model-card facts of a trained speculator, from its training report."""
+    top1 = report["held_out"]["top1_per_stage"] if report["held_out"] else None
+    return {
         "training_data": report["training_data"],
         "data_size": {
             "sequences": report["num_sequences"],
             "tokens": report["num_tokens"],
             "answer_tokens": _answer_tokens(manifest),
-        },  # fmt: skip
+        },
         "training": {
-            "steps": step,
+            "steps": report["steps"],
             "time_s": report["training_time_s"],
             "lr": cfg.lr,
             "positions_per_step": cfg.positions_per_step,
             "draft_vocab": cfg.draft_vocab,
-        },  # fmt: skip
+        },
         "held_out_top1_per_stage": top1,
         "tau": None,
         "speedup": None,
@@ -494,7 +372,6 @@ def _report(spec, data, split: _Split, cfg, step, elapsed, losses, before, after
         if top1
         else None,
     }
-    return report
 
 
 # ---------------------------------------------------------------------------------------------------- command line
@@ -560,7 +437,7 @@ def main(args) -> int:
         data, out, config, resume=args.resume, base_model_name_or_path=DEFAULT_MODEL_NAME
     )
     if not args.no_tune_tree:
-        eval_pos = _split(data, config).eval_pos
+        eval_pos = held_out_split(data, config.eval_fraction, config.eval_positions, config.seed).eval_pos
         report["tree_tuning"] = tune_speculator_tree(spec, data, eval_pos, model)
         spec.save_pretrained(out)
         write_json(out / REPORT_NAME, report)

@@ -27,6 +27,38 @@ CHECKPOINT_DIR = "checkpoints"
 REPORT_NAME = "training_report.json"
 
 
+# ---------------------------------------------------------------------------------------------------- config
+@dataclass
+class RunConfig:
+    """The settings every trainer's config shares (`TrainingRun` reads them); a trainer's config subclasses it,
+    adds its own fields and may change a default.
+
+    Attributes:
+        epochs: passes over the training positions (fractional allowed); ``max_steps`` caps the steps.
+        positions_per_step: what one optimizer step trains on (positions or windows, sampled without replacement
+            per epoch).
+        lr / weight_decay / warmup_steps / max_grad_norm: AdamW, linear warm-up then cosine decay to 10 %, gradient
+            clipping (0: none).
+        eval_fraction / eval_positions: held-out sequences and how many of their positions are scored.
+        eval_every / checkpoint_every: in steps (0: only at the end); ``keep_checkpoints``: how many stay on disk.
+        seed: split, sampling order and init.
+    """
+
+    epochs: float = 1.0
+    max_steps: int | None = None
+    positions_per_step: int = 256
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    max_grad_norm: float = 1.0
+    eval_fraction: float = 0.05
+    eval_positions: int = 2048
+    eval_every: int = 0
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 2
+    seed: int = 0
+
+
 # ---------------------------------------------------------------------------------------------------- positions
 def split_sequences(data: DistillationData, eval_fraction: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(train, eval)`` sequence indices: a seeded random ``eval_fraction`` of the sequences (at least one, when
@@ -123,8 +155,7 @@ class TrainingRun:
 
     Attributes:
         out: output folder (``checkpoints/`` inside).
-        config: the trainer's config dataclass; it has ``positions_per_step``, ``seed``, ``eval_every``,
-            ``checkpoint_every``, ``keep_checkpoints`` and ``max_grad_norm``.
+        config: the trainer's config (a `RunConfig`).
         module: what is trained (unwrapped); its state goes into checkpoints under ``module_key``.
         module_key: the checkpoint key of ``module``'s state (``"heads"``, ``"speculator"``, ...).
         optimizer / scheduler: as built by the trainer.
@@ -134,7 +165,7 @@ class TrainingRun:
     """
 
     out: Path
-    config: object
+    config: RunConfig
     module: nn.Module
     module_key: str
     optimizer: torch.optim.Optimizer
