@@ -16,10 +16,12 @@ always scores at least as high as its child (log-probabilities are <= 0) and tie
 is a tree; nodes are emitted in candidate order, so parents precede children. Children are a deterministic top-k of
 the context, so the tree is `DraftSampling.DETERMINISTIC` and the verifier stays exact for sampling too.
 
-Tree size: with a step-cost table ``{nodes: cost / plain decoding step}`` (measured on this machine when the head was
-trained: ``head.tree["step_cost"]``, or passed in), each row keeps the prefix of its ranked nodes that maximises
-``(1 + calibrated sum of path probabilities) / cost``; drafting nothing is an option. The calibration is the row's
-accepted / predicted tokens so far. Trees carry ``scores`` (path probabilities) and ``source`` for a budgeter.
+Tree size: with the loop's tree budget (the default) every kept candidate goes out with its path probability
+(``scores``, ``source="eagle"``) and the budget cuts each row to what pays on this machine, pausing rows whose drafts
+stopped paying (a paused row costs no head pass: its pairs queue up until it drafts again); the head's step-cost
+table (``head.tree["step_cost"]``) is only the budget's prior. Without a budget, each row keeps the prefix of its
+ranked nodes that maximises ``(1 + calibrated sum of path probabilities) / cost`` under that table; drafting nothing
+is an option, and the calibration is the row's accepted / predicted tokens so far.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Sequence
 import torch
 
 from ...heads.eagle import EagleHead, EagleKVCache
+from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
 from .base import Proposer, ProposerSetup, RowFeedback, RowState
 
@@ -146,8 +149,9 @@ class EagleAssistant(Proposer):
         top_k: children per expanded node and frontier width (default: the head's ``tree["top_k"]``, else 6).
         depth: tree depth (default: ``tree["depth"]``, else 5).
         num_nodes: nodes per tree at most (default: ``tree["num_nodes"]``, else 24).
-        step_cost: ``{nodes: cost of a step / a plain decoding step}`` measured on this machine, to cut each row's
-            tree to the size that pays (default: the head's ``tree["step_cost"]``; None = always ``num_nodes``).
+        step_cost: ``{nodes: cost of a step / a plain decoding step}`` (default: the head's ``tree["step_cost"]``):
+            the tree budget's prior; without a budget (``tree_budget=False``) it cuts each row's tree to the size
+            that pays (None = always ``num_nodes``).
     """
 
     sampling = DraftSampling.DETERMINISTIC
@@ -186,6 +190,8 @@ class EagleAssistant(Proposer):
 
     def start(self, setup: ProposerSetup) -> None:
         super().start(setup)
+        if setup.budget is not None and self.step_cost:  # the shipped table: the budget's prior until it measures
+            setup.budget.cost.set_prior(PriorCurve.from_node_costs(self.step_cost))
         self.cache = self.head.new_cache(max(1, setup.batch_size))
         self._pending, self._calibration = {}, {}
 
@@ -261,7 +267,7 @@ class EagleAssistant(Proposer):
     def _row_tree(self, row: RowState, score, token, parent, node_depth, keep) -> DraftTree:
         """One row's kept candidates as a `DraftTree` (candidate order: parents first), cut to the size that pays."""
         idx = keep.nonzero().flatten()  # [n] ascending candidate index
-        if self.step_cost is not None:
+        if self.step_cost is not None and self.budget is None:  # with a tree budget, the budget cuts
             idx = self._cut(row.row, idx, score)
         device = row.tokens.device
         if idx.numel() == 0:
