@@ -401,8 +401,9 @@ def _row_states(rows: Sequence[_Row], max_length: int, budget: TreeBudgeter | No
     states = []
     for r in rows:
         depth = max(0, max_length - r.length - 1)
-        depth = depth if budget is None else budget.depth_cap(r.index, depth)
-        states.append(RowState(row=r.index, tokens=r.tokens, prompt_len=r.prompt_width - r.start, max_depth=depth))
+        capped = depth if budget is None else budget.depth_cap(r.index, depth)
+        paused = depth if capped == 0 else 0
+        states.append(RowState(r.index, r.tokens, r.prompt_width - r.start, max_depth=capped, paused_depth=paused))
     return states
 
 

@@ -138,3 +138,25 @@ def test_default_ngram_plus_medusa_is_a_fallback_of_both():
     kinds = [type(p).__name__ for p in fb.proposers]
     assert kinds == ["NgramAssistant", "MedusaAssistant"]
     assert fb.hidden_state_layers == (-1,)
+
+
+class FreeRecorder(Recorder):
+    proposes_for_free = True
+
+
+def test_a_paused_row_still_drafts_with_the_free_assistant_only():
+    from hf_specdec.generation.proposers.base import RowState
+
+    free, paid = FreeRecorder(7), Recorder(8)
+    fallback = FallbackAssistant(free, paid)
+    tokens = torch.tensor([5, 6, 7])
+    rows = [RowState(0, tokens, 2, max_depth=0, paused_depth=4), RowState(1, tokens, 2, max_depth=3)]
+    free.when = lambda r: r.row == 1  # the free one finds nothing for the paused row 0
+    trees = fallback.propose(rows)
+    assert free.asked == [[(0, 4), (1, 3)]]  # it sees the paused row at the depth it would have had
+    assert paid.asked == [[(0, 0)]]  # the paid one sees it paused
+    assert [t.num_nodes for t in trees] == [0, 1]
+    free.when = lambda r: True
+    trees = fallback.propose(rows)
+    assert [t.tokens.tolist() for t in trees] == [[7], [7]]  # the paused row drafts with the free assistant
+    assert len(paid.asked) == 1  # and the paid one is not asked at all

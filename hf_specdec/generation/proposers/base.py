@@ -38,12 +38,16 @@ class RowState:
         tokens: `[n]` int64 committed tokens, prompt included, no padding; ``tokens[-1]`` is the root.
         prompt_len: number of prompt tokens at the start of ``tokens``.
         max_depth: the deepest tree the loop will verify for this row now (remaining token budget - 1).
+        paused_depth: while the tree budget pauses the row (``max_depth`` 0: its drafts stopped paying what proposing
+            costs), the depth it would otherwise have; an assistant that proposes at no cost
+            (`Proposer.proposes_for_free`) may still draft that deep. 0 when the row is not paused.
     """
 
     row: int
     tokens: torch.Tensor
     prompt_len: int
     max_depth: int
+    paused_depth: int = 0
 
     @property
     def root(self) -> int:
@@ -116,10 +120,13 @@ class Proposer:
         hidden_state_layers: None if the proposer needs no target hidden states; otherwise indices into
             transformers' ``hidden_states`` tuple (``-1`` = the final, normed hidden state fed to the lm_head; ``k`` =
             the residual stream entering decoder layer ``k``). `observe` gets them as a mapping layer -> `[m, H]`.
+        proposes_for_free: proposing costs next to nothing (a lookup, no model pass): inside a `FallbackAssistant`
+            it keeps drafting for rows the tree budget paused (``RowState.paused_depth``).
     """
 
     sampling: DraftSampling = DraftSampling.DETERMINISTIC
     hidden_state_layers: tuple[int, ...] | None = None
+    proposes_for_free: bool = False
 
     @property
     def budget(self) -> TreeBudgeter | None:

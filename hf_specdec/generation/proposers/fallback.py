@@ -17,6 +17,7 @@ context, never on the target's answer.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -32,7 +33,9 @@ class FallbackAssistant(Proposer):
 
     With the loop's tree budget (the default), a row whose tree predicts less than ``handoff`` times the speed of
     a plain step (`TreeBudgeter.speedup`: the measured cost curve and the calibrated scores) asks the next assistant
-    too, and the tree that predicts more wins.
+    too, and the tree that predicts more wins. A row the budget paused (a paid assistant's drafts stopped paying)
+    is still offered to the assistants that propose for free (`Proposer.proposes_for_free`: prompt lookup), so
+    pausing the trained head never silences the lookup.
 
     Args:
         *assistants: two or more assistants, most preferred first: `Proposer` instances, or anything ``assistant=``
@@ -109,7 +112,7 @@ class FallbackAssistant(Proposer):
         for a, p in enumerate(self.proposers):
             if not waiting:
                 break
-            for i, tree in zip(waiting, p.propose([rows[i] for i in waiting])):
+            for i, tree in zip(waiting, p.propose([_row_for(p, rows[i]) for i in waiting])):
                 self._proposed[a, rows[i].row] = tree
                 if not tree.num_nodes:
                     continue
@@ -136,6 +139,13 @@ class FallbackAssistant(Proposer):
         layers = p.hidden_state_layers
         hidden = None if not layers or fb.hidden_states is None else {k: fb.hidden_states[k] for k in layers}
         return RowFeedback(fb.new_tokens, accepted, fb.next_token, tree, hidden, verified)
+
+
+def _row_for(p: Proposer, row: RowState) -> RowState:
+    """The row as ``p`` sees it: a row the budget paused still drafts with an assistant that proposes for free."""
+    if row.paused_depth and p.proposes_for_free:
+        return dataclasses.replace(row, max_depth=row.paused_depth, paused_depth=0)
+    return row
 
 
 def _candidates(row: int, tree: DraftTree) -> RowCandidates:

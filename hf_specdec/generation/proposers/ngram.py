@@ -111,6 +111,7 @@ class NgramAssistant(Proposer):
 
     sampling = DraftSampling.DETERMINISTIC
     hidden_state_layers = None
+    proposes_for_free = True
 
     def __init__(
         self,
