@@ -240,13 +240,12 @@ class EagleHead(
     @classmethod
     def _read_checkpoint(cls, source: HeadSource) -> tuple[dict, dict, str]:
         """``(init kwargs, tensors in our layout, source format)`` of the EAGLE head in ``source`` (any layout)."""
-        init, tensors, _, source_format = read_eagle_checkpoint(source)
-        return init, tensors, source_format
+        return read_eagle_checkpoint(source)
 
     def _place(self, dtype: torch.dtype | None, device: torch.device | str | None) -> None:
         """Cast / move the loaded head; the rotary frequencies (never stored) are built afresh in float32 where the
         head lies, whatever its dtype (as transformers builds them)."""
-        self.rotary_emb = LlamaRotaryEmbedding(self.config)  # the meta-built one cannot move
+        del self.rotary_emb  # built on the meta device, it cannot move
         super()._place(dtype, device)
         with torch.device(self._param.device):
             self.rotary_emb = LlamaRotaryEmbedding(self.config)
@@ -553,8 +552,8 @@ def _read_config(source: HeadSource) -> tuple[dict, str]:
     return config, str(path)
 
 
-def read_eagle_checkpoint(source: HeadSource) -> tuple[dict, dict[str, torch.Tensor], str, str]:
-    """Read and check an EAGLE head: ``(EagleHead kwargs, tensors, weights file, source format)``.
+def read_eagle_checkpoint(source: HeadSource) -> tuple[dict, dict[str, torch.Tensor], str]:
+    """Read and check an EAGLE head: ``(EagleHead kwargs, tensors, source format)``.
 
     The layout is told by the keys: ``midlayer.*`` = EAGLE-3, ``layers.0.*`` = EAGLE-1/2. vLLM's EAGLE-3 names
     (``layers.0.`` with ``hidden_norm``, ``draft_id_to_target_id``) are accepted too. Every expected tensor must be
@@ -605,7 +604,7 @@ def read_eagle_checkpoint(source: HeadSource) -> tuple[dict, dict[str, torch.Ten
             raise ValueError(f"EagleHead: d2t in {where} maps draft tokens outside [0, {config['vocab_size']})")
         tensors["d2t"] = tensors["d2t"].long()
     fmt = "hf-specdec" if config.get("head_type") == "eagle" else ("eagle3" if version == 3 else "eagle")
-    return init, tensors, where, fmt
+    return init, tensors, fmt
 
 
 def _upstream_aux_layers(config: Mapping) -> list[int] | None:

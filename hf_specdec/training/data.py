@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 
 from ..cache.model_arg import cache_kwarg
 from ..heads.hub import base_model_dims
+from ..heads.hub import base_model_name as loaded_name
 from ..models import chat_prompt_ids
 from .benchmark_questions import find_questions_file, spec_bench_overlap
 
@@ -580,7 +581,7 @@ def _open_manifest(out: Path, model, prompt_ids, settings: dict, recipe, base_mo
     return {
         "format_version": DATA_FORMAT_VERSION,
         "fingerprint": fingerprint,
-        "base_model": base_model_name or getattr(model.config, "_name_or_path", None) or type(model).__name__,
+        "base_model": base_model_name or loaded_name(model) or type(model).__name__,
         "hidden_size": hidden_size,
         "vocab_size": vocab_size,
         "prompt_recipe": recipe,
