@@ -19,9 +19,13 @@ never scores below its child). The budgeter
    drafting nothing,
 5. stops asking for drafts from a row whose drafts stopped paying, when proposing costs something, and asks again
    after ``probe_every`` steps (doubling after every rejected probe, up to ``probe_max``; back to ``probe_every``
-   after an accepted one); a probe verifies the row's best node so that its calibration can recover. A row of a
-   free proposer (prompt lookup) keeps proposing and is probed on the same schedule while it drafts nothing:
-   calibration learns only from verified nodes, so without probes a few early rejections would stop it for good.
+   after an accepted one); a probe verifies the row's best node so that its calibration can recover, and asks
+   for depth 1 only (the best node is always there), so a probe costs an assistant one level of drafting. A row of
+   a free proposer (prompt lookup) keeps proposing and is probed on the same schedule while it drafts nothing:
+   calibration learns only from verified nodes, so without probes a few early rejections would stop it for good,
+6. while proposing costs something, lets a row draft one level deeper than the deepest node of its last cut
+   (`depth_cap`), so an assistant that pays per level (EAGLE's head passes, a draft model's forwards) does not
+   expand levels the budget keeps cutting away; the depth grows by one per step while the deepest nodes are kept.
 
 Which nodes survive depends only on the scores and on earlier steps, never on the target's answer to this step, so
 greedy output is unchanged. Trees whose children were *sampled* (`DraftSampling.WITHOUT_REPLACEMENT` / ``IID``) are
@@ -29,7 +33,7 @@ ranked by structure only (depth and sibling position, never the drawn tokens' pr
 as a prefix of their draw order, which keeps exact sampling exact.
 
     budgeter = TreeBudgeter(cost_model_for(model))
-    cap = budgeter.depth_cap(row, limit)                      # 0 while a row is paused
+    cap = budgeter.depth_cap(row, limit)                      # 0 while a row is paused, 1 when it probes
     cuts = budgeter.cut([RowCandidates(row, tree, scores, "ngram"), ...])
     ...verify cuts[i].tree...
     budgeter.record_verdicts([accepted node indices of cuts[i].tree, ...])
@@ -248,6 +252,7 @@ class _RowGate:
     interval: int = 0
     probing: bool = False  # asked for a draft this step although paused
     probed: bool = False  # verified a forced node this step (its verdict sets the next interval)
+    kept_depth: int = 0  # the deepest node of the row's last cut (0: nothing verified)
 
 
 class TreeBudgeter:
@@ -307,13 +312,23 @@ class TreeBudgeter:
 
     # ------------------------------------------------------------------ before proposing
     def depth_cap(self, row: int, limit: int) -> int:
-        """How deep ``row`` may draft this step: ``limit``, or 0 while the row is paused and not probing."""
+        """How deep ``row`` may draft this step, at most ``limit``.
+
+        0 while the row is paused; 1 when a paused row probes (a probe verifies the row's best node, which is always
+        at depth 1: a child never scores above its parent); and while proposing costs something, one more than the
+        deepest node of the row's last cut, so that an assistant that pays per depth (EAGLE, a draft model) does
+        not expand levels the budget has been cutting away. A row grows by one level per step while its deepest
+        nodes are kept."""
         gate = self._gates.get(row)
-        if gate is None or not gate.paused or limit <= 0:
+        if gate is None or limit <= 0:
             return limit
-        gate.idle += 1
-        gate.probing = gate.idle >= gate.interval
-        return limit if gate.probing else 0
+        if gate.paused:
+            gate.idle += 1
+            gate.probing = gate.idle >= gate.interval
+            return min(limit, 1) if gate.probing else 0
+        if self._proposing_counts():
+            return min(limit, gate.kept_depth + 1)
+        return limit
 
     # ------------------------------------------------------------------ the decision
     def cut(self, candidates: Sequence[RowCandidates]) -> list[BudgetCut]:
@@ -334,6 +349,8 @@ class TreeBudgeter:
             k = self._gate(c.row, k, has_candidates=bool(o))
             self._nodes[k] += 1
             cuts.append(self._cut_row(c, p, r, o[:k]))
+        for c, cut in zip(candidates, cuts):
+            self._gates.setdefault(c.row, _RowGate()).kept_depth = cut.tree.max_depth if cut.num_nodes else 0
         return cuts
 
     def cut_trees(self, rows: Sequence[int], trees: Sequence[DraftTree]) -> list[BudgetCut]:

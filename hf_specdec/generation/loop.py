@@ -397,13 +397,13 @@ def _hidden_at(out: PlannedOutput, index: slice | torch.Tensor) -> dict[int, tor
 
 
 def _row_states(rows: Sequence[_Row], max_length: int, budget: TreeBudgeter | None = None) -> list[RowState]:
-    """What the proposer sees of each row; with a ``budget``, a paused row may draft nothing (``max_depth`` 0)."""
+    """What the proposer sees of each row; with a ``budget``, its depth cap (0 while the row is paused)."""
     states = []
     for r in rows:
         depth = max(0, max_length - r.length - 1)
         capped = depth if budget is None else budget.depth_cap(r.index, depth)
-        paused = depth if capped == 0 else 0
-        states.append(RowState(r.index, r.tokens, r.prompt_width - r.start, max_depth=capped, paused_depth=paused))
+        free = depth if capped < depth else 0
+        states.append(RowState(r.index, r.tokens, r.prompt_width - r.start, max_depth=capped, free_depth=free))
     return states
 
 

@@ -150,7 +150,7 @@ def test_a_paused_row_still_drafts_with_the_free_assistant_only():
     free, paid = FreeRecorder(7), Recorder(8)
     fallback = FallbackAssistant(free, paid)
     tokens = torch.tensor([5, 6, 7])
-    rows = [RowState(0, tokens, 2, max_depth=0, paused_depth=4), RowState(1, tokens, 2, max_depth=3)]
+    rows = [RowState(0, tokens, 2, max_depth=0, free_depth=4), RowState(1, tokens, 2, max_depth=3)]
     free.when = lambda r: r.row == 1  # the free one finds nothing for the paused row 0
     trees = fallback.propose(rows)
     assert free.asked == [[(0, 4), (1, 3)]]  # it sees the paused row at the depth it would have had

@@ -255,9 +255,33 @@ def test_paused_row_probes_again_and_resumes_when_drafts_pay():
         budgeter.record_verdicts([list(range(k)) if accept_now else []])
     paused = [i for i, c in enumerate(caps[:20]) if c == 0]
     assert paused, "a row whose drafts are all rejected must be paused"
-    assert any(caps[i] == 10 and sizes[i] == 1 for i in range(paused[0], 20)), "a paused row must probe"
+    assert any(caps[i] == 1 and sizes[i] == 1 for i in range(paused[0], 20)), "a paused row must probe, at depth 1"
     assert sizes[-1] >= 3, f"the row must resume once its probes are accepted, got {sizes[-5:]}"
     assert budgeter.summary()["probes"] >= 1
+
+
+def test_a_paying_row_grows_its_depth_one_level_per_step_when_proposing_costs():
+    """A costly assistant is asked for one level more than the deepest node the budget kept last step: levels the
+    budget cuts away are not expanded, and a row whose deep nodes pay reaches the full depth level by level."""
+    cost = measured(cpu_curve)
+    budgeter = TreeBudgeter(cost)
+    budgeter.propose_seconds = 0.005
+    caps = []
+    for _ in range(8):
+        cap = budgeter.depth_cap(0, 6)
+        caps.append(cap)
+        tree, scores = chain(0.95, cap)  # an assistant that honours the cap, sure of every level
+        k = budgeter.cut([RowCandidates(0, tree, scores)])[0].num_nodes
+        budgeter.record_verdicts([list(range(k))])
+    assert caps[0] == 6, "nothing known yet: the full depth"
+    assert caps[-1] == 6 and max(caps) == 6
+    shallow = TreeBudgeter(cost)
+    shallow.propose_seconds = 0.005
+    tree, scores = chain(0.9, 6)
+    scores = [scores[0]] + [1e-4] * 5  # only the first level ever pays
+    shallow.depth_cap(0, 6)
+    kept = shallow.cut([RowCandidates(0, tree, scores)])[0].tree.max_depth
+    assert shallow.depth_cap(0, 6) == kept + 1 < 6
 
 
 def test_free_proposers_are_never_paused():

@@ -38,16 +38,17 @@ class RowState:
         tokens: `[n]` int64 committed tokens, prompt included, no padding; ``tokens[-1]`` is the root.
         prompt_len: number of prompt tokens at the start of ``tokens``.
         max_depth: the deepest tree the loop will verify for this row now (remaining token budget - 1).
-        paused_depth: while the tree budget pauses the row (``max_depth`` 0: its drafts stopped paying what proposing
-            costs), the depth it would otherwise have; an assistant that proposes at no cost
-            (`Proposer.proposes_for_free`) may still draft that deep. 0 when the row is not paused.
+        free_depth: when the tree budget caps the row below its remaining budget (``max_depth`` 0 while it is
+            paused because its drafts stopped paying what proposing costs, 1 while it probes, or one level past its
+            last verified tree), the depth it would otherwise have; an assistant that proposes at no cost
+            (`Proposer.proposes_for_free`) may still draft that deep. 0 when the row is not capped.
     """
 
     row: int
     tokens: torch.Tensor
     prompt_len: int
     max_depth: int
-    paused_depth: int = 0
+    free_depth: int = 0
 
     @property
     def root(self) -> int:
@@ -121,7 +122,8 @@ class Proposer:
             transformers' ``hidden_states`` tuple (``-1`` = the final, normed hidden state fed to the lm_head; ``k`` =
             the residual stream entering decoder layer ``k``). `observe` gets them as a mapping layer -> `[m, H]`.
         proposes_for_free: proposing costs next to nothing (a lookup, no model pass): inside a `FallbackAssistant`
-            it keeps drafting for rows the tree budget paused (``RowState.paused_depth``).
+            it keeps drafting as deep as the row allows where the tree budget paused or capped the row
+            (``RowState.free_depth``).
     """
 
     sampling: DraftSampling = DraftSampling.DETERMINISTIC

@@ -142,9 +142,10 @@ class FallbackAssistant(Proposer):
 
 
 def _row_for(p: Proposer, row: RowState) -> RowState:
-    """The row as ``p`` sees it: a row the budget paused still drafts with an assistant that proposes for free."""
-    if row.paused_depth and p.proposes_for_free:
-        return dataclasses.replace(row, max_depth=row.paused_depth, paused_depth=0)
+    """The row as ``p`` sees it: a row the budget paused or capped drafts as deep as it may with an assistant that
+    proposes for free."""
+    if row.free_depth and p.proposes_for_free:
+        return dataclasses.replace(row, max_depth=row.free_depth, free_depth=0)
     return row
 
 

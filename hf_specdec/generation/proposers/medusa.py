@@ -185,7 +185,8 @@ class MedusaAssistant(FinalStateAssistant):
         tmpl = self.candidates if budgeted else self.template
         if ready and tmpl.num_nodes:
             x = torch.stack([self._last_hidden[rows[i].row] for i in ready])  # [B, H]
-            top, logp = self._topk(x, tmpl)  # [B, D, K] tokens, and their log-probabilities under the heads
+            depth = min(tmpl.depth, max(rows[i].max_depth for i in ready))  # heads past every row's cap never run
+            top, logp = self._topk(x, tmpl, depth)  # [B, D, K] tokens, and their log-probabilities under the heads
             device = rows[ready[0]].tokens.device
             flat = top.reshape(len(ready), -1).to(device)  # [B, D * K]
             flat_logp = None if logp is None else logp.reshape(len(ready), -1).to(device)  # [B, D * K]
@@ -204,12 +205,14 @@ class MedusaAssistant(FinalStateAssistant):
                 )
         return [t if t is not None else DraftTree.empty(rows[i].tokens.device) for i, t in enumerate(trees)]
 
-    def _topk(self, x: torch.Tensor, tmpl: StaticTreeTemplate) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`[B, D, K]` the heads' K best tokens per depth for the states ``x`` `[B, H]`, and with a tree budget
-        their log-probabilities `[B, D, K]` under each head's softmax (None without)."""
+    def _topk(
+        self, x: torch.Tensor, tmpl: StaticTreeTemplate, depth: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`[B, D, K]` the first ``D = depth`` heads' K best tokens for the states ``x`` `[B, H]`, and with a tree
+        budget their log-probabilities `[B, D, K]` under each head's softmax (None without)."""
         if self.budget is None:
-            return self.heads.topk_tokens(x, tmpl.k, num_heads=tmpl.depth, lm_head=self._lm_head), None
-        logits = self.heads.draft_logits(self.heads.head_states(x, tmpl.depth), self._lm_head)  # [D, B, V']
+            return self.heads.topk_tokens(x, tmpl.k, num_heads=depth, lm_head=self._lm_head), None
+        logits = self.heads.draft_logits(self.heads.head_states(x, depth), self._lm_head)  # [D, B, V']
         top = torch.log_softmax(logits.float(), dim=-1).topk(tmpl.k, dim=-1)  # [D, B, K]
         idx = top.indices if self.heads.token_map is None else self.heads.token_map.to(x.device)[top.indices]
         return idx.permute(1, 0, 2), top.values.permute(1, 0, 2)
