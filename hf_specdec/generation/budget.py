@@ -343,14 +343,13 @@ class TreeBudgeter:
         for c, p, r, o, k in zip(candidates, probs, raw, order, counts):
             if c.fixed:
                 self._pending.append((c.row, c.source, [], [], []))
-                self._nodes[c.tree.num_nodes] += 1
-                cuts.append(BudgetCut(c.tree, None, []))
-                continue
-            k = self._gate(c.row, k, has_candidates=bool(o))
-            self._nodes[k] += 1
-            cuts.append(self._cut_row(c, p, r, o[:k]))
-        for c, cut in zip(candidates, cuts):
+                cut = BudgetCut(c.tree, None, [])
+            else:
+                k = self._gate(c.row, k, has_candidates=bool(o))
+                cut = self._cut_row(c, p, r, o[:k])
+            self._nodes[cut.num_nodes] += 1
             self._gates.setdefault(c.row, _RowGate()).kept_depth = cut.tree.max_depth if cut.num_nodes else 0
+            cuts.append(cut)
         return cuts
 
     def cut_trees(self, rows: Sequence[int], trees: Sequence[DraftTree]) -> list[BudgetCut]:

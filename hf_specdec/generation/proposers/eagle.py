@@ -175,6 +175,7 @@ class EagleAssistant(Proposer):
             raise ValueError(f"invalid EAGLE tree: top_k={self.top_k}, depth={self.depth}, num_nodes={self.num_nodes}")
         cost = step_cost if step_cost is not None else tree.get("step_cost")
         self.step_cost = {int(n): float(c) for n, c in cost.items()} if cost else None
+        self._cost_curve = PriorCurve.from_node_costs(self.step_cost) if self.step_cost else None
         self.hidden_state_layers = head.feature_layers if head.version == 1 or head.aux_layers else None
         self.cache: EagleKVCache | None = None
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -190,8 +191,8 @@ class EagleAssistant(Proposer):
 
     def start(self, setup: ProposerSetup) -> None:
         super().start(setup)
-        if setup.budget is not None and self.step_cost:  # the shipped table: the budget's prior until it measures
-            setup.budget.cost.set_prior(PriorCurve.from_node_costs(self.step_cost))
+        if setup.budget is not None and self._cost_curve is not None:  # the budget's prior until it measures
+            setup.budget.cost.set_prior(self._cost_curve)
         self.cache = self.head.new_cache(max(1, setup.batch_size))
         self._pending, self._calibration = {}, {}
 
@@ -287,25 +288,9 @@ class EagleAssistant(Proposer):
         acc, pred = self._calibration.get(row, [0.0, 0.0])
         factor = (acc + _CAL_PRIOR) / (pred + _CAL_PRIOR)
         gain = 1.0 + factor * torch.cat([prob.new_zeros(1), prob[order].cumsum(0)])  # [n + 1]
-        cost = torch.tensor([self._cost(n) for n in range(gain.numel())], dtype=torch.float64)
+        cost = torch.tensor([self._cost_curve(n + 1) for n in range(gain.numel())], dtype=torch.float64)  # n nodes
         best = int(torch.argmax(gain / cost))
         return torch.sort(idx[order[:best]]).values
-
-    def _cost(self, nodes: int) -> float:
-        """Cost of a step verifying ``nodes`` draft nodes, relative to a plain decoding step (linear in between)."""
-        if nodes == 0:
-            return 1.0
-        known = sorted(self.step_cost)
-        if nodes in self.step_cost:
-            return self.step_cost[nodes]
-        lo = max([n for n in known if n < nodes], default=0)
-        hi = min([n for n in known if n > nodes], default=None)
-        c_lo = 1.0 if lo == 0 else self.step_cost[lo]
-        if hi is None:  # beyond the table: extend the last segment's slope
-            prev = max([n for n in known if n < lo], default=0)
-            c_prev = 1.0 if prev == 0 else self.step_cost[prev]
-            return c_lo + (nodes - lo) * (c_lo - c_prev) / max(lo - prev, 1)
-        return c_lo + (nodes - lo) * (self.step_cost[hi] - c_lo) / (hi - lo)
 
 
 def eagle_assistant_for(obj, target) -> Proposer | None:
