@@ -156,6 +156,8 @@ def paged_attention(
     layer.write(plan.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))  # [N, H_kv, D]
     sliding_window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
     if plan.backend == "triton" and softcap is None and sliding_window is None:
+        if layer.head_major:
+            raise ValueError("the Triton tree attention reads slot-major pools; this PagedCache is head-major")
         out = triton_tree_attention(query[0].transpose(0, 1), layer.keys, layer.values, plan, scale)
         return out.unsqueeze(0), None  # [1, N, H_q, D]
     out = paged_attention_reference(query, layer, plan, scale, sliding_window=sliding_window, softcap=softcap)

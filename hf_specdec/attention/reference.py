@@ -1,7 +1,8 @@
 """Plain-torch paged tree attention: the CPU path of the ``hf_specdec`` backend and the oracle for the kernels.
 
-For each row of the packed batch it reads the row's K/V through its block table (a zero-copy view when the row's
-pages are contiguous), builds ``[prefix | own-new-tokens mask]`` once per forward (cached on the plan) and calls
+For each row of the packed batch it reads the row's `[H_kv, L, D]` K/V through its block table (a zero-copy view when
+the row's pages are contiguous; head-major pools make it one with unit stride between positions, as SDPA reads
+fastest), builds ``[prefix | own-new-tokens mask]`` once per forward (cached on the plan) and calls
 SDPA with GQA. Soft-capping and sliding windows fall back to an explicit softmax.
 """
 
@@ -40,10 +41,10 @@ def paged_attention_reference(
     outs = []
     for b, (s, e, total, where, mask) in enumerate(rows):
         n = e - s
-        k, v = layer.gather(plan.rows[b], total, where)  # [L + P + n, H_kv, D]
+        k, v = layer.gather_heads(plan.rows[b], total, where)  # [H_kv, L + P + n, D]
         q = query[:, :, s:e]  # [1, H_q, n, D]
-        k = k.transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, H_kv, L + P + n, D]
-        v = v.transpose(0, 1).unsqueeze(0).to(q.dtype)
+        k = k.unsqueeze(0).to(q.dtype)  # [1, H_kv, L + P + n, D]
+        v = v.unsqueeze(0).to(q.dtype)
         if sliding_window is None and softcap is None:
             causal = mask is None and n > 1
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)

@@ -13,11 +13,12 @@ def _random_tree(n, gen):
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 @pytest.mark.parametrize("heads", [(4, 4), (6, 2), (8, 2), (3, 1)])
-def test_reference_matches_dense_mask_for_random_trees(block_size, heads):
+@pytest.mark.parametrize("head_major", [False, True])
+def test_reference_matches_dense_mask_for_random_trees(block_size, heads, head_major):
     hq, hkv = heads
     d = 16
     gen = torch.Generator().manual_seed(block_size * 100 + hq)
-    cache = PagedCache(block_size=block_size, num_layers=1)
+    cache = PagedCache(block_size=block_size, num_layers=1, head_major=head_major)
     rows = cache.add_rows(3)
     layer = cache.layer(0)
     dense_k, dense_v = {}, {}

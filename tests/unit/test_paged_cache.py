@@ -8,13 +8,17 @@ from hf_specdec.cache.model_arg import cache_kwarg
 from hf_specdec.testing import assert_same_tokens, left_pad
 
 
+LAYOUTS = {"slot-major": False, "head-major": True}
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("block_size", [1, 4, 16])
-def test_drop_in_generate_matches_default_cache(tiny_models, arch, block_size):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_drop_in_generate_matches_default_cache(tiny_models, arch, block_size, layout):
     model = tiny_models[arch]
     ids, mask = left_pad([[5, 6, 7, 8, 9, 10, 11], [3, 4, 5], [9, 9, 8, 7, 6]])
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
-    cache = PagedCache(model.config, block_size=block_size)
+    cache = PagedCache(model.config, block_size=block_size, head_major=LAYOUTS[layout])
     out = model.generate(
         ids, attention_mask=mask, max_new_tokens=12, do_sample=False, **cache_kwarg(model.forward, cache)
     )
@@ -33,9 +37,10 @@ def _write_tree(cache, row, n_tokens, layer_vals):
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
-def test_commit_and_rollback_match_dense_reference(block_size):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_commit_and_rollback_match_dense_reference(block_size, layout):
     gen = torch.Generator().manual_seed(block_size)
-    cache = PagedCache(block_size=block_size, num_layers=2)
+    cache = PagedCache(block_size=block_size, num_layers=2, head_major=LAYOUTS[layout])
     rows = cache.add_rows(3)
     dense = {r: [[], []] for r in rows}  # per row, per layer: committed K values
     counter = 0.0
@@ -68,6 +73,8 @@ def test_commit_and_rollback_match_dense_reference(block_size):
                 k, v = cache.layers[layer].gather(r, cache.lengths[r])
                 assert k[:, 0, 0].tolist() == dense[r][layer], f"row {r} layer {layer} step {step}"
                 assert torch.equal(v, -k)
+                kh, vh = cache.layers[layer].gather_heads(r, cache.lengths[r])  # [H_kv, L, D]
+                assert torch.equal(kh, k.transpose(0, 1)) and torch.equal(vh, v.transpose(0, 1))
     # blocks in use are exactly what the committed lengths need
     need = sum(-(-cache.lengths[r] // block_size) for r in rows)
     assert cache.blocks_in_use() == need
@@ -94,3 +101,18 @@ def test_commit_requires_root_first():
         cache.commit([row], [[1, 2]])
     with pytest.raises(ValueError, match="cannot roll back"):
         cache.rollback(row, 5)
+
+
+def test_head_major_rows_read_as_unit_stride_views():
+    """A row whose pages are consecutive reads as a view of the head-major pool with unit stride between positions
+    (what SDPA reads fastest), after the pool grew several times."""
+    cache = PagedCache(block_size=4, num_layers=1, head_major=True)
+    (row,) = cache.add_rows(1)
+    for _ in range(5):
+        _write_tree(cache, row, 6, [torch.arange(6, dtype=torch.float32)])
+        cache.commit([row], [[0, 1, 2, 3, 4, 5]])
+    layer = cache.layer(0)
+    k, v = layer.gather_heads(row, cache.lengths[row])
+    assert k.shape == (2, 30, 3) and k.stride() == (layer.keys.stride(0), 3, 1)
+    assert k.data_ptr() == layer.keys[:, cache.allocator.read_index(row, 30)].data_ptr()
+    assert k[0, :, 0].tolist() == list(range(6)) * 5
