@@ -12,6 +12,13 @@ drafted at once: one `[B, w, inner]` stage per depth and one top-k, no per-node 
 each depth is fixed, the tree cut at depth d always has ``sum(widths[:d])`` nodes, so `AdaptiveDepth` (shared with the
 Medusa proposer) can cut it per row from the row's measured acceptance and the measured step cost.
 
+With the loop's tree budget (the default), as for Medusa and EAGLE, the speculator proposes wider candidate levels
+(`BUDGET_WIDTH` per level where the product tree reaches that far, unless the caller chose ``widths``) with each
+node's path probability as its score, and the budget keeps what pays on this machine; the private `AdaptiveDepth`
+cut then stays off (its table was measured on the machine the speculator was trained on: on another CPU it cut 28
+of 69 steps of a qa prompt to nothing before the budget saw a candidate) and the shipped step costs become the
+budget's prior cost curve.
+
 Children are the deterministic top-k of the speculator (`DraftSampling.DETERMINISTIC`): greedy verification accepts
 the target's argmax, and exact sampling uses the residual accept-and-remove rule, so sampling stays exact.
 """
@@ -23,9 +30,12 @@ from collections.abc import Sequence
 import torch
 
 from ...heads.mlp_speculator import MLPSpeculator
+from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
-from .base import Proposer, RowState
+from .base import Proposer, ProposerSetup, RowState
 from .final_state import AdaptiveDepth, FinalStateAssistant
+
+BUDGET_WIDTH = 8  # candidate nodes per level (where reachable) when the loop's tree budget sizes the trees
 
 
 def check_widths(widths: Sequence[int], spec: MLPSpeculator) -> list[int]:
@@ -101,6 +111,18 @@ def ancestor_masks(parent: torch.Tensor, widths: Sequence[int]) -> torch.Tensor:
     return mask
 
 
+def budget_widths(spec: MLPSpeculator, widths: Sequence[int]) -> list[int]:
+    """Candidate level widths for the tree budget: each level of ``widths`` widened to `BUDGET_WIDTH` nodes where the
+    product tree reaches that far (never narrower than ``widths``)."""
+    out, parents = [], 1
+    vocab = spec.draft_vocab_size or spec.vocab_size
+    for d, w in enumerate(widths):
+        reachable = min(parents * spec.top_k_tokens_per_head[d], vocab)
+        out.append(max(w, min(BUDGET_WIDTH, reachable)))
+        parents = out[-1]
+    return check_widths(out, spec)
+
+
 class MLPSpeculatorAssistant(FinalStateAssistant):
     """Drafts level-trimmed product trees from an `MLPSpeculator` (deterministic top-k children).
 
@@ -111,6 +133,7 @@ class MLPSpeculatorAssistant(FinalStateAssistant):
         adaptive: cut the tree per row and step at the depth that pays (`AdaptiveDepth`, from the row's measured
             acceptance and the step cost); ``None`` = on when a cost table is known.
         step_cost: ``{nodes: cost of a step / a plain decoding step}``; default: the speculator's ``tree.step_cost``.
+            With the loop's tree budget it is only the budget's prior (see the module docstring).
     """
 
     sampling = DraftSampling.DETERMINISTIC
@@ -127,7 +150,7 @@ class MLPSpeculatorAssistant(FinalStateAssistant):
         self.speculator = speculator
         tuned = widths is None and speculator.tree.get("widths") is not None
         self.widths = check_widths(speculator.default_widths() if widths is None else widths, speculator)
-        self.nodes_at_depth = [sum(self.widths[:d]) for d in range(len(self.widths) + 1)]
+        self.candidate_widths = self.widths if widths is not None else budget_widths(speculator, self.widths)
         if step_cost is None and (tuned or widths is None):
             step_cost = {int(n): float(c) for n, c in (speculator.tree.get("step_cost") or {}).items()} or None
         if adaptive is True and step_cost is None:
@@ -135,30 +158,39 @@ class MLPSpeculatorAssistant(FinalStateAssistant):
         self.adaptive = None
         if adaptive is not False and step_cost is not None:
             prior = speculator.tree.get("depth_acceptance") if tuned else None
-            self.adaptive = AdaptiveDepth(self.nodes_at_depth, step_cost, prior or [0.5] * len(self.widths))
+            nodes_at_depth = [sum(self.widths[:d]) for d in range(len(self.widths) + 1)]
+            self.adaptive = AdaptiveDepth(nodes_at_depth, step_cost, prior or [0.5] * len(self.widths))
+        self._prior_cost = PriorCurve.from_node_costs(step_cost) if step_cost else None
         self._last_hidden: dict[int, torch.Tensor] = {}
 
     def validate(self, target: torch.nn.Module) -> None:
         self.speculator.check_compatible(target)
 
-    def _cut_depths(self, rows: Sequence[RowState]) -> list[int]:
+    def start(self, setup: ProposerSetup) -> None:
+        super().start(setup)
+        if setup.budget is not None and self._prior_cost is not None:  # the budget's prior until it measures
+            setup.budget.cost.set_prior(self._prior_cost)
+
+    def _cut_depths(self, rows: Sequence[RowState], widths: Sequence[int]) -> list[int]:
         """The depth each row's tree is cut at this step (0 = draft nothing)."""
         cuts = []
         for r in rows:
-            cut = min(r.max_depth, len(self.widths)) if r.row in self._last_hidden else 0
-            if self.adaptive is not None and cut > 0:
+            cut = min(r.max_depth, len(widths)) if r.row in self._last_hidden else 0
+            if self.adaptive is not None and self.budget is None and cut > 0:
                 cut = self.adaptive.depth(r.row, cut)
             cuts.append(cut)
         return cuts
 
     @torch.no_grad()
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
-        cuts = self._cut_depths(rows)
+        all_widths = self.widths if self.budget is None else self.candidate_widths
+        cuts = self._cut_depths(rows, all_widths)
         trees = [DraftTree.empty(r.tokens.device) for r in rows]
         ready = [i for i, c in enumerate(cuts) if c > 0]
         if not ready:
             return trees
-        widths = self.widths[: max(cuts[i] for i in ready)]
+        widths = all_widths[: max(cuts[i] for i in ready)]
+        nodes_at_depth = [sum(widths[:d]) for d in range(len(widths) + 1)]
         hidden = torch.stack([self._last_hidden[rows[i].row] for i in ready])  # [B, H]
         roots = torch.tensor([rows[i].root for i in ready], dtype=torch.long)  # [B]
         tokens, parent, logp = draft_tree_batch(self.speculator, hidden, roots, widths)  # [B, N] each
@@ -168,7 +200,7 @@ class MLPSpeculatorAssistant(FinalStateAssistant):
         masks = ancestor_masks(parent, widths)  # [B, N + 1, N + 1]
         probs = logp.exp()  # [B, N]
         for j, i in enumerate(ready):
-            n = self.nodes_at_depth[cuts[i]]
+            n = nodes_at_depth[cuts[i]]
             trees[i] = DraftTree(
                 tokens[j, :n],
                 parent[j, :n],
