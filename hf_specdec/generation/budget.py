@@ -513,10 +513,14 @@ class TreeBudgeter:
             )
         self._pending = []
 
-    def record_step(self, tokens: int, rows: int, verify_s: float, propose_s: float, other_s: float) -> None:
-        """A step's measured times: verify forward over ``tokens`` packed tokens of ``rows`` rows, proposing (only
-        counted when something was drafted), and the loop's bookkeeping."""
-        self.cost.record_verify(tokens, rows, verify_s)
+    def record_step(
+        self, tokens: int, rows: int, verify_s: float | None, propose_s: float, other_s: float
+    ) -> None:
+        """A step's measured times: verify forward over ``tokens`` packed tokens of ``rows`` rows (None: not a fair
+        sample, e.g. the CPU GEMM tuner timed slower forms inside it), proposing (only counted when something was
+        drafted), and the loop's bookkeeping."""
+        if verify_s is not None:
+            self.cost.record_verify(tokens, rows, verify_s)
         self.cost.record_other(rows, other_s)
         if tokens > rows and propose_s >= 0:
             prev = self.propose_seconds

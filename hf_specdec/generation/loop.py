@@ -322,7 +322,7 @@ def _step(call: _Call, active: Sequence[_Row]) -> None:
     call.stats.time_other += t_other
     if call.budget is not None:
         tokens = sum(t.num_nodes + 1 for t in trees)
-        call.budget.record_step(tokens, len(active), t_verify, t_propose, t_other)
+        call.budget.record_step(tokens, len(active), None if out.tuned else t_verify, t_propose, t_other)
 
 
 def _tree_budget(tree_budget: bool | TreeBudgeter, model) -> TreeBudgeter | None:

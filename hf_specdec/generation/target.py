@@ -29,7 +29,7 @@ import torch
 from ..attention.backend import choose_backend, install_for, planned
 from ..attention.plan import AttentionPlan, build_plan
 from ..cache.paged import PagedCache
-from ..kernels.cpu_linear import packed_bytes, packed_linears
+from ..kernels.cpu_linear import packed_bytes, packed_linears, tuning_calls
 
 
 @dataclass
@@ -41,11 +41,14 @@ class PlannedOutput:
         hidden_states: layer -> `[N, H]` hidden states of every packed position (transformers' ``hidden_states``
             indices), or None when none were asked for.
         cu_seqlens: `[B + 1]` int64 (CPU) offsets of each row's tokens in the packed batch.
+        tuned: whether CPU linears of this forward ran as timed trials of their GEMM forms (its first calls at a new
+            row count): its time is then no fair sample of what such a forward costs.
     """
 
     logits: torch.Tensor
     hidden_states: dict[int, torch.Tensor] | None
     cu_seqlens: torch.Tensor
+    tuned: bool = False
 
 
 class PlannedModel:
@@ -176,6 +179,7 @@ class PlannedModel:
         if self._stack is None:
             raise RuntimeError("PlannedModel.forward runs inside its call scope: use `with PlannedModel(model) as m:`")
         plan = self.plan(rows, positions, q_lens, masks, pending_lens)
+        trials = tuning_calls()
         with planned(plan):
             out = self.model(
                 input_ids=tokens[None],
@@ -194,4 +198,4 @@ class PlannedModel:
         hidden = None
         if hidden_layers:
             hidden = {layer: out.hidden_states[layer][0] for layer in hidden_layers}  # layer -> [N, H]
-        return PlannedOutput(out.logits[0], hidden, plan.cu_seqlens)  # logits [K, V]
+        return PlannedOutput(out.logits[0], hidden, plan.cu_seqlens, tuning_calls() != trials)  # logits [K, V]

@@ -171,6 +171,13 @@ TUNE_TRIALS = 3
 TUNE_MAX_ROWS = 64  # verify forwards of draft trees; above, MKL-packed when allowed, else F.linear
 _GEMM_CHOICE: dict[tuple, str] = {}
 _GEMM_TRIALS: dict[tuple, dict[str, list[float]]] = {}
+_TUNING_CALLS = [0]  # GEMMs run as timed trials so far (a forward that ran one is not a fair sample of its cost)
+
+
+def tuning_calls() -> int:
+    """How many GEMMs ran as timed trials of a form so far, in this process: a caller timing a forward compares the
+    count before and after it to know whether the forward also tried slower forms."""
+    return _TUNING_CALLS[0]
 
 
 def _gemm(form: str, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -193,6 +200,7 @@ def _fastest_gemm(x2: torch.Tensor, weight: torch.Tensor, bias, can_pack: bool) 
         return _gemm(form, x2, weight, bias)
     trials = _GEMM_TRIALS.setdefault(key, {f: [] for f in forms})
     form = min(forms, key=lambda f: len(trials[f]))
+    _TUNING_CALLS[0] += 1
     start = time.perf_counter()
     out = _gemm(form, x2, weight, bias)
     trials[form].append(time.perf_counter() - start)

@@ -403,3 +403,16 @@ def test_calibration_carries_over_to_the_next_call_on_the_same_model_with_bounde
     for _ in range(6):  # this call's own verdicts take over within a few steps
         second.update("medusa", 0, [1, 1, 1, 1], [0.8] * 4, [True] * 4)
     assert second.factors("medusa", 0)[0] > 0.9
+
+
+def test_a_step_without_a_fair_verify_time_teaches_the_curve_nothing():
+    """``verify_s=None`` (the CPU GEMM tuner timed slower forms inside that forward): proposing and bookkeeping are
+    recorded, the verify-cost curve is not."""
+    budgeter = TreeBudgeter(StepCostModel())
+    budgeter.record_step(3, 1, 0.05, 0.002, 0.001)
+    before = budgeter.cost.summary()
+    budgeter.record_step(3, 1, None, 0.002, 0.001)
+    budgeter.record_step(5, 1, None, 0.002, 0.001)
+    after = budgeter.cost.summary()
+    assert after["samples"] == before["samples"] and after["curve"] == before["curve"]
+    assert budgeter.propose_seconds == pytest.approx(0.002)

@@ -231,3 +231,22 @@ def test_generate_reports_and_releases_or_keeps_the_copies(monkeypatch):
     assert cpu_linear.packed_bytes(model) == out.spec_stats.packed_weight_bytes > 0
     release_packed_weights(model)
     assert cpu_linear.packed_bytes(model) == 0
+
+
+def test_planned_forwards_say_when_the_gemm_tuner_ran_inside_them():
+    """The first forwards at a new row count time slower GEMM forms: they are flagged, so the tree budget's cost
+    curve does not learn from them; once every form is timed the same forward is a fair sample again."""
+    from hf_specdec.generation.target import PlannedModel
+
+    model = tiny_causal_lm("llama", seed=1)
+    flags = []
+    with torch.no_grad(), PlannedModel(model, pack_linears=True) as target:
+        (row,) = target.add_rows(1)
+        out = target.forward([row], torch.arange(3, 9), torch.arange(6), [6])  # prefill: above no tuned size
+        target.commit_chunks([row], [6])
+        for _ in range(3 * cpu_linear.TUNE_TRIALS + 2):  # 3 new tokens a forward: one tuned row count
+            n = target.length(row)
+            out = target.forward([row], torch.tensor([5, 6, 7]), torch.arange(n, n + 3), [3])
+            target.commit_trees([row], [torch.tensor([0])])
+            flags.append(out.tuned)
+    assert flags[0] and not flags[-1] and flags == sorted(flags, reverse=True), flags

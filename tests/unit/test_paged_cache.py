@@ -7,7 +7,6 @@ from hf_specdec.attention.plan import build_plan
 from hf_specdec.cache.model_arg import cache_kwarg
 from hf_specdec.testing import assert_same_tokens, left_pad
 
-
 LAYOUTS = {"slot-major": False, "head-major": True}
 
 
