@@ -4,6 +4,7 @@ hf-specdec generate "Explain speculative decoding."       # stream an answer, pr
 hf-specdec generate "..." --assistant medusa            # any of hf_specdec.assistants.available_assistants()
 hf-specdec generate "..." --assistant draft --draft-layers 8
 hf-specdec bench [--methods ...] [--per-category N] [--batch 4] [--sample] [--out DIR]
+hf-specdec eval-heads [--heads eagle,medusa,mlp_speculator] [--head-dir NAME=FOLDER]   # top-1 on bench answers
 hf-specdec convert                                       # convert the default model now, print its folder
 hf-specdec train medusa --out DIR [--num-prompts N --max-new-tokens M --epochs E --num-heads 4 --resume]
 hf-specdec train mlp-speculator --out DIR [--data FOLDER... --epochs E --inner-dim 384 --resume]
@@ -266,6 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="Spec-Bench speedups over vanilla generate on the default model")
     add_bench_arguments(bench)
     bench.set_defaults(func=lambda a: __import__("hf_specdec.bench.spec_bench", fromlist=["main"]).main(a))
+    heads = sub.add_parser("eval-heads", help="draft heads' top-1 on the target's answers to the bench's questions")
+    from .bench import head_eval
+
+    head_eval.add_arguments(heads)
+    heads.set_defaults(func=head_eval.main)
     conv = sub.add_parser("convert", help="convert the default model to safetensors now; print its folder")
     conv.set_defaults(func=convert_main)
     train = sub.add_parser("train", help="train speculative heads for the default model")

@@ -675,11 +675,17 @@ class DistillationData:
     folder: Path | None = None
 
 
-def load_distillation_data(data_dir: str | os.PathLike | Sequence[str | os.PathLike]) -> DistillationData:
+def load_distillation_data(
+    data_dir: str | os.PathLike | Sequence[str | os.PathLike], evaluation_only_ok: bool = False
+) -> DistillationData:
     """Read the shards of ``data_dir`` (built by `build_distillation_data`) into memory; a list of folders (built
-    for the same base model) is read as one dataset, in order."""
+    for the same base model) is read as one dataset, in order.
+
+    A folder whose prompt recipe says ``evaluation_only`` (the target's answers to benchmark questions,
+    `hf_specdec.bench.head_eval`) is refused unless ``evaluation_only_ok``: heads are never trained on it.
+    """
     if not isinstance(data_dir, (str, os.PathLike)):
-        parts = [load_distillation_data(d) for d in data_dir]
+        parts = [load_distillation_data(d, evaluation_only_ok) for d in data_dir]
         if not parts:
             raise ValueError("no data folder given")
         return _concatenate(parts)
@@ -688,6 +694,11 @@ def load_distillation_data(data_dir: str | os.PathLike | Sequence[str | os.PathL
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{folder} has no {MANIFEST_NAME}; build the data with build_distillation_data first")
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    if (manifest.get("prompt_recipe") or {}).get("evaluation_only") and not evaluation_only_ok:
+        raise ValueError(
+            f"{folder} holds the target's answers to benchmark questions (evaluation only); heads are never trained "
+            "on it. Pass it to the head evaluation (hf-specdec eval-heads), not to a trainer"
+        )
     if not manifest["shards"]:
         raise ValueError(f"{folder}: the manifest lists no finished shard")
     ids, hidden, lens, plens = [], [], [], []

@@ -1,0 +1,227 @@
+"""How well draft heads guess the target on the benchmark's own kinds of task: teacher-forced top-1, per category.
+
+Heads are judged on what the benchmark measures, so besides their held-out figures (on data built like their
+training data) they are scored on the target's *greedy answers to the bench's Spec-Bench sample*: the folder built
+here holds those answers with the target's final hidden states (`build_distillation_data`), marked
+``evaluation_only`` in its manifest so that `load_distillation_data` refuses it to every trainer. The gap between the
+two figures is what decides a head's speedup.
+
+The figure is the first draft token's greedy acceptance: at each answer position t whose token t + 2 is an answer
+token, does the head's arg-max (fed the target's state at t and the token t + 1, as the loop feeds it) equal the
+target's token t + 2. For Medusa heads and MLP speculators the later heads / stages are scored too (teacher-forced:
+each given the earlier tokens right).
+
+    hf-specdec eval-heads                       # builds the answers once (cached), then prints a table
+    rows = evaluate_heads(model, load_distillation_data(folder, evaluation_only_ok=True), heads, categories)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from ..heads.eagle import EagleHead
+from ..heads.medusa import MedusaHeads
+from ..heads.mlp_speculator import MLPSpeculator
+from ..training.data import DistillationData, build_distillation_data, load_distillation_data
+from ..training.eagle import evaluate_eagle
+from ..training.medusa import evaluate_medusa
+from ..training.mlp_speculator import evaluate_mlp_speculator
+from ..training.run import head_positions
+from .questions import category_sort_key, load_questions, sample_questions
+from .spec_bench import build_prompts
+
+CATEGORIES_NAME = "categories.json"
+ALL = "overall"
+
+
+def bench_answers_folder(root: str | Path, per_category: int, seed: int, max_new_tokens: int) -> Path:
+    """Where the answers of one bench sample are cached under ``root``."""
+    return Path(root) / f"spec-bench-answers-{per_category}x-seed{seed}-{max_new_tokens}tok"
+
+
+def build_bench_answers(
+    model,
+    tokenizer,
+    questions_file: str | Path,
+    out_dir: str | Path,
+    per_category: int = 4,
+    seed: int = 0,
+    max_new_tokens: int = 128,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> Path:
+    """The target's greedy answers (and hidden states) to the bench's sample, built once into ``out_dir``.
+
+    The sample is the benchmark's (`sample_questions` with the same ``per_category`` and ``seed``), each question's
+    first turn through the chat template, answered greedily with ``max_new_tokens`` as the benchmark does. The folder
+    is evaluation-only: `load_distillation_data` refuses it unless asked with ``evaluation_only_ok=True``.
+
+    Returns:
+        the folder (also holding ``categories.json``: each sequence's pooled category, in data order).
+    """
+    out = Path(out_dir)
+    questions = sample_questions(load_questions(questions_file), per_category, seed)
+    prompts = build_prompts(tokenizer, questions)
+    recipe = {
+        "kind": "the target's greedy answers to the bench's Spec-Bench sample",
+        "evaluation_only": True,
+        "questions_file": Path(questions_file).name,
+        "per_category": per_category,
+        "seed": seed,
+        "question_ids": [str(p.question_id) for p in prompts],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CATEGORIES_NAME).write_text(json.dumps([p.category for p in prompts]) + "\n", encoding="utf-8")
+    build_distillation_data(
+        model,
+        [p.ids.tolist() for p in prompts],
+        out,
+        recipe=recipe,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        shard_size=max(batch_size, len(prompts)),
+        progress=progress,
+    )
+    return out
+
+
+def sequence_categories(folder: str | Path) -> list[str]:
+    """Each sequence's category, as `build_bench_answers` recorded it."""
+    return json.loads((Path(folder) / CATEGORIES_NAME).read_text(encoding="utf-8"))
+
+
+def head_top1(model, head: torch.nn.Module, data: DistillationData, seq_ids: torch.Tensor) -> list[float]:
+    """Teacher-forced top-1 of ``head`` over the answers of sequences ``seq_ids`` `[S]`: one figure per draft
+    position (EAGLE: the first draft token; Medusa: per head; MLP speculator: per stage)."""
+    if isinstance(head, EagleHead):
+        return [evaluate_eagle(head, data, seq_ids, max_positions=10**9)["top1"]]
+    positions = head_positions(data, seq_ids)  # [P]
+    if isinstance(head, MLPSpeculator):
+        return evaluate_mlp_speculator(head, data, positions)["top1_per_stage"]
+    if isinstance(head, MedusaHeads):
+        lm_head = model.get_output_embeddings()
+        weight = lm_head.weight.detach().float()  # [V, H]
+        bias = None if getattr(lm_head, "bias", None) is None else lm_head.bias.detach().float()
+        return evaluate_medusa(head, data, positions, weight, bias)["top1_per_head"]
+    raise TypeError(f"no teacher-forced evaluation for {type(head).__name__}")
+
+
+def evaluate_heads(
+    model, data: DistillationData, heads: Mapping[str, torch.nn.Module], categories: Sequence[str]
+) -> list[dict]:
+    """One row per head and category (and ``"overall"``): ``{"head", "category", "sequences", "top1"}``, where
+    ``top1`` lists the figures of `head_top1`. Each head is bound to ``model`` (checked against it) first."""
+    if len(categories) != data.seq_bounds.shape[0]:
+        raise ValueError(f"{len(categories)} categories for {data.seq_bounds.shape[0]} sequences")
+    groups = {c: [i for i, x in enumerate(categories) if x == c] for c in sorted(set(categories), key=category_sort_key)}
+    groups[ALL] = list(range(len(categories)))
+    rows = []
+    for name, head in heads.items():
+        head.bind(model)  # checks the head against the target; EAGLE reads its embeddings and lm_head rows
+        for category, ids in groups.items():
+            top1 = head_top1(model, head, data, torch.tensor(ids, dtype=torch.long))
+            rows.append({"head": name, "category": category, "sequences": len(ids), "top1": top1})
+    return rows
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """A markdown table: a row per head, a column per category (the first draft position's top-1), and the later
+    positions' overall top-1."""
+    categories = list(dict.fromkeys(r["category"] for r in rows))
+    heads = list(dict.fromkeys(r["head"] for r in rows))
+    by = {(r["head"], r["category"]): r for r in rows}
+    lines = [
+        "| head | " + " | ".join(categories) + " | later positions (overall) |",
+        "|---|" + "---:|" * len(categories) + "---|",
+    ]
+    for h in heads:
+        cells = [f"{by[(h, c)]['top1'][0]:.3f}" for c in categories]
+        later = ", ".join(f"{x:.3f}" for x in by[(h, ALL)]["top1"][1:]) or "-"
+        lines.append(f"| {h} | " + " | ".join(cells) + f" | {later} |")
+    return "\n".join(lines)
+
+
+def load_bench_answers(folder: str | Path) -> tuple[DistillationData, list[str]]:
+    """The evaluation-only data of `build_bench_answers` and its sequences' categories."""
+    return load_distillation_data(folder, evaluation_only_ok=True), sequence_categories(folder)
+
+
+# ---------------------------------------------------------------------------------------------------- command line
+SHIPPED = ("eagle", "medusa", "mlp_speculator")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``hf-specdec eval-heads``."""
+    parser.add_argument(
+        "--heads", default=",".join(SHIPPED), help=f"comma-separated shipped heads (default: {','.join(SHIPPED)})"
+    )
+    parser.add_argument(
+        "--head-dir", action="append", default=[], metavar="NAME=FOLDER", help="also a head saved in FOLDER"
+    )
+    parser.add_argument("--per-category", type=int, default=4, help="bench questions per category (default 4)")
+    parser.add_argument("--seed", type=int, default=0, help="the bench's question sample seed (default 0)")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length, as the bench (default 128)")
+    parser.add_argument("--data", default=None, help="answers folder (default: in the hf-specdec cache)")
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+
+
+def _heads(args: argparse.Namespace) -> dict[str, torch.nn.Module]:
+    from ..assistants import EAGLE, MEDUSA, MLP_SPECULATOR
+    from ..cli_args import UsageError
+
+    shipped = {"eagle": EAGLE, "medusa": MEDUSA, "mlp_speculator": MLP_SPECULATOR}
+    heads = {}
+    for name in filter(None, args.heads.split(",")):
+        if name not in shipped:
+            raise UsageError(f"--heads: unknown head {name!r}; expected some of {', '.join(SHIPPED)}")
+        heads[name] = shipped[name].load()
+    for spec in args.head_dir:
+        name, sep, folder = spec.partition("=")
+        if not sep or not Path(folder, "config.json").is_file():
+            raise UsageError(f"--head-dir {spec!r}: expected NAME=FOLDER with a saved head's config.json")
+        head_type = json.loads(Path(folder, "config.json").read_text(encoding="utf-8")).get("head_type")
+        cls = {"eagle": EagleHead, "medusa": MedusaHeads, "mlp_speculator": MLPSpeculator}.get(head_type)
+        if cls is None:
+            raise UsageError(f"--head-dir {folder}: unknown head_type {head_type!r}")
+        heads[name] = cls.from_pretrained(folder, dtype=torch.float32).eval()
+    if not heads:
+        raise UsageError("no head to evaluate")
+    return heads
+
+
+def main(args: argparse.Namespace) -> int:
+    """Build the bench answers once (cached), score every head on them, print the table."""
+    from ..models import cache_root, load_default_model
+    from ..training.benchmark_questions import find_questions_file
+
+    heads = _heads(args)
+    model, tokenizer = load_default_model()
+    folder = Path(args.data) if args.data else None
+    folder = folder or bench_answers_folder(cache_root(), args.per_category, args.seed, args.max_new_tokens)
+    build_bench_answers(
+        model, tokenizer, find_questions_file(), folder, args.per_category, args.seed, args.max_new_tokens
+    )
+    data, categories = load_bench_answers(folder)
+    rows = evaluate_heads(model, data, heads, categories)
+    print(f"teacher-forced top-1 on the target's greedy answers to the bench's sample ({folder}):", file=sys.stderr)
+    print(format_table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+__all__ = [
+    "bench_answers_folder",
+    "build_bench_answers",
+    "evaluate_heads",
+    "format_table",
+    "head_top1",
+    "load_bench_answers",
+    "sequence_categories",
+]

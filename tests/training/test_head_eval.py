@@ -1,0 +1,86 @@
+"""The head evaluation on the target's answers to the bench's questions: the answers are the benchmark's greedy ones,
+every category is scored, the figure is the one a plain computation gives, and the folder can never train a head."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_specdec.assistants import EAGLE, MEDUSA, MLP_SPECULATOR
+from hf_specdec.bench.head_eval import build_bench_answers, evaluate_heads, format_table, load_bench_answers
+from hf_specdec.bench.questions import load_questions, sample_questions
+from hf_specdec.bench.spec_bench import build_prompts
+from hf_specdec.training.benchmark_questions import find_questions_file
+from hf_specdec.training.data import load_distillation_data
+from hf_specdec.training.eagle import EagleTrainingConfig, train_eagle
+
+pytestmark = pytest.mark.slow
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def answers(default_model, tmp_path_factory):
+    model, tok = default_model
+    folder = tmp_path_factory.mktemp("bench-answers")
+    build_bench_answers(model, tok, find_questions_file(), folder, per_category=1, seed=0, max_new_tokens=NEW,
+                        batch_size=6, progress=False)  # fmt: skip
+    return folder
+
+
+def test_answers_are_the_benchmarks_greedy_answers(default_model, answers):
+    model, tok = default_model
+    data, categories = load_bench_answers(answers)
+    questions = sample_questions(load_questions(find_questions_file()), 1, 0)
+    assert categories == [q["pooled_category"] for q in questions]
+    for i, prompt in enumerate(build_prompts(tok, questions[:2])):
+        s, a, e = data.seq_bounds[i].tolist()
+        assert data.input_ids[s:a].tolist() == prompt.ids.tolist()
+        expected = model.generate(prompt.ids[None], max_new_tokens=NEW, do_sample=False)[0, a - s :]
+        assert data.input_ids[a:e].tolist() == expected.tolist()[: e - a]
+
+
+def test_every_head_is_scored_per_category(default_model, answers):
+    model, _ = default_model
+    data, categories = load_bench_answers(answers)
+    heads = {"eagle": EAGLE.load(), "medusa": MEDUSA.load(), "mlp_speculator": MLP_SPECULATOR.load()}
+    rows = evaluate_heads(model, data, heads, categories)
+    assert {(r["head"], r["category"]) for r in rows} == {(h, c) for h in heads for c in [*categories, "overall"]}
+    for r in rows:
+        assert all(0.0 <= x <= 1.0 for x in r["top1"]), r
+    by = {(r["head"], r["category"]): r["top1"] for r in rows}
+    assert len(by[("medusa", "overall")]) == MEDUSA.load().num_heads
+    assert len(by[("mlp_speculator", "overall")]) == MLP_SPECULATOR.load().n_predict
+    table = format_table(rows)
+    assert table.count("\n") == 1 + len(heads) and "translation" in table
+
+
+def test_eagle_figure_is_the_plain_count(default_model, answers):
+    """The EAGLE row equals counting, per answer position, the head's arg-max against the target's token t + 2."""
+    model, _ = default_model
+    data, categories = load_bench_answers(answers)
+    head = EAGLE.load().bind(model)
+    hit = total = 0
+    with torch.no_grad():
+        for s, a, e in data.seq_bounds.tolist():
+            t = torch.arange(s, e - 1)
+            _, logits = head(data.input_ids[t + 1][None], data.hidden[t][None].float())
+            for p in range(max(s, a - 2), e - 2):
+                hit += int(head.draft_to_token(logits[0, p - s].argmax()) == data.input_ids[p + 2])
+                total += 1
+    rows = evaluate_heads(model, data, {"eagle": head}, categories)
+    overall = next(r for r in rows if r["category"] == "overall")
+    assert overall["top1"][0] == pytest.approx(hit / total, abs=1e-4)
+
+
+def test_the_answers_never_train_a_head(default_model, answers, tmp_path):
+    with pytest.raises(ValueError, match="evaluation only"):
+        load_distillation_data(answers)
+    with pytest.raises(ValueError, match="evaluation only"):
+        load_distillation_data([answers])
+    manifest = json.loads((answers / "manifest.json").read_text())
+    assert manifest["prompt_recipe"]["evaluation_only"] is True
+    model, _ = default_model
+    with pytest.raises(ValueError, match="evaluation only"):  # the trainers read data through the same loader
+        train_eagle(model, load_distillation_data(answers), tmp_path, EagleTrainingConfig(max_steps=1))
