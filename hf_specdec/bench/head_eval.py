@@ -119,7 +119,9 @@ def evaluate_heads(
     ``top1`` lists the figures of `head_top1`. Each head is bound to ``model`` (checked against it) first."""
     if len(categories) != data.seq_bounds.shape[0]:
         raise ValueError(f"{len(categories)} categories for {data.seq_bounds.shape[0]} sequences")
-    groups = {c: [i for i, x in enumerate(categories) if x == c] for c in sorted(set(categories), key=category_sort_key)}
+    groups = {
+        c: [i for i, x in enumerate(categories) if x == c] for c in sorted(set(categories), key=category_sort_key)
+    }
     groups[ALL] = list(range(len(categories)))
     rows = []
     for name, head in heads.items():

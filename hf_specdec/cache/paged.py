@@ -268,9 +268,7 @@ class PagedCache(Cache):
             attention; the Triton kernels read slot-major pools (the default).
     """
 
-    def __init__(
-        self, config=None, *, block_size: int = 16, num_layers: int | None = None, head_major: bool = False
-    ):
+    def __init__(self, config=None, *, block_size: int = 16, num_layers: int | None = None, head_major: bool = False):
         self.allocator = BlockAllocator(block_size)
         self.head_major = head_major
         if config is not None:

@@ -309,6 +309,7 @@ class TreeBudgeter:
         self._steps = self._last_explore = 0
         self._nodes: Counter[int] = Counter()  # nodes per row per step -> how often
         self._no_candidates = self._paused = self._explorations = self._probes = 0
+        self._unfair_samples = 0  # verify times not recorded (the CPU GEMM tuner ran inside the forward)
 
     # ------------------------------------------------------------------ before proposing
     def depth_cap(self, row: int, limit: int) -> int:
@@ -513,14 +514,14 @@ class TreeBudgeter:
             )
         self._pending = []
 
-    def record_step(
-        self, tokens: int, rows: int, verify_s: float | None, propose_s: float, other_s: float
-    ) -> None:
+    def record_step(self, tokens: int, rows: int, verify_s: float | None, propose_s: float, other_s: float) -> None:
         """A step's measured times: verify forward over ``tokens`` packed tokens of ``rows`` rows (None: not a fair
         sample, e.g. the CPU GEMM tuner timed slower forms inside it), proposing (only counted when something was
         drafted), and the loop's bookkeeping."""
         if verify_s is not None:
             self.cost.record_verify(tokens, rows, verify_s)
+        else:
+            self._unfair_samples += 1
         self.cost.record_other(rows, other_s)
         if tokens > rows and propose_s >= 0:
             prev = self.propose_seconds
@@ -538,6 +539,7 @@ class TreeBudgeter:
             "paused": self._paused,
             "explorations": self._explorations,
             "probes": self._probes,
+            "unfair_samples": self._unfair_samples,
             "propose_s": self.propose_seconds,
             "calibration": self.calibration.summary(),
         }

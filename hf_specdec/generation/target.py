@@ -76,7 +76,7 @@ class PlannedModel:
         self.model = model
         self.device = next(model.parameters()).device
         self.backend = choose_backend(self.device, backend)
-        # the torch path reads each row's K/V as SDPA's [H_kv, L, D]: head-major pools make that a strided-free view
+        # the torch path reads each row's K/V as SDPA's [H_kv, L, D]: head-major pools make that a unit-stride view
         self.cache = PagedCache(model.config, block_size=block_size, head_major=self.backend == "torch")
         self._pack_linears = pack_linears
         self._keep_packed = keep_packed

@@ -74,7 +74,8 @@ def test_spec_stats_report_the_cost_curve_and_the_budgets():
     assert sum(budget["nodes_per_row"].values()) == stats.steps
     assert sum(n * k for n, k in budget["nodes_per_row"].items()) == stats.drafted_tokens
     assert budget["cost"]["curve"] and all(s > 0 for s in budget["cost"]["curve"].values())
-    assert sum(budget["cost"]["samples"].values()) == stats.steps
+    # every step is a cost sample, but those whose forward also timed slower GEMM forms (the CPU tuner's trials)
+    assert sum(budget["cost"]["samples"].values()) + budget["unfair_samples"] == stats.steps
     assert "oracle" in budget["calibration"]
     assert "budget" in stats.to_dict()
 

@@ -415,4 +415,5 @@ def test_a_step_without_a_fair_verify_time_teaches_the_curve_nothing():
     budgeter.record_step(5, 1, None, 0.002, 0.001)
     after = budgeter.cost.summary()
     assert after["samples"] == before["samples"] and after["curve"] == before["curve"]
+    assert budgeter.summary()["unfair_samples"] == 2
     assert budgeter.propose_seconds == pytest.approx(0.002)

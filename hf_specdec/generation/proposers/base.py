@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..budget import TreeBudgeter
+from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
 
 
@@ -124,11 +125,16 @@ class Proposer:
         proposes_for_free: proposing costs next to nothing (a lookup, no model pass): inside a `FallbackAssistant`
             it keeps drafting as deep as the row allows where the tree budget paused or capped the row
             (``RowState.free_depth``).
+
+    Instance attribute:
+        prior_cost: step costs measured where the proposer's head was trained (a `PriorCurve`), or None: `start`
+            hands them to the call's tree budget as its prior cost curve until it has measured this machine.
     """
 
     sampling: DraftSampling = DraftSampling.DETERMINISTIC
     hidden_state_layers: tuple[int, ...] | None = None
     proposes_for_free: bool = False
+    prior_cost: PriorCurve | None = None
 
     @property
     def budget(self) -> TreeBudgeter | None:
@@ -140,8 +146,10 @@ class Proposer:
         """Raise a clear error if this proposer cannot serve ``target`` (vocabulary, hidden size, ...)."""
 
     def start(self, setup: ProposerSetup) -> None:
-        """Called once per generate() call, before the prefill's `observe`."""
+        """Called once per generate() call, before the prefill's `observe` (subclasses call it first)."""
         self.setup = setup
+        if self.budget is not None and self.prior_cost is not None:  # the budget's prior until it measures
+            self.budget.cost.set_prior(self.prior_cost)
 
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
         """One `DraftTree` per row (an empty tree drafts nothing and costs nothing)."""

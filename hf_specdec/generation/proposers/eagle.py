@@ -175,7 +175,7 @@ class EagleAssistant(Proposer):
             raise ValueError(f"invalid EAGLE tree: top_k={self.top_k}, depth={self.depth}, num_nodes={self.num_nodes}")
         cost = step_cost if step_cost is not None else tree.get("step_cost")
         self.step_cost = {int(n): float(c) for n, c in cost.items()} if cost else None
-        self._cost_curve = PriorCurve.from_node_costs(self.step_cost) if self.step_cost else None
+        self.prior_cost = PriorCurve.from_node_costs(self.step_cost) if self.step_cost else None
         self.hidden_state_layers = head.feature_layers if head.version == 1 or head.aux_layers else None
         self.cache: EagleKVCache | None = None
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -191,8 +191,6 @@ class EagleAssistant(Proposer):
 
     def start(self, setup: ProposerSetup) -> None:
         super().start(setup)
-        if setup.budget is not None and self._cost_curve is not None:  # the budget's prior until it measures
-            setup.budget.cost.set_prior(self._cost_curve)
         self.cache = self.head.new_cache(max(1, setup.batch_size))
         self._pending, self._calibration = {}, {}
 
@@ -288,7 +286,7 @@ class EagleAssistant(Proposer):
         acc, pred = self._calibration.get(row, [0.0, 0.0])
         factor = (acc + _CAL_PRIOR) / (pred + _CAL_PRIOR)
         gain = 1.0 + factor * torch.cat([prob.new_zeros(1), prob[order].cumsum(0)])  # [n + 1]
-        cost = torch.tensor([self._cost_curve(n + 1) for n in range(gain.numel())], dtype=torch.float64)  # n nodes
+        cost = torch.tensor([self.prior_cost(n + 1) for n in range(gain.numel())], dtype=torch.float64)  # n nodes
         best = int(torch.argmax(gain / cost))
         return torch.sort(idx[order[:best]]).values
 

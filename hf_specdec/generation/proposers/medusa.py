@@ -141,7 +141,7 @@ class MedusaAssistant(FinalStateAssistant):
         self._last_hidden: dict[int, torch.Tensor] = {}
         self._lm_head = None
         self.adaptive = self._adaptive_depth(adaptive, step_cost, tuned_tree)
-        self._prior_cost = self._tuned_costs(step_cost, tuned_tree)
+        self.prior_cost = self._tuned_costs(step_cost, tuned_tree)
 
     def _tuned_costs(self, step_cost, tuned_tree: bool) -> PriorCurve | None:
         """The step costs measured when the tree was tuned, as the tree budget's prior cost curve."""
@@ -174,8 +174,6 @@ class MedusaAssistant(FinalStateAssistant):
     def start(self, setup: ProposerSetup) -> None:
         super().start(setup)
         self._lm_head = setup.target.get_output_embeddings() if self.heads.share_lm_head else None
-        if setup.budget is not None and self._prior_cost is not None:
-            setup.budget.cost.set_prior(self._prior_cost)
 
     @torch.no_grad()
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
@@ -205,9 +203,7 @@ class MedusaAssistant(FinalStateAssistant):
                 )
         return [t if t is not None else DraftTree.empty(rows[i].tokens.device) for i, t in enumerate(trees)]
 
-    def _topk(
-        self, x: torch.Tensor, tmpl: StaticTreeTemplate, depth: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _topk(self, x: torch.Tensor, tmpl: StaticTreeTemplate, depth: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`[B, D, K]` the first ``D = depth`` heads' K best tokens for the states ``x`` `[B, H]`, and with a tree
         budget their log-probabilities `[B, D, K]` under each head's softmax (None without)."""
         if self.budget is None:

@@ -32,7 +32,7 @@ import torch
 from ...heads.mlp_speculator import MLPSpeculator
 from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
-from .base import Proposer, ProposerSetup, RowState
+from .base import Proposer, RowState
 from .final_state import AdaptiveDepth, FinalStateAssistant
 
 BUDGET_WIDTH = 8  # candidate nodes per level (where reachable) when the loop's tree budget sizes the trees
@@ -160,16 +160,11 @@ class MLPSpeculatorAssistant(FinalStateAssistant):
             prior = speculator.tree.get("depth_acceptance") if tuned else None
             nodes_at_depth = [sum(self.widths[:d]) for d in range(len(self.widths) + 1)]
             self.adaptive = AdaptiveDepth(nodes_at_depth, step_cost, prior or [0.5] * len(self.widths))
-        self._prior_cost = PriorCurve.from_node_costs(step_cost) if step_cost else None
+        self.prior_cost = PriorCurve.from_node_costs(step_cost) if step_cost else None
         self._last_hidden: dict[int, torch.Tensor] = {}
 
     def validate(self, target: torch.nn.Module) -> None:
         self.speculator.check_compatible(target)
-
-    def start(self, setup: ProposerSetup) -> None:
-        super().start(setup)
-        if setup.budget is not None and self._prior_cost is not None:  # the budget's prior until it measures
-            setup.budget.cost.set_prior(self._prior_cost)
 
     def _cut_depths(self, rows: Sequence[RowState], widths: Sequence[int]) -> list[int]:
         """The depth each row's tree is cut at this step (0 = draft nothing)."""
