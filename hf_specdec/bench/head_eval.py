@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ..assistants import EAGLE, MEDUSA, MLP_SPECULATOR
 from ..heads.eagle import EagleHead
 from ..heads.medusa import MedusaHeads
 from ..heads.mlp_speculator import MLPSpeculator
@@ -155,7 +156,8 @@ def load_bench_answers(folder: str | Path) -> tuple[DistillationData, list[str]]
 
 
 # ---------------------------------------------------------------------------------------------------- command line
-SHIPPED = ("eagle", "medusa", "mlp_speculator")
+SHIPPED = {shipped.head_class.head_type: shipped for shipped in (EAGLE, MEDUSA, MLP_SPECULATOR)}
+HEAD_CLASSES = {name: shipped.head_class for name, shipped in SHIPPED.items()}  # config.json's head_type -> class
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -174,21 +176,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _heads(args: argparse.Namespace) -> dict[str, torch.nn.Module]:
-    from ..assistants import EAGLE, MEDUSA, MLP_SPECULATOR
     from ..cli_args import UsageError
 
-    shipped = {"eagle": EAGLE, "medusa": MEDUSA, "mlp_speculator": MLP_SPECULATOR}
     heads = {}
     for name in filter(None, args.heads.split(",")):
-        if name not in shipped:
+        if name not in SHIPPED:
             raise UsageError(f"--heads: unknown head {name!r}; expected some of {', '.join(SHIPPED)}")
-        heads[name] = shipped[name].load()
+        heads[name] = SHIPPED[name].load()
     for spec in args.head_dir:
         name, sep, folder = spec.partition("=")
         if not sep or not Path(folder, "config.json").is_file():
             raise UsageError(f"--head-dir {spec!r}: expected NAME=FOLDER with a saved head's config.json")
         head_type = json.loads(Path(folder, "config.json").read_text(encoding="utf-8")).get("head_type")
-        cls = {"eagle": EagleHead, "medusa": MedusaHeads, "mlp_speculator": MLPSpeculator}.get(head_type)
+        cls = HEAD_CLASSES.get(head_type)
         if cls is None:
             raise UsageError(f"--head-dir {folder}: unknown head_type {head_type!r}")
         heads[name] = cls.from_pretrained(folder, dtype=torch.float32).eval()
@@ -204,8 +204,7 @@ def main(args: argparse.Namespace) -> int:
 
     heads = _heads(args)
     model, tokenizer = load_default_model()
-    folder = Path(args.data) if args.data else None
-    folder = folder or bench_answers_folder(cache_root(), args.per_category, args.seed, args.max_new_tokens)
+    folder = Path(args.data or bench_answers_folder(cache_root(), args.per_category, args.seed, args.max_new_tokens))
     build_bench_answers(
         model, tokenizer, find_questions_file(), folder, args.per_category, args.seed, args.max_new_tokens
     )

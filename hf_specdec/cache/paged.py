@@ -195,9 +195,6 @@ class PagedLayer(CacheLayerMixin):
 
         ``where`` is `read_index` 's result when the caller already has it (computed once per forward).
         """
-        if self.head_major:
-            k, v = self.gather_heads(row, length, where)
-            return k.transpose(0, 1), v.transpose(0, 1)
         k, v = self.flat()
         if where is None:
             where = self.allocator.read_index(row, length, k.device)
@@ -209,15 +206,14 @@ class PagedLayer(CacheLayerMixin):
         self, row: int, length: int, where: int | torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`[H_kv, length, D]` K and V of positions ``[0, length)`` of ``row``: with head-major pools a view with unit
-        stride between positions when the pages are contiguous (``where`` as in `gather`)."""
-        if not self.head_major:
-            k, v = self.gather(row, length, where)
-            return k.transpose(0, 1), v.transpose(0, 1)
+        stride between positions when the pages are contiguous, else a copy in that layout (``where`` as in
+        `gather`)."""
         if where is None:
             where = self.allocator.read_index(row, length, self.keys.device)
-        if isinstance(where, int):
-            return self.keys[:, where : where + length], self.values[:, where : where + length]
-        return self.keys.index_select(1, where), self.values.index_select(1, where)
+        if self.head_major and not isinstance(where, int):  # scattered pages: copy straight into [H_kv, L, D]
+            return self.keys.index_select(1, where), self.values.index_select(1, where)
+        k, v = self.gather(row, length, where)  # [L, H_kv, D]
+        return k.transpose(0, 1), v.transpose(0, 1)
 
     # transformers.Cache drop-in path -----------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
