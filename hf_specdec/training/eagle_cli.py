@@ -2,7 +2,7 @@
 (`train_eagle`), and its tree sized from the step cost measured on this machine (`tune_eagle_tree`).
 
     hf-specdec train eagle --out DIR [--data-dir DIR] [--num-seed 32 --num-tasks 120] [--extra-data FOLDER...]
-                           [--epochs 3] [--resume]
+                           [--real-text] [--epochs 3] [--resume]
 
 Every stage is resumable: the data shards already written are kept, training continues from its last checkpoint.
 ``--data FOLDER...`` trains on existing data folders as they are (no build); ``--extra-data`` adds folders to the
@@ -24,6 +24,11 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extra-data", nargs="+", default=[], help="more data folder(s) added to the built data")
     parser.add_argument("--num-seed", type=int, default=32, help="seed-stage prompts (the target writes material)")
     parser.add_argument("--num-tasks", type=int, default=120, help="task-stage prompts over the six task kinds")
+    parser.add_argument(
+        "--real-text",
+        action="store_true",
+        help="also build prompts over real text installed from Debian packages (scripts/install_text_sources.sh)",
+    )
     parser.add_argument("--seed-max-new-tokens", type=int, default=96, help="answer cap of the seed stage")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="answer cap of the task stage")
     parser.add_argument("--batch-size", type=int, default=32, help="prompts per generate call while building data")
@@ -59,6 +64,7 @@ def train_eagle_main(args: argparse.Namespace) -> int:
             num_tasks=args.num_tasks,
             seed=args.seed,
             seed_max_new_tokens=args.seed_max_new_tokens,
+            real_text=args.real_text,
             max_new_tokens=args.max_new_tokens,
             batch_size=args.batch_size,
             shard_size=args.batch_size,

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .data import distinct_prompts
+from .text_sources import LocalText
 
 TASK_KINDS = ("multi_turn", "translation", "summarisation", "qa", "math_reasoning", "rag")
 
@@ -193,6 +194,11 @@ MATH_TEMPLATES = (
     "{name} has {a} stickers and gives {c} to each of {c} friends. How many stickers does {name} have left?",
 )
 MIN_PASSAGE_WORDS = 40
+# With real text installed, the share of translation / summarisation / passage-question prompts that use it, and how
+# often a foreign sentence is written with spaces before punctuation, as tokenised news corpora write it.
+REAL_TEXT_SHARE = 0.75
+SPACED_PUNCTUATION_SHARE = 0.5
+MAX_RAG_DOC_WORDS = 220
 KINDS_NAME = "kinds.json"
 
 
@@ -253,18 +259,22 @@ class SeedMaterial:
         passages: ``(title, text)`` pairs of at least `MIN_PASSAGE_WORDS` words.
         questions: single questions (lines ending with "?").
         conversations: ``(user turn, target answer)`` pairs of first turns.
+        real: real text read from installed packages (`text_sources.find_local_text`); when set, a share of the
+            translation, summarisation and passage-question prompts use it (`REAL_TEXT_SHARE`).
     """
 
     passages: list[tuple[str, str]]
     questions: list[str]
     conversations: list[tuple[str, str]]
+    real: LocalText | None = None  # real text installed on this machine (`text_sources`), if used
 
     def counts(self) -> dict:
-        return {
+        counts = {
             "seed_passages": len(self.passages),
             "seed_questions": len(self.questions),
             "seed_conversations": len(self.conversations),
         }
+        return {**counts, "real_text_sources": dict(self.real.sources)} if self.real else counts
 
 
 def collect_seed_material(prompts: Sequence[TaskPrompt], answers: Sequence[str]) -> SeedMaterial:
@@ -306,16 +316,39 @@ def _foreign_sentence(rng: random.Random) -> tuple[str, str]:
     return language, " ".join(p.format(**fields) for p in parts)
 
 
+def _real_foreign_sentence(real: LocalText, rng: random.Random) -> tuple[str, str]:
+    """A real sentence (or two) in a random language, German half the time; spaced punctuation half the time."""
+    languages = sorted(real.foreign)
+    language = "German" if "German" in real.foreign and rng.random() < 0.5 else rng.choice(languages)
+    sentence = rng.choice(real.foreign[language])
+    if rng.random() < SPACED_PUNCTUATION_SHARE:
+        sentence = re.sub(r"\s*([,.;:!?])(?=\s|$)", r" \1", sentence)
+    return language, sentence
+
+
+def _passage(material: SeedMaterial, rng: random.Random, max_words: int | None = None) -> tuple[str, str]:
+    """A ``(title, text)`` passage: real text (`REAL_TEXT_SHARE` of the time, when installed) or the target's own,
+    cut to ``max_words`` words at a paragraph or sentence boundary."""
+    use_real = material.real is not None and material.real.passages and rng.random() < REAL_TEXT_SHARE
+    title, text = rng.choice(material.real.passages if use_real else material.passages)
+    if max_words and len(text.split()) > max_words:
+        cut = " ".join(text.split(" ")[:max_words])
+        end = max(cut.rfind("\n\n"), cut.rfind(". "))
+        text = cut[: end + 1] if end > len(cut) // 3 else cut
+    return title, text
+
+
 def _make_task(kind: str, material: SeedMaterial, rng: random.Random) -> TaskPrompt:
     if kind == "multi_turn":
         first, answer = rng.choice(material.conversations)
         messages = [*_user(first), {"role": "assistant", "content": answer}, *_user(rng.choice(FOLLOW_UPS))]
         return TaskPrompt(kind, messages)
     if kind == "translation":
-        language, sentence = _foreign_sentence(rng)
+        real = material.real is not None and material.real.foreign and rng.random() < REAL_TEXT_SHARE
+        language, sentence = _real_foreign_sentence(material.real, rng) if real else _foreign_sentence(rng)
         return TaskPrompt(kind, _user(rng.choice(TRANSLATION_TEMPLATES).format(language=language, sentence=sentence)))
     if kind == "summarisation":
-        _, text = rng.choice(material.passages)
+        _, text = _passage(material, rng, max_words=600)
         return TaskPrompt(kind, _user(rng.choice(SUMMARY_TEMPLATES).format(text=text)))
     if kind == "qa":
         if material.questions and rng.random() < 0.5:
@@ -329,7 +362,7 @@ def _make_task(kind: str, material: SeedMaterial, rng: random.Random) -> TaskPro
         fields = {"name": rng.choice(NAMES), "a": rng.randint(12, 90), "b": rng.randint(2, 20), "c": rng.randint(2, 9)}
         return TaskPrompt(kind, _user(rng.choice(MATH_TEMPLATES).format(**fields)))
     if kind == "rag":
-        docs = rng.sample(material.passages, min(len(material.passages), rng.choice((1, 2, 2, 3))))
+        docs = [_passage(material, rng, MAX_RAG_DOC_WORDS) for _ in range(rng.choice((1, 2, 2, 3)))]
         question = _rag_question(docs[0], material, rng)
         text = "\n\n".join(f"{title}\n{body}" for title, body in docs)
         return TaskPrompt(kind, _user(rng.choice(RAG_TEMPLATES).format(docs=text, question=question)))
@@ -365,9 +398,11 @@ def task_prompts(material: SeedMaterial, num_prompts: int, seed: int = 0) -> lis
     return distinct_prompts(num_prompts, TASK_KINDS, lambda kind: _make_task(kind, material, rng), "task prompts", _key)
 
 
-def recipe(num_seed: int, num_tasks: int, seed: int) -> dict:
+def recipe(num_seed: int, num_tasks: int, seed: int, real_text: bool = False) -> dict:
     """The JSON-able description of the two stages, recorded in the data manifests."""
     return {
+        "real_text": bool(real_text),
+        "real_text_share": REAL_TEXT_SHARE if real_text else 0.0,
         "kind": "six Spec-Bench task kinds over self-instructed material (no benchmark text)",
         "task_kinds": list(TASK_KINDS),
         "num_seed_prompts": int(num_seed),
@@ -434,6 +469,7 @@ def build_task_data(
     num_tasks: int = 600,
     seed: int = 0,
     seed_max_new_tokens: int | None = None,
+    real_text: bool = False,
     **kwargs,
 ) -> list[Path]:
     """Build (or resume) the two-stage data: ``out_dir/seed`` (the target writing its material) and ``out_dir/tasks``
@@ -445,14 +481,21 @@ def build_task_data(
         num_seed / num_tasks: prompts of each stage.
         seed: prompt seed.
         seed_max_new_tokens: answer length cap of the seed stage (default: ``max_new_tokens`` of ``kwargs``).
+        real_text: also build prompts over real text installed on this machine (`text_sources`: foreign sentences
+            to translate, English passages to summarise and answer from).
         **kwargs: passed to `build_distillation_data` (``max_new_tokens``, ``batch_size``, ``hidden_dtype``...).
     Returns:
         both folders, for `load_distillation_data`.
+
+    Raises:
+        FileNotFoundError: ``real_text`` and the packages holding it are not installed (the message names them).
     """
     from .data import load_distillation_data
+    from .text_sources import require_local_text
 
     out = Path(out_dir)
-    rec = recipe(num_seed, num_tasks, seed)
+    real = require_local_text() if real_text else None
+    rec = recipe(num_seed, num_tasks, seed, real_text)
     seeds = seed_prompts(num_seed, seed)
     seed_dir, task_dir = out / "seed", out / "tasks"
     seed_kwargs = {**kwargs, **({"max_new_tokens": seed_max_new_tokens} if seed_max_new_tokens else {})}
@@ -462,6 +505,7 @@ def build_task_data(
         tokenizer.decode(data.input_ids[a:e].tolist(), skip_special_tokens=True) for _, a, e in data.seq_bounds.tolist()
     ]
     material = collect_seed_material(seeds, answers)
+    material.real = real
     tasks = task_prompts(material, num_tasks, seed)
     _build_stage(model, tokenizer, tasks, task_dir, {**rec, "stage": "tasks", **material.counts()}, **kwargs)
     return [seed_dir, task_dir]
