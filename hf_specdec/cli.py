@@ -133,6 +133,9 @@ def convert_main(args: argparse.Namespace) -> int:
 def _add_train_medusa_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output folder: heads, training_report.json, data/, checkpoints/")
     parser.add_argument("--data-dir", default=None, help="self-distillation data folder (default OUT/data)")
+    parser.add_argument(
+        "--data", nargs="+", default=None, help="existing data folder(s) to train on as they are (no build)"
+    )
     # the defaults are the recipe of the heads shipped in the package: under an hour on 2 CPU cores, end to end
     parser.add_argument("--num-prompts", type=positive_int, default=960, help="generated prompts (default 960)")
     parser.add_argument(
@@ -208,19 +211,23 @@ def train_medusa_main(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
     t0 = time.perf_counter()
     model, tokenizer = load_default_model()
-    print(f"[{DEFAULT_MODEL_NAME} loaded in {time.perf_counter() - t0:.1f} s; data: {data_dir}]", file=sys.stderr)
-    folders = build_default_data(
-        model,
-        tokenizer,
-        data_dir,
-        num_prompts=args.num_prompts,
-        num_context_prompts=args.num_context_prompts,
-        seed=args.prompt_seed,
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.gen_batch_size,
-        do_sample=args.sample,
-        base_model_name=DEFAULT_MODEL_NAME,
-    )
+    data_dirs = args.data or [data_dir]
+    print(f"[{DEFAULT_MODEL_NAME} loaded in {time.perf_counter() - t0:.1f} s; data: {data_dirs}]", file=sys.stderr)
+    if args.data:
+        folders = [Path(f) for f in args.data]
+    else:
+        folders = build_default_data(
+            model,
+            tokenizer,
+            data_dir,
+            num_prompts=args.num_prompts,
+            num_context_prompts=args.num_context_prompts,
+            seed=args.prompt_seed,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.gen_batch_size,
+            do_sample=args.sample,
+            base_model_name=DEFAULT_MODEL_NAME,
+        )
     data = load_distillation_data(folders)
     print(f"[data: {data.manifest['num_sequences']} answers, {data.manifest['num_tokens']} tokens]", file=sys.stderr)
     config = MedusaTrainingConfig(

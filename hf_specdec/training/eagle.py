@@ -31,7 +31,17 @@ import torch.nn.functional as F
 
 from ..heads.eagle import EagleHead
 from .data import DistillationData
-from .run import REPORT_NAME, HeldOutSplit, RunConfig, TrainingRun, lr_lambda, split_sequences, step_counts
+from .run import (
+    REPORT_NAME,
+    HeldOutSplit,
+    RunConfig,
+    TrainingRun,
+    draft_vocabulary,
+    head_positions,
+    lr_lambda,
+    split_sequences,
+    step_counts,
+)
 
 HEAD_DIR = "head"
 
@@ -70,20 +80,27 @@ class EagleTrainingConfig(RunConfig):
 
 # ---------------------------------------------------------------------------------------------------- windows
 def window_starts(data: DistillationData, seq_ids: torch.Tensor, window: int) -> torch.Tensor:
-    """`[W]` flat start positions of the windows of ``window`` pairs that tile the given sequences (pairs
-    ``t = start .. end - 2`` of a sequence: feature t beside token t + 1, next feature t + 1)."""
-    starts = []
+    """`[Wn, 2]` flat ``(start, end)`` pair ranges of the windows of at most ``window`` pairs that tile the given
+    sequences (pairs ``t = start .. end - 1``: feature t beside token t + 1, next feature t + 1).
+
+    The tiling is aligned to each sequence's *end*: the window holding the answer reaches as far back into the prompt
+    as it can, as the head's cache does at run time (it covers the whole prompt); start-aligned windows left the
+    first answer tokens of a long prompt with a few prompt pairs to attend to. Only a sequence's first window is
+    shorter than ``window``.
+    """
+    ranges = []
     for s, _, e in data.seq_bounds[seq_ids].tolist():
-        starts += list(range(s, e - 1, window))
-    return torch.tensor(starts, dtype=torch.long)
+        ranges += [(max(s, end - window), end) for end in range(e - 1, s, -window)]
+    return torch.tensor(ranges, dtype=torch.long).reshape(-1, 2)
 
 
-def _windows(data: DistillationData, starts: torch.Tensor, window: int) -> tuple[torch.Tensor, ...]:
-    """``(t, valid)``: `[B, W]` flat pair positions of each window (clamped) and which are real pairs."""
-    end = data.seq_end[starts] - 1  # one past the last pair
-    t = starts[:, None] + torch.arange(window)[None, :]  # [B, W]
+def _windows(data: DistillationData, windows: torch.Tensor, window: int) -> tuple[torch.Tensor, ...]:
+    """``(t, valid)``: `[B, W]` flat pair positions of the windows ``(start, end)`` `[B, 2]` (clamped) and which are
+    real pairs."""
+    start, end = windows[:, 0], windows[:, 1]
+    t = start[:, None] + torch.arange(window)[None, :]  # [B, W]
     valid = t < end[:, None]
-    return torch.where(valid, t, starts[:, None]), valid
+    return torch.where(valid, t, start[:, None]), valid
 
 
 def token_targets(data: DistillationData, lm_weight: torch.Tensor, vocab: torch.Tensor, chunk: int = 4096):
@@ -107,33 +124,18 @@ def token_targets(data: DistillationData, lm_weight: torch.Tensor, vocab: torch.
     return labels
 
 
-def draft_vocabulary(data: DistillationData, seq_ids: torch.Tensor, size: int, vocab_size: int):
-    """``(ids, coverage)``: the ``size`` most frequent tokens of the given sequences (sorted ids) and the share of
-    their answer tokens it covers."""
-    mask = torch.zeros(data.input_ids.numel(), dtype=torch.bool)
-    answers = torch.zeros_like(mask)
-    for s, a, e in data.seq_bounds[seq_ids].tolist():
-        mask[s:e], answers[a:e] = True, True
-    counts = torch.bincount(data.input_ids[mask], minlength=vocab_size)
-    ids = counts.topk(min(size, vocab_size)).indices.sort().values
-    hit = torch.zeros(vocab_size, dtype=torch.bool)
-    hit[ids] = True
-    covered = float(hit[data.input_ids[answers]].float().mean()) if bool(answers.any()) else 1.0
-    return ids, covered
-
-
 # ---------------------------------------------------------------------------------------------------- loss
 def eagle_loss(
     head: EagleHead,
     data: DistillationData,
     labels: torch.Tensor,
-    starts: torch.Tensor,
+    windows: torch.Tensor,
     cfg: EagleTrainingConfig,
     feature_std: float,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict]:
-    """The weighted EAGLE loss over the windows at ``starts`` `[B]`, and its parts (floats)."""
-    t, valid = _windows(data, starts, cfg.window)  # [B, W]
+    """The weighted EAGLE loss over the ``(start, end)`` windows `[B, 2]` (`window_starts`), and its parts (floats)."""
+    t, valid = _windows(data, windows, cfg.window)  # [B, W]
     dtype = head.fc.weight.dtype
     feats = data.hidden[t].to(dtype)  # [B, W, H]
     if cfg.noise and head.training:
@@ -206,7 +208,7 @@ def train_eagle(
     lm_weight = model.get_output_embeddings().weight.detach()
     vocab_size = int(lm_weight.shape[0])
     if cfg.draft_vocab and cfg.draft_vocab < vocab_size:
-        vocab, coverage = draft_vocabulary(data, train_seqs, cfg.draft_vocab, vocab_size)
+        vocab, coverage = draft_vocabulary(data, head_positions(data, train_seqs), cfg.draft_vocab)
     else:
         vocab, coverage = None, 1.0
     head = EagleHead.for_model(model, version=1, draft_vocab=vocab).train()
@@ -215,7 +217,7 @@ def train_eagle(
     labels = token_targets(data, lm_weight, vocab if vocab is not None else torch.arange(vocab_size))
     starts = window_starts(data, train_seqs, cfg.window)
     split = HeldOutSplit(train_seqs, eval_seqs, starts, torch.zeros(0, dtype=torch.long))
-    _, total = step_counts(starts.numel(), cfg.positions_per_step, cfg.epochs, cfg.max_steps)
+    _, total = step_counts(starts.shape[0], cfg.positions_per_step, cfg.epochs, cfg.max_steps)
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps, total))
@@ -237,7 +239,7 @@ def train_eagle(
         draft_vocab=int(vocab.numel()) if vocab is not None else None,
         draft_vocab_answer_coverage=round(coverage, 4),
         feature_std=round(feature_std, 4),
-        train_windows=int(starts.numel()),
+        train_windows=int(starts.shape[0]),
     )
     head.model_card = {
         "training_data": report["training_data"],

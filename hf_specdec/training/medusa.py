@@ -31,6 +31,7 @@ from .run import (
     REPORT_NAME,
     RunConfig,
     TrainingRun,
+    draft_vocabulary,
     head_positions,
     held_out_split,
     latest_checkpoint,
@@ -84,16 +85,6 @@ def medusa_labels(data: DistillationData, positions: torch.Tensor, num_heads: in
     valid = (target < data.seq_end[positions]) & (target >= data.answer_start[positions])
     ids = data.input_ids[target.clamp(max=data.input_ids.numel() - 1)]
     return torch.where(valid, ids, torch.full_like(ids, IGNORE))
-
-
-def loss_vocabulary(data: DistillationData, positions: torch.Tensor, size: int) -> tuple[torch.Tensor, float]:
-    """The ``size`` most frequent answer tokens among the head-0 targets of ``positions``, sorted, and the fraction of
-    those targets they cover."""
-    targets = data.input_ids[positions + 2]
-    counts = torch.bincount(targets, minlength=int(data.manifest["vocab_size"]))
-    size = min(size, counts.numel())
-    top = counts.topk(size).indices.sort().values
-    return top, float(counts[top].sum() / counts.sum().clamp(min=1))
 
 
 # ---------------------------------------------------------------------------------------------------- loss
@@ -300,7 +291,7 @@ def train_medusa(
     split = held_out_split(data, cfg.eval_fraction, cfg.eval_positions, cfg.seed)
     vocab, coverage = None, 1.0
     if cfg.loss_vocab is not None and cfg.loss_vocab < lm_weight.shape[0]:
-        vocab, coverage = loss_vocabulary(data, split.train_pos, cfg.loss_vocab)
+        vocab, coverage = draft_vocabulary(data, split.train_pos, cfg.loss_vocab)
         vocab = vocab.to(device)
     heads = _fresh_heads(cfg, lm_weight, vocab, base_model_name_or_path or data.manifest.get("base_model"))
     _, total = step_counts(split.train_pos.numel(), cfg.positions_per_step, cfg.epochs, cfg.max_steps)
@@ -373,7 +364,6 @@ __all__ = [
     "evaluate_medusa",
     "head_positions",
     "latest_checkpoint",
-    "loss_vocabulary",
     "medusa_labels",
     "medusa_loss",
     "split_sequences",

@@ -36,7 +36,7 @@ from .medusa import (
     IGNORE,
     medusa_labels,
 )
-from .run import REPORT_NAME, RunConfig, TrainingRun, held_out_split, lr_lambda, step_counts
+from .run import REPORT_NAME, RunConfig, TrainingRun, draft_vocabulary, held_out_split, lr_lambda, step_counts
 from .step_cost import step_cost_curve
 
 # level widths tried by `tune_speculator_tree` (each also cut at every depth by AdaptiveDepth at run time)
@@ -248,17 +248,6 @@ def tune_speculator_tree(
 
 
 # ---------------------------------------------------------------------------------------------------- training
-def draft_vocabulary(data: DistillationData, positions: torch.Tensor, size: int) -> tuple[torch.Tensor, float]:
-    """`[size]` the draft vocabulary: the stage-0 labels of ``positions`` by decreasing count, then (a small data set
-    holds fewer distinct tokens than ``size``) the lowest unseen ids (byte-pair merges rank frequent tokens first);
-    and the share of the labels it covers."""
-    vocab = int(data.manifest["vocab_size"])
-    counts = torch.bincount(data.input_ids[positions + 2], minlength=vocab).double()
-    key = counts * vocab - torch.arange(vocab, dtype=torch.float64)  # count first, then the lower id
-    top = key.topk(min(size, vocab)).indices.sort().values
-    return top, float(counts[top].sum() / counts.sum().clamp(min=1))
-
-
 def _draft_vocab(data: DistillationData, train_pos: torch.Tensor, cfg: MLPSpeculatorTrainingConfig):
     """``(token map [V'] or None, share of the stage-0 training labels it covers)``."""
     if cfg.draft_vocab is None or cfg.draft_vocab >= int(data.manifest["vocab_size"]):

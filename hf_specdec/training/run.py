@@ -79,6 +79,18 @@ def head_positions(data: DistillationData, seq_ids: torch.Tensor) -> torch.Tenso
     return lo.repeat_interleave(counts) + torch.arange(total) - offsets.repeat_interleave(counts)
 
 
+def draft_vocabulary(data: DistillationData, positions: torch.Tensor, size: int) -> tuple[torch.Tensor, float]:
+    """`[size]` a head's draft vocabulary: the first-guess labels (token t + 2) of ``positions`` by decreasing count,
+    then (a small data set holds fewer distinct tokens than ``size``) the lowest unseen ids (byte-pair merges rank
+    frequent tokens first), sorted; and the share of the labels it covers. Every trainer (Medusa, EAGLE, the MLP
+    speculator) draws its vocabulary this way."""
+    vocab = int(data.manifest["vocab_size"])
+    counts = torch.bincount(data.input_ids[positions + 2], minlength=vocab).double()
+    key = counts * vocab - torch.arange(vocab, dtype=torch.float64)  # count first, then the lower id
+    top = key.topk(min(size, vocab)).indices.sort().values
+    return top, float(counts[top].sum() / counts.sum().clamp(min=1))
+
+
 @dataclass
 class HeldOutSplit:
     """Training and held-out sequences, and the positions trained on / scored."""
@@ -241,7 +253,7 @@ class TrainingRun:
         metric: str,
         progress: bool = True,
     ) -> tuple[dict | None, dict | None]:
-        """Run from ``step`` to ``total`` steps over shuffled ``train_pos`` `[P]` (``positions_per_step`` a step, a
+        """Run from ``step`` to ``total`` steps over shuffled ``train_pos`` `[P, ...]` (``positions_per_step`` rows a step, a
         seeded order per epoch, so a resumed run sees the same batches), evaluating every ``eval_every`` steps and
         checkpointing every ``checkpoint_every`` and at the end.
 
@@ -258,14 +270,14 @@ class TrainingRun:
         if self.step == 0 and evaluate is not None:
             before = evaluate()
             self.history.append({"step": 0, **before})
-        per_epoch = math.ceil(train_pos.numel() / cfg.positions_per_step)
+        per_epoch = math.ceil(train_pos.shape[0] / cfg.positions_per_step)
         bar = tqdm(total=total, initial=self.step, desc=desc, unit="step", disable=not progress)
         t_start, order, order_epoch = time.perf_counter() - self.elapsed, None, -1
         while self.step < total:
             epoch, index = divmod(self.step, per_epoch)
             if epoch != order_epoch:  # the same order after a resume: seeded by (seed, epoch)
                 gen = torch.Generator().manual_seed(cfg.seed * 7919 + epoch)
-                order, order_epoch = train_pos[torch.randperm(train_pos.numel(), generator=gen)], epoch
+                order, order_epoch = train_pos[torch.randperm(train_pos.shape[0], generator=gen)], epoch
             self._one_step(loss_of, order[index * cfg.positions_per_step : (index + 1) * cfg.positions_per_step])
             self.elapsed = time.perf_counter() - t_start
             bar.update(1)
@@ -295,7 +307,7 @@ class TrainingRun:
             "num_tokens": int(data.input_ids.numel()),
             "train_sequences": int(split.train_seqs.numel()),
             "eval_sequences": int(split.eval_seqs.numel()),
-            "train_positions": int(split.train_pos.numel()),
+            "train_positions": int(split.train_pos.shape[0]),
             "eval_positions": int(split.eval_pos.numel()),
             "generation": manifest.get("generation"),
             "steps": self.step,

@@ -93,3 +93,21 @@ def test_cli_trains_on_several_data_folders():
     assert args.func is train_eagle_main
     args = build_parser().parse_args(["train", "eagle", "--out", "x", "--data-dir", "root", "--extra-data", "d3"])
     assert args.data is None and args.data_dir == "root" and args.extra_data == ["d3"]
+
+
+def test_windows_tile_each_sequence_from_its_end(tiny_data):
+    from hf_specdec.training.eagle import _windows, window_starts
+
+    _, data, _ = tiny_data
+    seqs = torch.arange(data.seq_bounds.shape[0])
+    windows = window_starts(data, seqs, 8)  # [Wn, 2] (start, end) pair ranges
+    pairs = torch.cat([torch.arange(s, e) for s, e in windows.tolist()])
+    want = torch.cat([torch.arange(s, e - 1) for s, _, e in data.seq_bounds.tolist()])
+    assert torch.equal(pairs.sort().values, want)  # every pair (f_t, token t+1) exactly once
+    for s, _, e in data.seq_bounds.tolist():  # the last window of a sequence is full and ends at its last pair
+        mine = windows[(windows[:, 0] >= s) & (windows[:, 1] <= e)]
+        last = mine[mine[:, 1].argmax()]
+        assert int(last[1]) == e - 1 and int(last[1] - last[0]) == min(8, e - 1 - s)
+        assert int((mine[:, 1] - mine[:, 0] < 8).sum()) <= 1  # only the first one may be short
+    t, valid = _windows(data, windows, 8)  # [Wn, 8]
+    assert torch.equal(t[valid].sort().values, want) and torch.equal(valid.sum(1), windows[:, 1] - windows[:, 0])

@@ -29,7 +29,8 @@ from hf_specdec.training import (
     tune_tree,
 )
 from hf_specdec.training import data as data_mod
-from hf_specdec.training.medusa import head_positions, loss_vocabulary, medusa_labels, split_sequences
+from hf_specdec.training.medusa import head_positions, medusa_labels, split_sequences
+from hf_specdec.training.run import draft_vocabulary
 
 SPEC_BENCH = find_questions_file()  # the copy shipped in the package
 NUM_PROMPTS = 256  # a random tiny model needs this many answers for held-out accuracy to generalise
@@ -190,7 +191,9 @@ def test_cli_has_a_train_medusa_subcommand():
     from hf_specdec.cli import build_parser
 
     args = build_parser().parse_args(["train", "medusa", "--out", "x", "--num-prompts", "8", "--resume"])
-    assert args.out == "x" and args.num_prompts == 8 and args.resume and args.num_heads == 4
+    assert args.out == "x" and args.num_prompts == 8 and args.resume and args.num_heads == 4 and args.data is None
+    args = build_parser().parse_args(["train", "medusa", "--out", "x", "--data", "d1", "d2"])
+    assert args.data == ["d1", "d2"]  # existing folders (the six-task data, say) trained on as they are
 
 
 def test_draft_vocabulary_heads_draft_only_over_it_and_are_scored_as_decoding_sees_them(data_dir, tiny, tmp_path):
@@ -200,7 +203,7 @@ def test_draft_vocabulary_heads_draft_only_over_it_and_are_scored_as_decoding_se
     data = load_distillation_data(data_dir)
     # the token map is the loss vocabulary: the most frequent answer tokens of the training split
     train_seqs, _ = split_sequences(data, cfg.eval_fraction, cfg.seed)
-    expected, _ = loss_vocabulary(data, head_positions(data, train_seqs), 24)
+    expected, _ = draft_vocabulary(data, head_positions(data, train_seqs), 24)
     assert torch.equal(heads.token_map, expected)
     # guesses come from the map only, and the projection onto V' rows equals slicing the full logits
     hidden = data.hidden[:50].float()
