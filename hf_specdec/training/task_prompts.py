@@ -469,7 +469,7 @@ def build_task_data(
     num_tasks: int = 600,
     seed: int = 0,
     seed_max_new_tokens: int | None = None,
-    real_text: bool = False,
+    real_text: bool | LocalText = False,
     **kwargs,
 ) -> list[Path]:
     """Build (or resume) the two-stage data: ``out_dir/seed`` (the target writing its material) and ``out_dir/tasks``
@@ -481,8 +481,9 @@ def build_task_data(
         num_seed / num_tasks: prompts of each stage.
         seed: prompt seed.
         seed_max_new_tokens: answer length cap of the seed stage (default: ``max_new_tokens`` of ``kwargs``).
-        real_text: also build prompts over real text installed on this machine (`text_sources`: foreign sentences
-            to translate, English passages to summarise and answer from).
+        real_text: also build prompts over real text: True = the text installed on this machine
+            (`text_sources.require_local_text`: foreign sentences to translate, English passages to summarise and
+            answer from), or a `LocalText` of your own.
         **kwargs: passed to `build_distillation_data` (``max_new_tokens``, ``batch_size``, ``hidden_dtype``...).
     Returns:
         both folders, for `load_distillation_data`.
@@ -494,7 +495,7 @@ def build_task_data(
     from .text_sources import require_local_text
 
     out = Path(out_dir)
-    real = require_local_text() if real_text else None
+    real = real_text if isinstance(real_text, LocalText) else (require_local_text() if real_text else None)
     rec = recipe(num_seed, num_tasks, seed, real_text)
     seeds = seed_prompts(num_seed, seed)
     seed_dir, task_dir = out / "seed", out / "tasks"

@@ -92,7 +92,8 @@ def test_cli_trains_on_several_data_folders():
     assert args.data == ["d1", "d2"] and args.extra_data == [] and args.draft_vocab == 4096
     assert args.func is train_eagle_main
     args = build_parser().parse_args(["train", "eagle", "--out", "x", "--data-dir", "root", "--extra-data", "d3"])
-    assert args.data is None and args.data_dir == "root" and args.extra_data == ["d3"]
+    assert args.data is None and args.data_dir == "root" and args.extra_data == ["d3"] and not args.real_text
+    assert build_parser().parse_args(["train", "eagle", "--out", "x", "--real-text"]).real_text
 
 
 def test_windows_tile_each_sequence_from_its_end(tiny_data):

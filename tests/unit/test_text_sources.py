@@ -122,3 +122,33 @@ def test_task_prompts_use_the_real_text():
     assert len(summaries) * REAL_TEXT_SHARE * 0.6 <= len(real_summaries) < len(summaries)
     rag = [t.text for t in tasks if t.kind == "rag"]
     assert any("of the real manual" in t and "The library number" in t for t in rag)  # documents of both sources
+
+
+def test_build_task_data_over_real_text(default_model, tmp_path):
+    """Both stages built with the default model (a few tokens per answer): the task stage's translation prompts use
+    the given sentences, the manifests record the real text, and no folder holds a Spec-Bench prompt."""
+    import json
+
+    import torch
+
+    from hf_specdec.training.data import load_distillation_data
+    from hf_specdec.training.task_prompts import build_task_data, sequence_kinds
+
+    model, tokenizer = default_model
+    real = LocalText(
+        passages=[(f"Section {i}", f"Part {i} of the real manual. " + " ".join(EN_PARAS)) for i in range(10)],
+        foreign={"German": [f"Satz {i} aus einem echten Buch, mit einem Komma und einem Punkt." for i in range(30)]},
+        sources={"test:German": 30},
+    )
+    folders = build_task_data(model, tokenizer, tmp_path, num_seed=24, num_tasks=12, seed=5, seed_max_new_tokens=48,
+                              real_text=real, max_new_tokens=4, batch_size=12, shard_size=12,
+                              hidden_dtype=torch.float16, progress=False)  # fmt: skip
+    data = load_distillation_data(folders)
+    assert data.seq_bounds.shape[0] == 36 and data.hidden.dtype == torch.float16
+    manifest = json.loads((folders[1] / "manifest.json").read_text())
+    recipe = manifest["prompt_recipe"]
+    assert recipe["real_text"] and recipe["stage"] == "tasks" and recipe["real_text_sources"] == {"test:German": 30}
+    kinds = sequence_kinds(folders[1])
+    texts = [tokenizer.decode(data.input_ids[s:a]) for s, a, _ in data.seq_bounds[24:].tolist()]
+    translations = [t for t, k in zip(texts, kinds) if k == "translation"]
+    assert translations and sum("aus einem echten Buch" in t for t in translations) >= 1
