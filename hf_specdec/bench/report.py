@@ -144,7 +144,18 @@ def speedup_matrix(summary: Sequence[dict], setting: str) -> str:
 def markdown_report(summary: Sequence[dict], meta: dict) -> str:
     """The whole results.md: a header with the run's settings, then one table per setting."""
     out = ["# hf-specdec Spec-Bench results", ""]
-    for key in ("model", "device", "threads", "batch", "max_new_tokens", "per_category", "draft", "questions", "date"):
+    keys = (
+        "model",
+        "device",
+        "threads",
+        "batch",
+        "max_new_tokens",
+        "per_category",
+        "draft",
+        "draft_dtype",
+        "questions",
+    )
+    for key in (*keys, "date"):
         if meta.get(key) is not None:
             out.append(f"- {key.replace('_', ' ')}: {meta[key]}")
     if meta.get("complete") is False:

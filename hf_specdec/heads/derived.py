@@ -1,20 +1,25 @@
 """Tensors derived from a head's (or its target's) weights, cached until a source tensor changes.
 
 Heads gather rows of the target's lm_head at their draft vocabulary, or invert a token map, once and reuse the
-result every step. The cache key is each source tensor's identity: storage pointer, device, dtype and version
-counter. Tensors made under ``torch.inference_mode()`` have no version counter (and cannot be changed outside
-inference mode), so for them the pointer alone identifies the contents; a user calling ``generate`` inside
-``inference_mode`` is the common case, not an error.
+result every step; a head drafting in another dtype than its own keeps a converted copy of itself. The cache key is
+each source tensor's identity: storage pointer, device, dtype and version counter. Tensors made under
+``torch.inference_mode()`` have no version counter (and cannot be changed outside inference mode), so for them the
+pointer alone identifies the contents; a user calling ``generate`` inside ``inference_mode`` is the common case, not
+an error. Every cached value lives in one plain attribute of the owner (`DERIVED_ATTR`), never saved, never a
+buffer, and never copied with the owner.
 
     rows = cached_derived(self, "_draft_rows", (lm_head.weight, token_map), lambda: lm_head.weight[token_map])
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
+
+DERIVED_ATTR = "_hf_specdec_derived"
 
 
 def tensor_state(t: torch.Tensor | None) -> tuple:
@@ -26,11 +31,65 @@ def tensor_state(t: torch.Tensor | None) -> tuple:
 
 
 def cached_derived(owner: nn.Module, name: str, sources: Sequence[torch.Tensor | None], build: Callable[[], object]):
-    """``build()``'s result, kept on ``owner`` as a plain attribute ``name`` (never saved, never a buffer) and built
-    again only when one of ``sources`` changed (`tensor_state`)."""
+    """``build()``'s result, kept on ``owner`` under ``name`` and built again only when one of ``sources`` changed
+    (`tensor_state`)."""
     key = tuple(tensor_state(t) for t in sources)
-    cached = owner.__dict__.get(name)
+    store = owner.__dict__.setdefault(DERIVED_ATTR, {})  # atomic in CPython: concurrent callers share one dict
+    cached = store.get(name)
     if cached is None or cached[0] != key:
         cached = (key, build())
-        owner.__dict__[name] = cached
+        store[name] = cached
     return cached[1]
+
+
+def lm_head_rows(
+    owner: nn.Module, lm_head: nn.Linear, index: torch.Tensor | None, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(weight, bias)``: the rows ``index`` `[V']` (all rows when None) of ``lm_head``'s weight `[V, H]` and bias,
+    gathered once and kept on ``owner`` while neither the lm_head nor ``index`` changes. They are in ``dtype`` when it
+    is narrower than the lm_head's (a head drafting in bf16 over an fp32 target), else in the lm_head's own dtype (an
+    fp32 head over a bf16 target never copies the lm_head to fp32); all rows in their own dtype are the lm_head's own
+    tensors (no copy)."""
+    w, b = lm_head.weight, lm_head.bias
+    if dtype.itemsize >= w.dtype.itemsize:
+        dtype = w.dtype
+    if index is None and w.dtype == dtype:
+        return w, b
+
+    def gather() -> tuple[torch.Tensor, torch.Tensor | None]:
+        idx = None if index is None else index.to(w.device)
+        rows = w.detach() if idx is None else w.detach()[idx]
+        bias = None if b is None else (b.detach() if idx is None else b.detach()[idx]).to(dtype)
+        return rows.to(dtype).contiguous(), bias
+
+    return cached_derived(owner, f"_lm_head_rows_{dtype}", (w, b, index), gather)
+
+
+def drafting_copy(head: nn.Module, dtype: torch.dtype, shared: Sequence[str] = ()) -> nn.Module:
+    """``head`` with its floating-point parameters in ``dtype``, to draft with: ``head`` itself when they already
+    are, else a copy (in eval mode) made once and kept on ``head`` until one of its tensors changes.
+
+    Args:
+        head: the head module.
+        dtype: the compute dtype.
+        shared: names of plain attributes that hold the bound target's modules (its lm_head, its embeddings): the
+            copy refers to the same modules instead of copying them.
+    Buffers keep their dtype (EAGLE's rotary frequencies stay fp32); the head is not modified.
+    """
+    params = [p for p in head.parameters() if p.is_floating_point()]
+    if all(p.dtype == dtype for p in params):
+        return head
+
+    def build() -> nn.Module:
+        memo = {id(v): v for v in (head.__dict__.get(a) for a in shared) if v is not None}
+        derived = head.__dict__.get(DERIVED_ATTR)
+        if derived is not None:
+            memo[id(derived)] = {}  # the copy starts with no cached values (and not with a copy of itself)
+        twin = copy.deepcopy(head, memo)
+        with torch.no_grad():
+            for p in twin.parameters():
+                if p.is_floating_point():
+                    p.data = p.data.to(dtype)
+        return twin.eval()
+
+    return cached_derived(head, f"_drafting_copy_{dtype}", [*head.parameters(), *head.buffers()], build)

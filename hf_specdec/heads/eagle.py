@@ -29,7 +29,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..cache.model_arg import cache_kwarg
-from .derived import cached_derived
+from .derived import cached_derived, drafting_copy, lm_head_rows
 from .hub import (
     CONFIG_NAME,
     HeadSource,
@@ -359,22 +359,23 @@ class EagleHead(
         head = self._target_lm_head
         if head is None:
             raise ValueError("EAGLE-1 heads take logits from the target's lm_head: call head.bind(target) first")
-        w = head.weight
-        x = out.to(device=w.device, dtype=w.dtype)
-        if self.d2t is None:
-            return head(x).float()
-        weight, bias = self._draft_rows(head)
-        return F.linear(x, weight, bias).float()
+        if not isinstance(head, nn.Linear):
+            logits = head(out.to(device=head.weight.device, dtype=head.weight.dtype))
+            return (logits if self.d2t is None else logits[..., self._draft_ids()]).float()
+        index = None if self.d2t is None else self._draft_ids()
+        weight, bias = lm_head_rows(self, head, index, self._param.dtype)  # in the head's dtype (`drafting_copy`)
+        return F.linear(out.to(device=weight.device, dtype=weight.dtype), weight, bias).float()
 
-    def _draft_rows(self, head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The target lm_head's rows at the draft vocabulary, gathered once while neither changes."""
-        w, b, m = head.weight, head.bias, self.d2t
+    def _draft_ids(self) -> torch.Tensor:
+        """`[V']` the token id of every draft-vocabulary index."""
+        m = self.d2t
+        return cached_derived(
+            self, "_draft_ids", (m,), lambda: self.draft_to_token(torch.arange(m.numel(), device=m.device))
+        )
 
-        def gather() -> tuple[torch.Tensor, torch.Tensor | None]:
-            idx = self.draft_to_token(torch.arange(m.numel(), device=m.device)).to(w.device)
-            return w.detach()[idx].contiguous(), None if b is None else b.detach()[idx]
-
-        return cached_derived(self, "_rows_cache", (w, b, m), gather)
+    def drafting_copy(self, dtype: torch.dtype) -> EagleHead:
+        """This head computing in ``dtype`` (itself, or a cached copy bound to the same target; `derived.drafting_copy`)."""
+        return drafting_copy(self, dtype, shared=("_target_embed", "_target_lm_head"))
 
     def draft_to_token(self, index: torch.Tensor) -> torch.Tensor:
         """Token ids of draft-vocabulary indices (identity without a draft vocabulary)."""

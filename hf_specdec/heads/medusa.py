@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .convert import medusa_expected_shapes, read_medusa_checkpoint
-from .derived import cached_derived
+from .derived import drafting_copy, lm_head_rows
 from .hub import (
     HeadSource,
     PretrainedHead,
@@ -222,31 +222,22 @@ class MedusaHeads(
                     "these MedusaHeads take logits from the base model's lm_head (share_lm_head=True): call "
                     "heads.bind(model) or pass lm_head=model.get_output_embeddings()"
                 )
-            param = head.weight if isinstance(getattr(head, "weight", None), torch.Tensor) else next(head.parameters())
-            x = states.to(device=param.device, dtype=param.dtype)
-            if self.token_map is not None and isinstance(head, nn.Linear):
-                # project onto the draft vocabulary only: V' rows of the lm_head instead of all V
-                weight, bias = self._draft_rows(head)
-                return F.linear(x, weight, bias)
-            logits = head(x)
-            if self.token_map is not None:
-                logits = logits[..., self.token_map.to(logits.device)]
-            return logits
+            if isinstance(head, nn.Linear):
+                # the draft vocabulary's V' rows of the lm_head only, in the heads' dtype (`drafting_copy`)
+                weight, bias = lm_head_rows(self, head, self.token_map, self.block_weight.dtype)
+                return F.linear(states.to(device=weight.device, dtype=weight.dtype), weight, bias)
+            param = next(head.parameters())
+            logits = head(states.to(device=param.device, dtype=param.dtype))
+            return logits if self.token_map is None else logits[..., self.token_map.to(logits.device)]
         n = states.shape[0]
         flat = states.reshape(n, -1, self.hidden_size)
         logits = torch.bmm(flat, self.lm_head_weight[:n].transpose(1, 2))  # [n, N, V']
         return logits.reshape(*states.shape[:-1], logits.shape[-1])
 
-    def _draft_rows(self, head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The rows of the shared lm_head's weight (and bias) at ``token_map``, gathered once and reused while neither
-        the lm_head nor the map changes (same storage, same version counters)."""
-        w, b, m = head.weight, head.bias, self.token_map
-
-        def gather() -> tuple[torch.Tensor, torch.Tensor | None]:
-            idx = m.to(w.device)
-            return w.detach()[idx].contiguous(), None if b is None else b.detach()[idx]
-
-        return cached_derived(self, "_draft_rows_cache", (w, b, m), gather)
+    def drafting_copy(self, dtype: torch.dtype) -> MedusaHeads:
+        """These heads computing in ``dtype`` (themselves, or a cached copy bound to the same lm_head;
+        `derived.drafting_copy`)."""
+        return drafting_copy(self, dtype, shared=("_base_lm_head",))
 
     def forward(self, hidden_states: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
         """Every head's logits.

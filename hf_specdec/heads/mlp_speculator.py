@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .derived import cached_derived
+from .derived import cached_derived, drafting_copy
 from .hub import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -246,6 +246,10 @@ class MLPSpeculator(
     def draft_to_token(self, index: torch.Tensor) -> torch.Tensor:
         """Token ids `[...]` of draft-vocabulary indices `[...]` (the identity without a truncated vocabulary)."""
         return index if self.token_map is None else self.token_map.to(index.device)[index]
+
+    def drafting_copy(self, dtype: torch.dtype) -> MLPSpeculator:
+        """This speculator computing in ``dtype`` (itself, or a cached copy; `derived.drafting_copy`)."""
+        return drafting_copy(self, dtype)
 
     def base_state(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """`[..., H]` the stage-0 input state for base hidden states `[..., H]` (``scale_input`` applied)."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...kernels.draft_dtype import draft_dtype
 from ..budget import TreeBudgeter
 from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
@@ -180,3 +181,11 @@ class Proposer:
             yield
         finally:
             lock.release()
+
+
+def drafting_head(head: torch.nn.Module) -> torch.nn.Module:
+    """``head`` as it drafts on this machine: in the dtype `kernels.draft_dtype` finds fastest for its weights (a
+    cached bf16 copy where this CPU multiplies bf16 faster than fp32, else the head itself; ``head.drafting_copy``).
+    Verification is the target's, in its own dtype, so the output does not depend on this choice."""
+    param = next((p for p in head.parameters() if p.is_floating_point()), None)
+    return head if param is None else head.drafting_copy(draft_dtype(param))

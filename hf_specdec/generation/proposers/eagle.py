@@ -33,7 +33,7 @@ import torch
 from ...heads.eagle import EagleHead, EagleKVCache
 from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
-from .base import Proposer, ProposerSetup, RowFeedback, RowState
+from .base import Proposer, ProposerSetup, RowFeedback, RowState, drafting_head
 
 DEFAULT_TOP_K = 6
 DEFAULT_DEPTH = 5
@@ -177,6 +177,7 @@ class EagleAssistant(Proposer):
         self.step_cost = {int(n): float(c) for n, c in cost.items()} if cost else None
         self.prior_cost = PriorCurve.from_node_costs(self.step_cost) if self.step_cost else None
         self.hidden_state_layers = head.feature_layers if head.version == 1 or head.aux_layers else None
+        self.draft_head = head  # what drafts during a call (`start`): the head or its copy in another dtype
         self.cache: EagleKVCache | None = None
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._calibration: dict[int, list[float]] = {}
@@ -191,11 +192,14 @@ class EagleAssistant(Proposer):
 
     def start(self, setup: ProposerSetup) -> None:
         super().start(setup)
-        self.cache = self.head.new_cache(max(1, setup.batch_size))
+        self.draft_head = drafting_head(self.head)  # the head, or its copy in this machine's fastest dtype
+        if self.draft_head is not self.head:
+            self.draft_head.bind(setup.target)
+        self.cache = self.draft_head.new_cache(max(1, setup.batch_size))
         self._pending, self._calibration = {}, {}
 
     def finish(self) -> None:
-        self.cache = None
+        self.cache, self.draft_head = None, self.head
         self._pending, self._calibration = {}, {}
 
     def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
@@ -218,7 +222,7 @@ class EagleAssistant(Proposer):
     # ------------------------------------------------------------------ drafting
     def _commit(self, slots: torch.Tensor, pending: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Run the rows' pending pairs through the head into its cache; `[B, H]` output at each row's last pair."""
-        cache, head = self.cache, self.head
+        cache, head = self.cache, self.draft_head
         b, m = len(pending), [p[1].numel() for p in pending]
         q = max(m)
         dev = cache.key.device
@@ -252,11 +256,11 @@ class EagleAssistant(Proposer):
             return trees
         slots = torch.tensor([rows[i].row for i in ready], device=self.cache.key.device)
         root_out = self._commit(slots, [self._pending.pop(rows[i].row) for i in ready])  # [B, H]
-        root_logp = torch.log_softmax(self.head.logits(root_out), dim=-1)  # [B, V']
+        root_logp = torch.log_softmax(self.draft_head.logits(root_out), dim=-1)  # [B, V']
         max_depth = torch.tensor([min(rows[i].max_depth, self.depth) for i in ready], device=root_logp.device)
         depth = int(max_depth.max())
         score, token, parent, node_depth = expand_dynamic_tree(
-            self.head, self.cache, slots, root_out, root_logp, self.top_k, depth
+            self.draft_head, self.cache, slots, root_out, root_logp, self.top_k, depth
         )
         keep = select_tree_nodes(score, node_depth, max_depth, self.num_nodes)  # [B, C]
         for j, i in enumerate(ready):

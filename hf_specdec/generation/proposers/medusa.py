@@ -22,7 +22,7 @@ from ...heads.medusa import MedusaHeads
 from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
 from ..tree_shapes import optimal_tree_choices, prior_acceptance
-from .base import Proposer, ProposerSetup, RowState
+from .base import Proposer, ProposerSetup, RowState, drafting_head
 from .final_state import AdaptiveDepth, FinalStateAssistant
 
 BUDGET_CANDIDATES = 48  # candidate nodes per row when the loop's tree budget sizes the trees
@@ -140,6 +140,7 @@ class MedusaAssistant(FinalStateAssistant):
             raise ValueError(f"the tree uses rank {self.template.k - 1} but the heads predict only {vocab} tokens")
         self._last_hidden: dict[int, torch.Tensor] = {}
         self._lm_head = None
+        self._draft_heads = heads
         self.adaptive = self._adaptive_depth(adaptive, step_cost, tuned_tree)
         self.prior_cost = self._tuned_costs(step_cost, tuned_tree)
 
@@ -174,6 +175,7 @@ class MedusaAssistant(FinalStateAssistant):
     def start(self, setup: ProposerSetup) -> None:
         super().start(setup)
         self._lm_head = setup.target.get_output_embeddings() if self.heads.share_lm_head else None
+        self._draft_heads = drafting_head(self.heads)  # the heads, or their copy in this machine's fastest dtype
 
     @torch.no_grad()
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
@@ -206,16 +208,17 @@ class MedusaAssistant(FinalStateAssistant):
     def _topk(self, x: torch.Tensor, tmpl: StaticTreeTemplate, depth: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`[B, D, K]` the first ``D = depth`` heads' K best tokens for the states ``x`` `[B, H]`, and with a tree
         budget their log-probabilities `[B, D, K]` under each head's softmax (None without)."""
+        heads = self._draft_heads
         if self.budget is None:
-            return self.heads.topk_tokens(x, tmpl.k, num_heads=depth, lm_head=self._lm_head), None
-        logits = self.heads.draft_logits(self.heads.head_states(x, depth), self._lm_head)  # [D, B, V']
+            return heads.topk_tokens(x, tmpl.k, num_heads=depth, lm_head=self._lm_head), None
+        logits = heads.draft_logits(heads.head_states(x, depth), self._lm_head)  # [D, B, V']
         top = torch.log_softmax(logits.float(), dim=-1).topk(tmpl.k, dim=-1)  # [D, B, K]
         idx = top.indices if self.heads.token_map is None else self.heads.token_map.to(x.device)[top.indices]
         return idx.permute(1, 0, 2), top.values.permute(1, 0, 2)
 
     def finish(self) -> None:
         super().finish()
-        self._lm_head = None
+        self._lm_head, self._draft_heads = None, self.heads
 
 
 def medusa_assistant_for(obj, target) -> Proposer | None:

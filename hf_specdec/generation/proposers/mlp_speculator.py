@@ -32,7 +32,7 @@ import torch
 from ...heads.mlp_speculator import MLPSpeculator
 from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
-from .base import Proposer, RowState
+from .base import Proposer, ProposerSetup, RowState, drafting_head
 from .final_state import AdaptiveDepth, FinalStateAssistant
 
 BUDGET_WIDTH = 8  # candidate nodes per level (where reachable) when the loop's tree budget sizes the trees
@@ -162,9 +162,18 @@ class MLPSpeculatorAssistant(FinalStateAssistant):
             self.adaptive = AdaptiveDepth(nodes_at_depth, step_cost, prior or [0.5] * len(self.widths))
         self.prior_cost = PriorCurve.from_node_costs(step_cost) if step_cost else None
         self._last_hidden: dict[int, torch.Tensor] = {}
+        self._draft = speculator
 
     def validate(self, target: torch.nn.Module) -> None:
         self.speculator.check_compatible(target)
+
+    def start(self, setup: ProposerSetup) -> None:
+        super().start(setup)
+        self._draft = drafting_head(self.speculator)  # the speculator, or its copy in this machine's fastest dtype
+
+    def finish(self) -> None:
+        super().finish()
+        self._draft = self.speculator
 
     def _cut_depths(self, rows: Sequence[RowState], widths: Sequence[int]) -> list[int]:
         """The depth each row's tree is cut at this step (0 = draft nothing)."""
@@ -188,7 +197,7 @@ class MLPSpeculatorAssistant(FinalStateAssistant):
         nodes_at_depth = [sum(widths[:d]) for d in range(len(widths) + 1)]
         hidden = torch.stack([self._last_hidden[rows[i].row] for i in ready])  # [B, H]
         roots = torch.tensor([rows[i].root for i in ready], dtype=torch.long)  # [B]
-        tokens, parent, logp = draft_tree_batch(self.speculator, hidden, roots, widths)  # [B, N] each
+        tokens, parent, logp = draft_tree_batch(self._draft, hidden, roots, widths)  # [B, N] each
         depth = torch.repeat_interleave(torch.arange(1, len(widths) + 1), torch.tensor(widths))  # [N]
         device = rows[ready[0]].tokens.device
         tokens, parent, depth = tokens.to(device), parent.to(device), depth.to(device)
