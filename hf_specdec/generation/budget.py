@@ -26,6 +26,9 @@ never scores below its child). The budgeter
 6. while proposing costs something, lets a row draft one level deeper than the deepest node of its last cut
    (`depth_cap`), so an assistant that pays per level (EAGLE's head passes, a draft model's forwards) does not
    expand levels the budget keeps cutting away; the depth grows by one per step while the deepest nodes are kept.
+   A level the budget cut is a *ceiling*: the row is not asked for it again (nor for anything deeper) for
+   ``depth_retry_every`` steps, then once more; without it the row would draft, every step, the one level past its cut
+   that the budget keeps cutting (an EAGLE head pass that never paid: a 5% of a step on the 2-core CPU).
 
 Which nodes survive depends only on the scores and on earlier steps, never on the target's answer to this step, so
 greedy output is unchanged. Trees whose children were *sampled* (`DraftSampling.WITHOUT_REPLACEMENT` / ``IID``) are
@@ -253,6 +256,8 @@ class _RowGate:
     probing: bool = False  # asked for a draft this step although paused
     probed: bool = False  # verified a forced node this step (its verdict sets the next interval)
     kept_depth: int = 0  # the deepest node of the row's last cut (0: nothing verified)
+    ceiling: int = 0  # a depth the budget cut (0: none): not asked for until ``ceiling_age`` reaches depth_retry_every
+    ceiling_age: int = 0
 
 
 class TreeBudgeter:
@@ -270,6 +275,8 @@ class TreeBudgeter:
             up to ``probe_max``.
         pause_fraction: rows are paused only when proposing costs at least this fraction of a plain step (a free
             proposer, such as prompt lookup, is simply asked every step).
+        depth_retry_every: steps a row is not asked for a level the budget cut from its tree (while proposing costs
+            something), before that level is drafted once more.
     """
 
     def __init__(
@@ -284,23 +291,24 @@ class TreeBudgeter:
         probe_every: int = 4,
         probe_max: int = 64,
         pause_fraction: float = 0.02,
+        depth_retry_every: int = 16,
     ):
         if max_nodes_per_row < 0 or margin < 0 or not 0 < explore_tolerance <= 1:
             raise ValueError(
                 f"TreeBudgeter needs max_nodes_per_row >= 0, margin >= 0 and 0 < explore_tolerance <= 1, got "
                 f"{max_nodes_per_row}, {margin}, {explore_tolerance}"
             )
-        if probe_every < 1 or probe_max < probe_every or explore_every < 1:
+        if probe_every < 1 or probe_max < probe_every or explore_every < 1 or depth_retry_every < 1:
             raise ValueError(
-                f"TreeBudgeter needs 1 <= probe_every <= probe_max and explore_every >= 1, got {probe_every}, "
-                f"{probe_max}, {explore_every}"
+                f"TreeBudgeter needs 1 <= probe_every <= probe_max, explore_every >= 1 and depth_retry_every >= 1, "
+                f"got {probe_every}, {probe_max}, {explore_every}, {depth_retry_every}"
             )
         self.cost = cost
         self.calibration = calibration or AcceptanceCalibration()
         self.max_nodes_per_row = max_nodes_per_row
         self.margin, self.explore_every, self.explore_tolerance = margin, explore_every, explore_tolerance
         self.explore_samples, self.probe_every, self.probe_max = explore_samples, probe_every, probe_max
-        self.pause_fraction = pause_fraction
+        self.pause_fraction, self.depth_retry_every = pause_fraction, depth_retry_every
         self.propose_seconds: float | None = None  # running mean of a step's proposing time while drafting
         self._ladder = exploration_ladder()
         self._gates: dict[int, _RowGate] = {}
@@ -328,7 +336,12 @@ class TreeBudgeter:
             gate.probing = gate.idle >= gate.interval
             return min(limit, 1) if gate.probing else 0
         if self._proposing_counts():
-            return min(limit, gate.kept_depth + 1)
+            cap = gate.kept_depth + 1
+            if gate.ceiling:
+                gate.ceiling_age += 1
+                if gate.ceiling_age < self.depth_retry_every:
+                    cap = min(cap, gate.ceiling - 1)  # the level the budget cut stays undrafted for a while
+            return min(limit, max(cap, 1))
         return limit
 
     # ------------------------------------------------------------------ the decision
@@ -349,9 +362,20 @@ class TreeBudgeter:
                 k = self._gate(c.row, k, has_candidates=bool(o))
                 cut = self._cut_row(c, p, r, o[:k])
             self._nodes[cut.num_nodes] += 1
-            self._gates.setdefault(c.row, _RowGate()).kept_depth = cut.tree.max_depth if cut.num_nodes else 0
+            self._record_depths(c.row, c.tree.max_depth if c.tree.num_nodes else 0, cut)
             cuts.append(cut)
         return cuts
+
+    def _record_depths(self, row: int, offered: int, cut: BudgetCut) -> None:
+        """The row's deepest kept node, and its ceiling: the first level the budget cut from a deeper offer (cleared
+        once a node at or past the ceiling is kept)."""
+        gate = self._gates.setdefault(row, _RowGate())
+        kept = cut.tree.max_depth if cut.num_nodes else 0
+        gate.kept_depth = kept
+        if gate.ceiling and kept >= gate.ceiling:
+            gate.ceiling = gate.ceiling_age = 0
+        if kept and offered > kept:
+            gate.ceiling, gate.ceiling_age = kept + 1, 0
 
     def cut_trees(self, rows: Sequence[int], trees: Sequence[DraftTree]) -> list[BudgetCut]:
         """`cut` for trees that carry their own ``scores`` and ``source``; a tree without scores is verified as

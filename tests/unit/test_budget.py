@@ -275,13 +275,30 @@ def test_a_paying_row_grows_its_depth_one_level_per_step_when_proposing_costs():
         budgeter.record_verdicts([list(range(k))])
     assert caps[0] == 6, "nothing known yet: the full depth"
     assert caps[-1] == 6 and max(caps) == 6
-    shallow = TreeBudgeter(cost)
-    shallow.propose_seconds = 0.005
+
+
+def test_a_level_the_budget_cuts_is_not_drafted_again_until_it_is_explored():
+    """Once the budget cut a level, a costly assistant is not asked for it (a head pass that never pays) for
+    ``depth_retry_every`` steps; then it is asked once more, and a level that pays by then is kept and grown past."""
+    cost = measured(cpu_curve)
+    budgeter = TreeBudgeter(cost, explore_every=1000, depth_retry_every=5)  # no size exploration in the way
+    budgeter.propose_seconds = 0.005
     tree, scores = chain(0.9, 6)
-    scores = [scores[0]] + [1e-4] * 5  # only the first level ever pays
-    shallow.depth_cap(0, 6)
-    kept = shallow.cut([RowCandidates(0, tree, scores)])[0].tree.max_depth
-    assert shallow.depth_cap(0, 6) == kept + 1 < 6
+    scores = [scores[0]] + [1e-4] * 5  # only the first level pays
+    assert budgeter.depth_cap(0, 6) == 6
+    kept = budgeter.cut([RowCandidates(0, tree, scores)])[0].tree.max_depth
+    assert kept == 1
+    caps = []
+    for step in range(12):
+        cap = budgeter.depth_cap(0, 6)
+        caps.append(cap)
+        sub, sub_scores = chain(0.9, cap)
+        sub_scores = [sub_scores[0]] + [1e-4] * (cap - 1) if step < 8 else sub_scores  # level 2 pays from step 8
+        budgeter.cut([RowCandidates(0, sub, sub_scores)])
+        budgeter.record_verdicts([[0]])
+    assert caps[:4] == [1, 1, 1, 1], f"the cut level must not be drafted again at once, got {caps}"
+    assert caps[4] == 2 and caps[5:9] == [1, 1, 1, 1], f"asked once more after depth_retry_every steps, got {caps}"
+    assert caps[9] == 2 and caps[10] == 3, f"a level that pays is kept and the row grows past it, got {caps}"
 
 
 def test_free_proposers_are_never_paused():
