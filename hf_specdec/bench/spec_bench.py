@@ -547,7 +547,7 @@ def _meta(args, model_name, methods, draft_layers, total_layers, path, num_promp
         if any(m.needs_draft for m in methods)
         else None,
         "questions": f"{path.name} ({num_prompts} prompts, seed {args.seed})",
-        "draft_dtype": _draft_dtypes(),
+        "draft_dtype": draft_dtype.describe(),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "methods": {m.name: m.description for m in methods},
         "transformers": _version("transformers"),
@@ -555,22 +555,6 @@ def _meta(args, model_name, methods, draft_layers, total_layers, path, num_promp
         "wall_s": time.perf_counter() - t0,
         "complete": done,
     }
-
-
-def _draft_dtypes() -> str | None:
-    """What the draft heads computed in (`kernels.draft_dtype`): the override, or the choice measured per input size."""
-    requested = os.environ.get(draft_dtype.ENV_VAR, "auto").strip().lower() or "auto"
-    if requested != "auto":
-        return f"{requested} ({draft_dtype.ENV_VAR})"
-    seen = draft_dtype.measured()
-    return (
-        "; ".join(
-            f"{v['choice']} (measured for {k}-wide heads: fp32 {v['seconds']['float32'] * 1e3:.2f} ms, bf16 "
-            f"{v['seconds']['bfloat16'] * 1e3:.2f} ms)"
-            for k, v in sorted(seen.items())
-        )
-        or None
-    )
 
 
 def _cpu_name() -> str:

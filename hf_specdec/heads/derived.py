@@ -17,6 +17,7 @@ import copy
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 DERIVED_ATTR = "_hf_specdec_derived"
@@ -63,6 +64,20 @@ def lm_head_rows(
         return rows.to(dtype).contiguous(), bias
 
     return cached_derived(owner, f"_lm_head_rows_{dtype}", (w, b, index), gather)
+
+
+def lm_head_logits(
+    owner: nn.Module, lm_head: nn.Module, states: torch.Tensor, index: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """`[..., V']` logits of ``states`` `[..., H]` over the rows ``index`` `[V']` of ``lm_head`` (all when None). A
+    linear lm_head multiplies only those rows (`lm_head_rows`, in ``dtype`` when it is narrower); any other module runs
+    whole in its own dtype and is then indexed."""
+    if isinstance(lm_head, nn.Linear):
+        weight, bias = lm_head_rows(owner, lm_head, index, dtype)
+        return F.linear(states.to(device=weight.device, dtype=weight.dtype), weight, bias)
+    param = next(lm_head.parameters())
+    logits = lm_head(states.to(device=param.device, dtype=param.dtype))
+    return logits if index is None else logits[..., index.to(logits.device)]
 
 
 def drafting_copy(head: nn.Module, dtype: torch.dtype, shared: Sequence[str] = ()) -> nn.Module:

@@ -29,7 +29,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..cache.model_arg import cache_kwarg
-from .derived import cached_derived, drafting_copy, lm_head_rows
+from .derived import cached_derived, drafting_copy, lm_head_logits
 from .hub import (
     CONFIG_NAME,
     HeadSource,
@@ -359,12 +359,8 @@ class EagleHead(
         head = self._target_lm_head
         if head is None:
             raise ValueError("EAGLE-1 heads take logits from the target's lm_head: call head.bind(target) first")
-        if not isinstance(head, nn.Linear):
-            logits = head(out.to(device=head.weight.device, dtype=head.weight.dtype))
-            return (logits if self.d2t is None else logits[..., self._draft_ids()]).float()
         index = None if self.d2t is None else self._draft_ids()
-        weight, bias = lm_head_rows(self, head, index, self._param.dtype)  # in the head's dtype (`drafting_copy`)
-        return F.linear(out.to(device=weight.device, dtype=weight.dtype), weight, bias).float()
+        return lm_head_logits(self, head, out, index, self._param.dtype).float()  # the head's dtype: `drafting_copy`
 
     def _draft_ids(self) -> torch.Tensor:
         """`[V']` the token id of every draft-vocabulary index."""

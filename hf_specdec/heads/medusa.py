@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .convert import medusa_expected_shapes, read_medusa_checkpoint
-from .derived import drafting_copy, lm_head_rows
+from .derived import drafting_copy, lm_head_logits
 from .hub import (
     HeadSource,
     PretrainedHead,
@@ -222,13 +222,8 @@ class MedusaHeads(
                     "these MedusaHeads take logits from the base model's lm_head (share_lm_head=True): call "
                     "heads.bind(model) or pass lm_head=model.get_output_embeddings()"
                 )
-            if isinstance(head, nn.Linear):
-                # the draft vocabulary's V' rows of the lm_head only, in the heads' dtype (`drafting_copy`)
-                weight, bias = lm_head_rows(self, head, self.token_map, self.block_weight.dtype)
-                return F.linear(states.to(device=weight.device, dtype=weight.dtype), weight, bias)
-            param = next(head.parameters())
-            logits = head(states.to(device=param.device, dtype=param.dtype))
-            return logits if self.token_map is None else logits[..., self.token_map.to(logits.device)]
+            # the draft vocabulary's V' rows of the lm_head only, in the heads' dtype (`drafting_copy`)
+            return lm_head_logits(self, head, states, self.token_map, self.block_weight.dtype)
         n = states.shape[0]
         flat = states.reshape(n, -1, self.hidden_size)
         logits = torch.bmm(flat, self.lm_head_weight[:n].transpose(1, 2))  # [n, N, V']

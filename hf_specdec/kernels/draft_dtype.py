@@ -95,4 +95,20 @@ def measured() -> dict[int, dict]:
         return {k: {"choice": str(c).removeprefix("torch."), "seconds": dict(t)} for k, (c, t) in _MEASURED.items()}
 
 
-__all__ = ["ENV_VAR", "draft_dtype", "measure", "measured"]
+def describe() -> str | None:
+    """One line for a report: the override, or each choice measured in this process with its timings (None before
+    any)."""
+    requested = _requested()
+    if requested is not None:
+        return f"{str(requested).removeprefix('torch.')} ({ENV_VAR})"
+    return (
+        "; ".join(
+            f"{v['choice']} (measured for {k}-wide heads: fp32 {v['seconds']['float32'] * 1e3:.2f} ms, bf16 "
+            f"{v['seconds']['bfloat16'] * 1e3:.2f} ms)"
+            for k, v in sorted(measured().items())
+        )
+        or None
+    )
+
+
+__all__ = ["ENV_VAR", "describe", "draft_dtype", "measure", "measured"]

@@ -62,6 +62,8 @@ def test_env_overrides_and_bad_values(monkeypatch):
     assert dd.draft_dtype(w) == torch.bfloat16
     monkeypatch.setenv(dd.ENV_VAR, "float32")
     assert dd.draft_dtype(w) == torch.float32
+    monkeypatch.setenv(dd.ENV_VAR, "bf16")
+    assert dd.describe() == f"bfloat16 ({dd.ENV_VAR})"  # what the bench's report header says
     monkeypatch.setenv(dd.ENV_VAR, "fp8")
     with pytest.raises(ValueError, match=dd.ENV_VAR):
         dd.draft_dtype(w)
@@ -76,6 +78,7 @@ def test_auto_measures_once(monkeypatch):
     assert seen["choice"] == str(choice).removeprefix("torch.") and set(seen["seconds"]) == {"float32", "bfloat16"}
     fp32, bf16 = seen["seconds"]["float32"], seen["seconds"]["bfloat16"]
     assert (choice == torch.bfloat16) == (fp32 >= dd.MIN_SPEEDUP * bf16)
+    assert f"{seen['choice']} (measured for 48-wide heads" in dd.describe()
     assert dd.measure(48)[1] is dd.measure(48)[1]  # measured once per process and shape
 
 
