@@ -189,7 +189,8 @@ def test_tail_tiles_nobody_sees_are_skipped_without_changing_the_result():
     p = build_plan(
         cache, [r], [pend], torch.zeros(pend, dtype=torch.long), [torch.ones(pend, pend).tril().bool()], DEVICE
     )
-    layer.write(p.slot_mapping, torch.randn(pend, hkv, d, generator=gen), torch.randn(pend, hkv, d, generator=gen))
+    keys, values = (torch.randn(pend, hkv, d, generator=gen).to(DEVICE) for _ in range(2))  # [pend, H_kv, D]
+    layer.write(p.slot_mapping, keys, values)
     own = torch.zeros(3, pend + 3, dtype=torch.bool)
     own[:, pend - 2 :] = torch.tensor([[1, 0, 1, 0, 0], [0, 1, 0, 1, 0], [1, 1, 1, 0, 1]]).bool()
     plan, q = _packed_forward(cache, [r], [3], [own], 2, hkv, d, torch.float32, gen, pending_lens=[pend])
