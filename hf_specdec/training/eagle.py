@@ -120,7 +120,7 @@ def token_targets(data: DistillationData, lm_weight: torch.Tensor, vocab: torch.
     rows = lm_weight[vocab].float()  # [V', H]
     for i in range(0, prompt.numel(), chunk):
         p = prompt[i : i + chunk]
-        labels[p] = (data.hidden[p + 1].float() @ rows.T).argmax(-1)
+        labels[p] = (data.hidden[p + 1].to(rows.device).float() @ rows.T).argmax(-1).cpu()
     return labels
 
 
@@ -135,17 +135,18 @@ def eagle_loss(
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """The weighted EAGLE loss over the ``(start, end)`` windows `[B, 2]` (`window_starts`), and its parts (floats)."""
-    t, valid = _windows(data, windows, cfg.window)  # [B, W]
-    dtype = head.fc.weight.dtype
-    feats = data.hidden[t].to(dtype)  # [B, W, H]
+    t, valid = _windows(data, windows, cfg.window)  # [B, W], on the CPU with the data
+    dtype, device = head.fc.weight.dtype, head.fc.weight.device
+    feats = data.hidden[t].to(device=device, dtype=dtype)  # [B, W, H]
     if cfg.noise and head.training:
-        u = torch.rand(feats.shape, generator=generator, dtype=dtype)
+        u = torch.rand(feats.shape, generator=generator, dtype=dtype, device=device)
         feats = feats + (u * 2 - 1) * cfg.noise * feature_std
-    tokens = data.input_ids[t + 1]  # [B, W]
-    target = data.hidden[t + 1].to(dtype)  # [B, W, H]
+    tokens = data.input_ids[t + 1].to(device)  # [B, W]
+    target = data.hidden[t + 1].to(device=device, dtype=dtype)  # [B, W, H]
     out, logits = head(tokens, feats)  # [B, W, H], [B, W, V']
+    valid = valid.to(device)
     reg = F.smooth_l1_loss(out[valid], target[valid])
-    lab = labels[t].masked_fill(~valid, -100)
+    lab = labels[t].to(device).masked_fill(~valid, -100)
     tok = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), lab.reshape(-1), ignore_index=-100)
     tok = torch.nan_to_num(tok)  # a batch without any label
     loss = cfg.reg_weight * reg + cfg.token_weight * tok
@@ -167,9 +168,10 @@ def evaluate_eagle(head: EagleHead, data: DistillationData, seq_ids: torch.Tenso
         if total >= max_positions or e - s < 3:
             continue
         t = torch.arange(s, e - 1)
-        _, logits = head(data.input_ids[t + 1][None], data.hidden[t][None].to(head.fc.weight.dtype))
+        w = head.fc.weight
+        _, logits = head(data.input_ids[t + 1][None].to(w.device), data.hidden[t][None].to(w.device, w.dtype))
         pos = torch.arange(max(s, a - 2), e - 2)  # token t + 2 is an answer token
-        top = head.draft_to_token(logits[0, pos - s].topk(4, dim=-1).indices)  # [p, 4]
+        top = head.draft_to_token(logits[0, pos - s].topk(4, dim=-1).indices).cpu()  # [p, 4]
         want = data.input_ids[pos + 2]
         hit1 += int((top[:, 0] == want).sum())
         hit4 += int((top == want[:, None]).any(-1).sum())
@@ -187,6 +189,7 @@ def train_eagle(
     *,
     resume: bool = False,
     progress: bool = True,
+    device: str | torch.device | None = None,
 ) -> tuple[EagleHead, dict]:
     """Train a fresh EAGLE-1/2 head for ``model`` on ``data``; write ``out_dir/head`` and the report.
 
@@ -197,6 +200,8 @@ def train_eagle(
         cfg: hyper-parameters.
         resume: continue from the latest checkpoint in ``out_dir`` (same settings required).
         progress: tqdm bars.
+        device: where the head trains (default: the target's device); the data stays on the CPU and each batch
+            moves there. The returned head is on the CPU.
     Returns:
         ``(head, report)``.
     """
@@ -211,7 +216,8 @@ def train_eagle(
         vocab, coverage = draft_vocabulary(data, head_positions(data, train_seqs), cfg.draft_vocab)
     else:
         vocab, coverage = None, 1.0
-    head = EagleHead.for_model(model, version=1, draft_vocab=vocab).train()
+    device = torch.device(device) if device is not None else lm_weight.device
+    head = EagleHead.for_model(model, version=1, draft_vocab=vocab).to(device).train()
     for p in model.parameters():
         p.requires_grad_(False)
     labels = token_targets(data, lm_weight, vocab if vocab is not None else torch.arange(vocab_size))
@@ -224,7 +230,7 @@ def train_eagle(
     run = TrainingRun(out, cfg, head, "head", optimizer, scheduler)
     run.resume(resume, same=("window", "draft_vocab", "seed"))
     feature_std = float(data.hidden[:: max(1, data.hidden.shape[0] // 4096)].float().std())
-    gen = torch.Generator().manual_seed(cfg.seed + 17)
+    gen = torch.Generator(device=device).manual_seed(cfg.seed + 17)
 
     def loss_of(batch: torch.Tensor) -> torch.Tensor:
         return eagle_loss(head, data, labels, batch, cfg, feature_std, gen)[0]
@@ -233,9 +239,10 @@ def train_eagle(
         return evaluate_eagle(head, data, eval_seqs, cfg.eval_positions) if eval_seqs.numel() else {}
 
     before, after = run.train(starts, total, loss_of, evaluate, desc="eagle head", metric="top1", progress=progress)
-    head.eval()
+    head.to("cpu").eval()
     report = run.report(data, split, before, after)
     report.update(
+        device=str(device),
         draft_vocab=int(vocab.numel()) if vocab is not None else None,
         draft_vocab_answer_coverage=round(coverage, 4),
         feature_std=round(feature_std, 4),

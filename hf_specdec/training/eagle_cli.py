@@ -2,7 +2,7 @@
 (`train_eagle`), and its tree sized from the step cost measured on this machine (`tune_eagle_tree`).
 
     hf-specdec train eagle --out DIR [--data-dir DIR] [--num-seed 32 --num-tasks 120] [--extra-data FOLDER...]
-                           [--real-text] [--epochs 3] [--resume]
+                           [--real-text | --real-text-file FILE] [--epochs 3] [--resume] [--device cuda] [--data-only]
 
 Every stage is resumable: the data shards already written are kept, training continues from its last checkpoint.
 ``--data FOLDER...`` trains on existing data folders as they are (no build); ``--extra-data`` adds folders to the
@@ -29,6 +29,15 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also build prompts over real text installed from Debian packages (scripts/install_text_sources.sh)",
     )
+    parser.add_argument(
+        "--real-text-file",
+        default=None,
+        help="real text saved by LocalText.save (build on a machine without the Debian packages); implies --real-text",
+    )
+    parser.add_argument("--data-only", action="store_true", help="build the data and stop (no training)")
+    parser.add_argument(
+        "--device", default=None, help="where the target answers and the head trains (default: cpu; e.g. cuda)"
+    )
     parser.add_argument("--seed-max-new-tokens", type=int, default=96, help="answer cap of the seed stage")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="answer cap of the task stage")
     parser.add_argument("--batch-size", type=int, default=32, help="prompts per generate call while building data")
@@ -36,6 +45,7 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--window", type=int, default=256, help="pairs per training window")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--windows-per-step", type=int, default=4, help="training windows per optimizer step")
     parser.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (0 = full)")
     parser.add_argument("--no-tune", action="store_true", help="skip measuring the step cost for the tree size")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
@@ -50,9 +60,13 @@ def train_eagle_main(args: argparse.Namespace) -> int:
     from .data import load_distillation_data
     from .eagle import EagleTrainingConfig, train_eagle, tune_eagle_tree
     from .task_prompts import build_task_data
+    from .text_sources import LocalText
 
     out = Path(args.out)
     model, tokenizer = load_default_model()
+    if args.device:
+        model.to(args.device)
+    real_text = LocalText.load(args.real_text_file) if args.real_text_file else args.real_text
     if args.data:
         folders = [Path(f) for f in args.data]
     else:
@@ -64,25 +78,30 @@ def train_eagle_main(args: argparse.Namespace) -> int:
             num_tasks=args.num_tasks,
             seed=args.seed,
             seed_max_new_tokens=args.seed_max_new_tokens,
-            real_text=args.real_text,
+            real_text=real_text,
             max_new_tokens=args.max_new_tokens,
             batch_size=args.batch_size,
             shard_size=args.batch_size,
             hidden_dtype=torch.float16,
         )
     folders += [Path(f) for f in args.extra_data]
+    if args.data_only:
+        print(f"data built in {', '.join(map(str, folders))}")
+        return 0
     cfg = EagleTrainingConfig(
         window=args.window,
         epochs=args.epochs,
         max_steps=args.max_steps,
         lr=args.lr,
+        positions_per_step=args.windows_per_step,
         draft_vocab=args.draft_vocab,
         seed=args.seed,
     )
-    head, report = train_eagle(model, load_distillation_data(folders), out, cfg, resume=args.resume)
+    data = load_distillation_data(folders)
+    head, report = train_eagle(model, data, out, cfg, resume=args.resume, device=args.device)
     if not args.no_tune:
-        report["tree"] = tune_eagle_tree(model, head)
-        head.save_pretrained(out / "head")
+        report["tree"] = tune_eagle_tree(model, head.to(model.device))  # timed where the model runs
+        head.to("cpu").save_pretrained(out / "head")
         (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     held = report.get("held_out") or {}
     print(f"EAGLE head saved to {out / 'head'}: held-out top-1 {held.get('top1')}, top-4 {held.get('top4')}")

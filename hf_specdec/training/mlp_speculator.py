@@ -393,6 +393,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-tune-tree", action="store_true", help="skip choosing the tree widths on this machine")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--device", default="cpu", help="where the speculator trains (default cpu; e.g. cuda)")
 
 
 def main(args) -> int:
@@ -423,7 +424,7 @@ def main(args) -> int:
         checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
     )  # fmt: skip
     spec, report = train_mlp_speculator(
-        data, out, config, resume=args.resume, base_model_name_or_path=DEFAULT_MODEL_NAME
+        data, out, config, resume=args.resume, base_model_name_or_path=DEFAULT_MODEL_NAME, device=args.device
     )
     if not args.no_tune_tree:
         eval_pos = held_out_split(data, config.eval_fraction, config.eval_positions, config.seed).eval_pos

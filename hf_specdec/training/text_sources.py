@@ -16,6 +16,7 @@ text; prompts built from it still pass `benchmark_questions.spec_bench_overlap` 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
@@ -123,6 +124,26 @@ class LocalText:
 
     def __bool__(self) -> bool:
         return bool(self.passages or self.foreign)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the text as JSON (to build data on a machine where the packages are not installed)."""
+        path = Path(path)
+        body = {"passages": [list(p) for p in self.passages], "foreign": self.foreign, "sources": self.sources}
+        path.write_text(json.dumps(body, ensure_ascii=False) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> LocalText:
+        """The text `save` wrote.
+
+        Raises:
+            ValueError: the file holds no passages or no foreign text.
+        """
+        body = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = cls([tuple(p) for p in body.get("passages", [])], body.get("foreign", {}), body.get("sources", {}))
+        if not text.passages or not text.foreign:
+            raise ValueError(f"{path} holds {len(text.passages)} passages and {len(text.foreign)} languages; need both")
+        return text
 
 
 def handbook_passages(folder: Path, min_words: int = 120, max_words: int = 700) -> list[tuple[str, str]]:

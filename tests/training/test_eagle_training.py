@@ -94,6 +94,23 @@ def test_cli_trains_on_several_data_folders():
     args = build_parser().parse_args(["train", "eagle", "--out", "x", "--data-dir", "root", "--extra-data", "d3"])
     assert args.data is None and args.data_dir == "root" and args.extra_data == ["d3"] and not args.real_text
     assert build_parser().parse_args(["train", "eagle", "--out", "x", "--real-text"]).real_text
+    args = build_parser().parse_args(["train", "eagle", "--out", "x", "--real-text-file", "t.json", "--data-only",
+                                      "--device", "cuda", "--windows-per-step", "16"])  # fmt: skip
+    assert (args.real_text_file, args.data_only, args.device, args.windows_per_step) == ("t.json", True, "cuda", 16)
+    args = build_parser().parse_args(["train", "mlp-speculator", "--out", "x", "--device", "cuda"])
+    assert args.device == "cuda"
+
+
+def test_training_on_an_explicit_device_returns_a_cpu_head(tiny_data, tmp_path):
+    """``device=`` moves the head and each batch there while the data stays on the CPU (how the shipped head was
+    trained on a GPU); the head comes back on the CPU, the report names the device."""
+    model, data, _ = tiny_data
+    cfg = EagleTrainingConfig(window=32, positions_per_step=8, max_steps=3, eval_every=0, checkpoint_every=0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    head, report = train_eagle(model, data, tmp_path / "run", cfg, progress=False, device=device)
+    assert report["device"] == device and report["steps"] == 3
+    assert {p.device.type for p in head.parameters()} == {"cpu"} and data.hidden.device.type == "cpu"
+    assert report["held_out"]["positions"] > 0
 
 
 def test_windows_tile_each_sequence_from_its_end(tiny_data):

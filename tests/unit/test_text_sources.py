@@ -96,6 +96,15 @@ def test_local_text_reads_both_sources_and_drops_untranslated_paragraphs(sources
     assert found.sources["fortunes:German"] == 1 and "Spanish" not in found.foreign
 
 
+def test_local_text_saved_and_loaded_elsewhere(sources, tmp_path):
+    """The text travels as one JSON file to a machine without the packages (data built on a GPU machine)."""
+    found = find_local_text(*sources)
+    again = LocalText.load(found.save(tmp_path / "text.json"))
+    assert again == found and isinstance(again.passages[0], tuple)
+    with pytest.raises(ValueError, match="0 passages"):
+        LocalText.load(LocalText(foreign={"German": ["x"]}).save(tmp_path / "empty.json"))
+
+
 def test_missing_sources_name_the_packages(tmp_path):
     with pytest.raises(FileNotFoundError, match="fortunes-de.*install_text_sources.sh"):
         require_local_text(handbook=tmp_path / "none", fortunes=tmp_path / "none")
