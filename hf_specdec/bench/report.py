@@ -4,10 +4,12 @@ A *record* is one timed generate() call of one method on one prompt (or batch), 
 prompt in the same run::
 
     {"method", "setting", "category", "question_id", "batch", "new_tokens", "time_s", "vanilla_time_s",
-     "speedup", "steps", "drafted", "accepted", "match", "first_diff", "error", "nodes_per_row"}
+     "speedup", "steps", "drafted", "accepted", "match", "first_diff", "error", "nodes_per_row",
+     "accepted_per_depth"}
 
 ``steps`` / ``drafted`` / ``accepted`` come from ``out.spec_stats`` (None where a method has none), and
-``nodes_per_row`` from its tree budget ({nodes verified for a row in a step: how often}); ``match`` is
+``nodes_per_row`` from its tree budget ({nodes verified for a row in a step: how often}), ``accepted_per_depth``
+(entry d - 1: the steps that accepted at least d draft tokens, ``SpecStats.accepted_per_depth``); ``match`` is
 whether the method's tokens equal vanilla's (greedy only, None otherwise). Metric definitions (as in
 docs/results.md): speedup = vanilla wall time / method wall time on the same prompt (the median over prompts is
 reported; recorded as the ratio of tokens/s, which is the same number whenever both calls emit the same tokens, as
@@ -181,9 +183,46 @@ def markdown_report(summary: Sequence[dict], meta: dict) -> str:
             "",
             markdown_table(summary, setting),
         ]
+    if meta.get("depth_acceptance"):
+        out += ["", depth_acceptance_section(meta["depth_acceptance"])]
     if meta.get("verify_cost"):
         out += ["", cost_curve_section(meta["verify_cost"], meta.get("budgets") or {})]
     return "\n".join(out) + "\n"
+
+
+def depth_acceptance_by_method(records: Iterable[dict]) -> dict[str, list[float]]:
+    """``{method / setting: [share of verify steps that accepted >= d draft tokens, d = 1, 2, ...]}`` over all prompts
+    (methods whose calls report no steps are left out)."""
+    steps: dict[str, int] = {}
+    counts: dict[str, list[int]] = {}
+    for r in records:
+        if not r.get("steps") or r.get("accepted_per_depth") is None:
+            continue
+        name = f"{r['method']} / {r['setting']}"
+        steps[name] = steps.get(name, 0) + int(r["steps"])
+        acc = counts.setdefault(name, [])
+        for d, n in enumerate(r["accepted_per_depth"]):
+            if d == len(acc):
+                acc.append(0)
+            acc[d] += int(n)
+    return {name: [n / steps[name] for n in acc] for name, acc in counts.items()}
+
+
+def depth_acceptance_section(depth_acceptance: dict[str, list[float]], max_depth: int = 8) -> str:
+    """Per-depth acceptance: how often a verify step accepted at least d draft tokens."""
+    depth = min(max_depth, max((len(v) for v in depth_acceptance.values()), default=0))
+    lines = [
+        "## Per-depth acceptance",
+        "",
+        "Share of verify steps that accepted at least d draft tokens (all prompts; τ = 1 + the row's sum).",
+        "",
+        "| method / setting | " + " | ".join(f"d={d}" for d in range(1, depth + 1)) + " |",
+        "|---|" + "---:|" * depth,
+    ]
+    for name, shares in depth_acceptance.items():
+        cells = [f"{shares[d]:.3f}" if d < len(shares) else "0" for d in range(depth)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def budgets_by_method(records: Iterable[dict]) -> dict[str, dict[int, int]]:

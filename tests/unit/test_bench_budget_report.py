@@ -39,3 +39,19 @@ def test_report_prints_the_cost_curve_and_the_budgets():
     records = [_record("ngram", {0: 6, 3: 2})]
     report = markdown_report(summarize(records), {"verify_cost": verify_cost, "budgets": budgets_by_method(records)})
     assert "Verify cost on this machine" in report and "| 1 | 20.0 | 1.00 | 16 |" in report
+
+
+def test_per_depth_acceptance_is_pooled_over_prompts_and_sums_to_tau_minus_one():
+    from hf_specdec.bench.report import depth_acceptance_by_method, depth_acceptance_section
+
+    a = {**_record("eagle", None), "steps": 10, "accepted": 7, "accepted_per_depth": [5, 2]}
+    b = {**_record("eagle", None), "steps": 30, "accepted": 12, "accepted_per_depth": [9, 2, 1]}
+    plain = {**_record("vanilla", None), "steps": None, "accepted_per_depth": None}
+    shares = depth_acceptance_by_method([a, b, plain])
+    assert list(shares) == ["eagle / greedy"]
+    assert shares["eagle / greedy"] == [14 / 40, 4 / 40, 1 / 40]
+    assert abs(sum(shares["eagle / greedy"]) - (7 + 12) / 40) < 1e-12  # tau - 1 = accepted / steps
+    section = depth_acceptance_section(shares)
+    assert "| eagle / greedy | 0.350 | 0.100 | 0.025 |" in section
+    report = markdown_report(summarize([a, b]), {"depth_acceptance": shares})
+    assert "## Per-depth acceptance" in report
