@@ -185,6 +185,11 @@ class EagleHead(
         return self.layers[0] if self.version == 1 else self.midlayer
 
     @property
+    def head_dim(self) -> int:
+        """The attention head dimension (the last dimension of the cached keys and values)."""
+        return _head_dim(self.config)
+
+    @property
     def feature_layers(self) -> tuple[int, ...]:
         """Indices into the target's ``hidden_states`` tuple this head reads (``-1`` = the final normed state)."""
         if self.version == 1:
@@ -223,6 +228,9 @@ class EagleHead(
             with torch.no_grad():
                 rows = draft_vocab if draft_vocab is not None else torch.arange(vocab)
                 head.lm_head.weight.copy_(model.get_output_embeddings().weight.detach()[rows])
+                norm = getattr(model.get_decoder(), "norm", None)  # the target's final norm: what its lm_head expects
+                if getattr(norm, "weight", None) is not None and norm.weight.shape == head.norm.weight.shape:
+                    head.norm.weight.copy_(norm.weight.detach())
         return head.bind(model)
 
     def set_draft_vocab(self, token_ids: torch.Tensor) -> None:

@@ -328,7 +328,12 @@ def _generate_answers(
 
 @torch.no_grad()
 def greedy_answers_with_states(
-    model, prompts: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int, eos_ids: set[int]
+    model,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    pad_id: int,
+    eos_ids: set[int],
+    aux_layers: Sequence[int] = (),
 ) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy answers of ``model`` to a batch of prompt id lists and, in the same forwards, the final hidden states
     of every prompt and answer token (no second pass over the finished sequences).
@@ -342,9 +347,11 @@ def greedy_answers_with_states(
         prompts: token ids of each prompt.
         max_new_tokens: answer length cap.
         pad_id / eos_ids: padding id and the ids that end an answer (kept in the answer).
+        aux_layers: indices into transformers' ``hidden_states`` tuple (EAGLE-3's feature layers) whose states are
+            returned too, concatenated after the final state of each token.
     Returns:
-        ``(answers, states)``: per row the answer ids (cut after the first EOS) and `[len(prompt) + len(answer), H]`
-        final hidden states (on the CPU).
+        ``(answers, states)``: per row the answer ids (cut after the first EOS) and `[len(prompt) + len(answer),
+        H * (1 + len(aux_layers))]` hidden states (on the CPU): the final state, then each aux layer's.
     """
     from transformers import DynamicCache
 
@@ -358,10 +365,15 @@ def greedy_answers_with_states(
     answers: list[list[int]] = [[] for _ in prompts]
     states: list[list[torch.Tensor]] = [[] for _ in prompts]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, W]
-    past = cache_kwarg(decoder.forward, cache)
-    h = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, **past).last_hidden_state
+    past = {**cache_kwarg(decoder.forward, cache), "output_hidden_states": bool(aux_layers)}
+
+    def states_of(out) -> torch.Tensor:  # [b, q, H * (1 + len(aux_layers))]
+        return torch.cat([out.last_hidden_state] + [out.hidden_states[i] for i in aux_layers], dim=-1)
+
+    out = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, **past)
+    h, hs = out.last_hidden_state, states_of(out)
     for i, p in enumerate(prompts):
-        states[i].append(h[i, width - len(p) :].cpu())
+        states[i].append(hs[i, width - len(p) :].cpu())
     next_pos = positions[:, -1:] + 1  # [b, 1]
     for step in range(max_new_tokens):
         token = lm_head(h[:, -1]).argmax(-1)  # [b]
@@ -370,11 +382,10 @@ def greedy_answers_with_states(
             answers[r].append(t)
             live.append(t not in eos_ids and step + 1 < max_new_tokens)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        h = decoder(
-            input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, **past
-        ).last_hidden_state  # [b, 1, H]: the state of the token just chosen
+        out = decoder(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, **past)
+        h, hs = out.last_hidden_state, states_of(out)  # [b, 1, H]: the state of the token just chosen
         for j, r in enumerate(rows.tolist()):
-            states[r].append(h[j].cpu())
+            states[r].append(hs[j].cpu())
         keep = torch.tensor(live, device=device)
         if not keep.all():
             if not keep.any():
@@ -387,8 +398,11 @@ def greedy_answers_with_states(
 
 
 @torch.no_grad()
-def final_hidden_states(model, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-    """`[len_i, H]` per sequence: the model's last entry of ``hidden_states`` (the normed states its lm_head sees).
+def final_hidden_states(
+    model, sequences: Sequence[Sequence[int]], aux_layers: Sequence[int] = ()
+) -> list[torch.Tensor]:
+    """`[len_i, H * (1 + len(aux_layers))]` per sequence: the model's last entry of ``hidden_states`` (the normed
+    states its lm_head sees), then the entries ``aux_layers`` (EAGLE-3's feature layers) if any.
 
     The batch is right-padded, so (causal attention) no real token sees a pad and positions need no offset.
     Checks, on the longest sequence, that the lm_head applied to the state reproduces the model's logits.
@@ -413,6 +427,7 @@ def final_hidden_states(model, sequences: Sequence[Sequence[int]]) -> list[torch
                 "hidden state is not the one fed to the lm_head (a final norm or logit scaling is missing); Medusa "
                 "heads need the states the lm_head sees"
             )
+    hidden = torch.cat([hidden] + [out.hidden_states[i] for i in aux_layers], dim=-1)
     return [hidden[i, : len(s)].cpu() for i, s in enumerate(sequences)]
 
 
@@ -448,6 +463,7 @@ def build_distillation_data(
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
     base_model_name: str | None = None,
+    aux_layers: Sequence[int] = (),
     progress: bool = True,
 ) -> dict:
     """Let ``model`` answer every prompt and cache ids + final hidden states in safetensors shards under ``out_dir``.
@@ -468,6 +484,9 @@ def build_distillation_data(
         hidden_dtype: dtype of the stored hidden states.
         eos_token_id / pad_token_id: default to the model's generation config.
         base_model_name: recorded in the manifest (default: ``model.config._name_or_path``).
+        aux_layers: also store the states of these entries of transformers' ``hidden_states`` tuple (an EAGLE-3
+            head's feature layers, e.g. ``EagleHead.bind(model).feature_layers``) as ``aux_hidden``
+            `[N, H * len(aux_layers)]`.
         progress: tqdm bar.
     Returns:
         the manifest dict (also in ``out_dir/manifest.json``).
@@ -477,7 +496,10 @@ def build_distillation_data(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     how = _Answering.of(model, max_new_tokens, batch_size, do_sample, temperature, top_p, eos_token_id, pad_token_id)
+    how.aux_layers = tuple(int(i) for i in aux_layers)
     settings = {"generation": how.describe(seed), "shard_size": int(shard_size), "hidden_dtype": str(hidden_dtype)}
+    if how.aux_layers:  # only then: folders built before keep their fingerprint
+        settings["aux_layers"] = list(how.aux_layers)
     manifest = _open_manifest(out, model, prompt_ids, settings, recipe, base_model_name)
     done = {s["file"] for s in manifest["shards"] if (out / s["file"]).is_file()}
     manifest["shards"] = [s for s in manifest["shards"] if s["file"] in done]
@@ -492,7 +514,7 @@ def build_distillation_data(
         if do_sample:
             torch.manual_seed(seed * 1_000_003 + index)
         seqs, hiddens = how.answer(model, chunk, bar)
-        entry = _write_shard(out / name, seqs, hiddens, chunk, hidden_dtype)
+        entry = _write_shard(out / name, seqs, hiddens, chunk, hidden_dtype, len(how.aux_layers))
         manifest["shards"].append({"file": name, "first_prompt": start, **entry,
                                    "seconds": round(time.perf_counter() - t0, 2)})  # fmt: skip
         manifest["shards"].sort(key=lambda s: s["first_prompt"])
@@ -516,6 +538,7 @@ class _Answering:
     top_p: float
     eos_ids: set[int]
     pad: int
+    aux_layers: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, model, max_new_tokens, batch_size, do_sample, temperature, top_p, eos_token_id, pad_token_id):
@@ -555,9 +578,11 @@ class _Answering:
                 with torch.no_grad():
                     answers = _generate_answers(model, batch, self.max_new_tokens, self.pad, self.eos_ids, sampling)
                 full = [p + a for p, a in zip(batch, answers)]
-                hiddens += final_hidden_states(model, full)
+                hiddens += final_hidden_states(model, full, self.aux_layers)
             else:
-                answers, states = greedy_answers_with_states(model, batch, self.max_new_tokens, self.pad, self.eos_ids)
+                answers, states = greedy_answers_with_states(
+                    model, batch, self.max_new_tokens, self.pad, self.eos_ids, self.aux_layers
+                )
                 full = [p + a for p, a in zip(batch, answers)]
                 hiddens += states
             seqs += full
@@ -592,14 +617,21 @@ def _open_manifest(out: Path, model, prompt_ids, settings: dict, recipe, base_mo
     }
 
 
-def _write_shard(path: Path, seqs: list[list[int]], hiddens: list[torch.Tensor], prompts, hidden_dtype) -> dict:
-    """Write one shard atomically; returns its manifest counts."""
+def _write_shard(
+    path: Path, seqs: list[list[int]], hiddens: list[torch.Tensor], prompts, hidden_dtype, num_aux: int = 0
+) -> dict:
+    """Write one shard atomically (``hiddens``: `[len, H * (1 + num_aux)]` each, the final state first); returns its
+    manifest counts."""
+    states = torch.cat(hiddens).to(hidden_dtype)  # [N, H * (1 + num_aux)]
+    h = states.shape[-1] // (1 + num_aux)
     tensors = {
         "input_ids": torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
-        "hidden": torch.cat(hiddens).to(hidden_dtype).contiguous(),
+        "hidden": states[:, :h].contiguous(),
         "seq_lens": torch.tensor([len(s) for s in seqs], dtype=torch.int64),
         "prompt_lens": torch.tensor([len(p) for p in prompts], dtype=torch.int64),
     }
+    if num_aux:
+        tensors["aux_hidden"] = states[:, h:].contiguous()
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, path)
@@ -663,6 +695,9 @@ class DistillationData:
         seq_bounds: `[S, 3]` int64 (start, answer start, end) per sequence.
         manifest: the manifest dict.
         folder: the data folder it was read from.
+        aux_hidden: `[N, H * len(aux_layers)]` the states of the target's ``hidden_states`` entries ``aux_layers``
+            (EAGLE-3's features; built with ``aux_layers``), or None.
+        aux_layers: those entries, or None.
     """
 
     input_ids: torch.Tensor
@@ -673,6 +708,22 @@ class DistillationData:
     seq_bounds: torch.Tensor
     manifest: dict
     folder: Path | None = None
+    aux_hidden: torch.Tensor | None = None
+    aux_layers: tuple[int, ...] | None = None
+
+    def features(self, layers: Sequence[int]) -> torch.Tensor:
+        """`[N, F]` the stored states a head reads: ``(-1,)`` = the final states (EAGLE-1), else the aux layers these
+        data were built with (EAGLE-3); other layers are an error naming what the data hold."""
+        layers = tuple(int(i) for i in layers)
+        if layers == (-1,):
+            return self.hidden
+        if self.aux_hidden is None or layers != self.aux_layers:
+            held = f"the states of layers {list(self.aux_layers)}" if self.aux_layers else "only the final states"
+            raise ValueError(
+                f"the head reads the target's hidden states {list(layers)}, but {self.folder} holds {held}; build "
+                f"the data with aux_layers={list(layers)}"
+            )
+        return self.aux_hidden
 
 
 def load_distillation_data(
@@ -701,11 +752,14 @@ def load_distillation_data(
         )
     if not manifest["shards"]:
         raise ValueError(f"{folder}: the manifest lists no finished shard")
-    ids, hidden, lens, plens = [], [], [], []
+    ids, hidden, aux, lens, plens = [], [], [], [], []
+    aux_layers = tuple(manifest.get("aux_layers") or ()) or None
     for shard in manifest["shards"]:
         with safe_open(str(folder / shard["file"]), framework="pt", device="cpu") as f:
             ids.append(f.get_tensor("input_ids").long())
             hidden.append(f.get_tensor("hidden"))
+            if aux_layers:
+                aux.append(f.get_tensor("aux_hidden"))
             lens.append(f.get_tensor("seq_lens"))
             plens.append(f.get_tensor("prompt_lens"))
     seq_lens, prompt_lens = torch.cat(lens), torch.cat(plens)
@@ -721,6 +775,8 @@ def load_distillation_data(
         seq_bounds=bounds,
         manifest=manifest,
         folder=folder,
+        aux_hidden=torch.cat(aux) if aux_layers else None,
+        aux_layers=aux_layers,
     )
 
 
@@ -757,7 +813,16 @@ def _concatenate(parts: list[DistillationData]) -> DistillationData:
         seq_bounds=torch.cat([p.seq_bounds + o for p, o in zip(parts, offsets)]),
         manifest=manifest,
         folder=parts[0].folder,
+        **_concatenated_aux(parts),
     )
+
+
+def _concatenated_aux(parts: list[DistillationData]) -> dict:
+    """The aux states of ``parts`` joined when every part holds the same layers, else none."""
+    layers = {p.aux_layers for p in parts}
+    if len(layers) != 1 or None in layers:
+        return {"aux_hidden": None, "aux_layers": None}
+    return {"aux_hidden": torch.cat([p.aux_hidden for p in parts]), "aux_layers": parts[0].aux_layers}
 
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""Training an EAGLE-1/2 head (Li et al. 2024, arXiv:2401.15077, section 4.3) on self-distillation data, target frozen.
+"""Training an EAGLE-1/2 head (Li et al. 2024, arXiv:2401.15077, section 4.3) or an EAGLE-3 head (Li et al. 2025,
+arXiv:2503.01840) on self-distillation data, target frozen.
 
 The data (`hf_specdec.training.data`) holds, per sequence, the token ids and the target's final normed hidden states
 ``f_t`` (teacher forcing over the target's own answers, and over the prompts). The head reads the pairs
@@ -14,6 +15,15 @@ The data (`hf_specdec.training.data`) holds, per sequence, the token ids and the
 Input features get EAGLE's uniform noise (``noise`` x the features' standard deviation) so that the head tolerates its
 own, imperfect features when it drafts several steps ahead. Held-out metric: top-1 = how often the head's arg-max at
 pair t equals the target's token t + 2 at answer positions (the first draft token's acceptance under greedy decoding).
+
+EAGLE-3 (``version=3``) reads the states of three target layers (low, middle, high: the data must be built with
+``aux_layers=head.feature_layers``, 2, L // 2, L - 3), fused by ``fc``, and is trained on the token loss alone, with
+*training-time test*: the window is unrolled ``unroll`` draft steps. Step 0 reads the target's fused features; step j
+reads, at each root pair r, the head's own step-(j - 1) output beside the real token r + j + 1, and attends to the
+step-0 pairs up to r plus its own chain (steps 1..j of root r), exactly what a depth-(j + 1) draft node sees at run
+time; its loss (weight ``0.8 ** j``) is the target's token r + j + 2. Low-layer states carry the identity of each
+context token, so one layer can copy what the prompt holds (an induction match on the token, the value its
+successor), which the final states of human-written text do not give it.
 
     head, report = train_eagle(model, load_distillation_data(folders), "out/eagle", EagleTrainingConfig())
 """
@@ -56,6 +66,9 @@ class EagleTrainingConfig(RunConfig):
         reg_weight / token_weight: weights of the feature regression and the token loss.
         noise: uniform noise on the input features, as a fraction of their standard deviation.
         draft_vocab: size of the draft (and loss) vocabulary; 0 = the full vocabulary.
+        version: 1 (EAGLE-1/2: feature regression + token loss) or 3 (EAGLE-3: fused low/mid/high features, token
+            loss over ``unroll`` training-time-test steps; ``reg_weight`` is not used).
+        unroll: EAGLE-3 draft steps unrolled per window.
     """
 
     window: int = 256
@@ -63,6 +76,8 @@ class EagleTrainingConfig(RunConfig):
     token_weight: float = 0.5
     noise: float = 0.1
     draft_vocab: int = 8192
+    version: int = 1
+    unroll: int = 3
     positions_per_step: int = 4
     epochs: float = 3.0
     max_grad_norm: float = 0.5
@@ -76,6 +91,10 @@ class EagleTrainingConfig(RunConfig):
             )
         if self.reg_weight < 0 or self.token_weight < 0 or self.reg_weight + self.token_weight == 0:
             raise ValueError("reg_weight and token_weight must be >= 0, not both 0")
+        if self.version not in (1, 3):
+            raise ValueError(f"version must be 1 (EAGLE-1/2) or 3 (EAGLE-3), got {self.version}")
+        if self.version == 3 and (self.unroll < 1 or self.token_weight == 0):
+            raise ValueError("EAGLE-3 trains on the token loss: unroll must be >= 1 and token_weight > 0")
 
 
 # ---------------------------------------------------------------------------------------------------- windows
@@ -137,10 +156,12 @@ def eagle_loss(
     """The weighted EAGLE loss over the ``(start, end)`` windows `[B, 2]` (`window_starts`), and its parts (floats)."""
     t, valid = _windows(data, windows, cfg.window)  # [B, W], on the CPU with the data
     dtype, device = head.fc.weight.dtype, head.fc.weight.device
-    feats = data.hidden[t].to(device=device, dtype=dtype)  # [B, W, H]
+    feats = data.features(head.feature_layers)[t].to(device=device, dtype=dtype)  # [B, W, F]
     if cfg.noise and head.training:
         u = torch.rand(feats.shape, generator=generator, dtype=dtype, device=device)
         feats = feats + (u * 2 - 1) * cfg.noise * feature_std
+    if head.version == 3:
+        return _unrolled_token_loss(head, data, labels, t, valid, feats, cfg.unroll)
     tokens = data.input_ids[t + 1].to(device)  # [B, W]
     target = data.hidden[t + 1].to(device=device, dtype=dtype)  # [B, W, H]
     out, logits = head(tokens, feats)  # [B, W, H], [B, W, V']
@@ -153,6 +174,59 @@ def eagle_loss(
     return loss, {"reg": float(reg.detach()), "token": float(tok.detach())}
 
 
+def _unrolled_token_loss(
+    head: EagleHead,
+    data: DistillationData,
+    labels: torch.Tensor,
+    t: torch.Tensor,
+    valid: torch.Tensor,
+    feats: torch.Tensor,
+    unroll: int,
+) -> tuple[torch.Tensor, dict]:
+    """EAGLE-3's training-time test over windows of root pairs ``t`` `[B, W]` (``valid`` `[B, W]`, step-0 features
+    ``feats`` `[B, W, F]`): the token loss of ``unroll`` draft steps, step j weighted ``0.8 ** j`` (module docstring)."""
+    n = data.input_ids.numel()
+    steps = torch.arange(unroll)  # [U]
+    index = (t[..., None] + steps).clamp(max=n - 1)  # [B, W, U] root + j
+    ok = valid[..., None] & (t[..., None] + steps + 1 < data.seq_end[t][..., None])  # step j's token in the sequence
+    tokens = data.input_ids[(index + 1).clamp(max=n - 1)].to(feats.device)  # [B, W, U] token r + j + 1
+    lab = labels[index].masked_fill(~ok, -100).to(feats.device)  # [B, W, U] the target's token r + j + 2
+    losses = []
+    for j, logits in enumerate(unrolled_draft_logits(head, feats, tokens)):
+        step = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), lab[..., j].reshape(-1), ignore_index=-100)
+        losses.append(torch.nan_to_num(step))  # a batch without any label
+    weights = [0.8**j for j in range(unroll)]
+    loss = sum(w * x for w, x in zip(weights, losses)) / sum(weights)
+    return loss, {"token": float(losses[0].detach()), **{f"token_step{j}": float(x.detach()) for j, x in
+                                                         enumerate(losses)}}  # fmt: skip
+
+
+def unrolled_draft_logits(head: EagleHead, feats: torch.Tensor, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """The logits of ``U`` chained draft steps from every root pair of a window (EAGLE-3's training-time test).
+
+    Args:
+        feats: `[B, W, F]` the target's features of pairs 0..W-1 (positions 0..W-1).
+        tokens: `[B, W, U]` beside root r's step j, the token r + j + 1.
+    Returns:
+        ``U`` tensors `[B, W, V']`: step j's logits at root r, computed as a depth-(j + 1) draft node sees it: step 0
+        reads the target's feature, step j > 0 the head's step-(j - 1) output, at position r + j; it attends to the
+        step-0 pairs up to r and to the steps 1..j of its own root.
+    """
+    b, w, unroll = tokens.shape
+    device = feats.device
+    causal = torch.ones(w, w, dtype=torch.bool, device=device).tril()  # [W, W] step-0 pairs up to the root
+    diagonal = torch.eye(w, dtype=torch.bool, device=device)  # [W, W] the root's own chain
+    keys = values = feats.new_zeros(b, head.config.num_key_value_heads, 0, head.head_dim)
+    x, out_logits = feats, []
+    for j in range(unroll):
+        pos = (torch.arange(w, device=device) + j).expand(b, w)  # [B, W]
+        mask = torch.cat([causal] + [diagonal] * j, dim=1).expand(b, w, (j + 1) * w)  # [B, W, (j + 1) W]
+        x, k, v = head.layer_forward(tokens[..., j], x, pos, mask, keys, values)  # [B, W, H], [B, kvh, W, D] x 2
+        keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
+        out_logits.append(head.logits(x))
+    return out_logits
+
+
 @torch.no_grad()
 def evaluate_eagle(head: EagleHead, data: DistillationData, seq_ids: torch.Tensor, max_positions: int) -> dict:
     """Held-out top-1 / top-4 of the first draft token at answer positions, each sequence read whole.
@@ -163,13 +237,15 @@ def evaluate_eagle(head: EagleHead, data: DistillationData, seq_ids: torch.Tenso
     """
     was = head.training
     head.eval()
+    features = data.features(head.feature_layers)  # [N, F]
     hit1 = hit4 = total = 0
     for s, a, e in data.seq_bounds[seq_ids].tolist():
         if total >= max_positions or e - s < 3:
             continue
         t = torch.arange(s, e - 1)
         w = head.fc.weight
-        _, logits = head(data.input_ids[t + 1][None].to(w.device), data.hidden[t][None].to(w.device, w.dtype))
+        feats = features[t][None].to(w.device, w.dtype)  # [1, T, F]
+        _, logits = head(data.input_ids[t + 1][None].to(w.device), feats)
         pos = torch.arange(max(s, a - 2), e - 2)  # token t + 2 is an answer token
         top = head.draft_to_token(logits[0, pos - s].topk(4, dim=-1).indices).cpu()  # [p, 4]
         want = data.input_ids[pos + 2]
@@ -191,7 +267,8 @@ def train_eagle(
     progress: bool = True,
     device: str | torch.device | None = None,
 ) -> tuple[EagleHead, dict]:
-    """Train a fresh EAGLE-1/2 head for ``model`` on ``data``; write ``out_dir/head`` and the report.
+    """Train a fresh EAGLE-1/2 (or, ``cfg.version=3``, EAGLE-3) head for ``model`` on ``data``; write
+    ``out_dir/head`` and the report.
 
     Args:
         model: the target (frozen; only its embeddings and lm_head are read).
@@ -217,7 +294,8 @@ def train_eagle(
     else:
         vocab, coverage = None, 1.0
     device = torch.device(device) if device is not None else lm_weight.device
-    head = EagleHead.for_model(model, version=1, draft_vocab=vocab).to(device).train()
+    head = EagleHead.for_model(model, version=cfg.version, draft_vocab=vocab).to(device).train()
+    features = data.features(head.feature_layers)  # [N, F]: refuses data without the head's layers
     for p in model.parameters():
         p.requires_grad_(False)
     labels = token_targets(data, lm_weight, vocab if vocab is not None else torch.arange(vocab_size))
@@ -228,8 +306,8 @@ def train_eagle(
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps, total))
     run = TrainingRun(out, cfg, head, "head", optimizer, scheduler)
-    run.resume(resume, same=("window", "draft_vocab", "seed"))
-    feature_std = float(data.hidden[:: max(1, data.hidden.shape[0] // 4096)].float().std())
+    run.resume(resume, same=("window", "draft_vocab", "seed", "version", "unroll"))
+    feature_std = float(features[:: max(1, features.shape[0] // 4096)].float().std())
     gen = torch.Generator(device=device).manual_seed(cfg.seed + 17)
 
     def loss_of(batch: torch.Tensor) -> torch.Tensor:
@@ -251,7 +329,12 @@ def train_eagle(
     head.model_card = {
         "training_data": report["training_data"],
         "held_out_top1": (after or {}).get("top1"),
-        "notes": "EAGLE-1/2 head trained by hf-specdec (feature regression + token loss, target frozen).",
+        "notes": (
+            "EAGLE-1/2 head trained by hf-specdec (feature regression + token loss, target frozen)."
+            if cfg.version == 1
+            else f"EAGLE-3 head trained by hf-specdec (features of target layers {list(head.feature_layers)}, token "
+            f"loss over {cfg.unroll} training-time-test steps, target frozen)."
+        ),
     }
     head.save_pretrained(out / HEAD_DIR)
     (out / REPORT_NAME).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
@@ -316,6 +399,7 @@ __all__ = [
     "eagle_loss",
     "evaluate_eagle",
     "token_targets",
+    "unrolled_draft_logits",
     "measure_eagle_step_cost",
     "train_eagle",
     "tune_eagle_tree",

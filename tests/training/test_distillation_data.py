@@ -57,6 +57,30 @@ def test_built_folder_holds_the_one_pass_states(tiny, tmp_path):
     torch.testing.assert_close(data.hidden[s:e], ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_aux_layers_are_stored_beside_the_final_states(tiny, tmp_path, do_sample):
+    """EAGLE-3 data: the states of the chosen ``hidden_states`` entries, from the greedy pass (or the second forward
+    of sampled answers), equal those of a plain forward over the finished sequence."""
+    model, prompts = tiny
+    build_distillation_data(model, prompts, tmp_path, max_new_tokens=6, batch_size=4, shard_size=4, do_sample=do_sample,
+                            hidden_dtype=torch.float32, aux_layers=(0, 1), progress=False)  # fmt: skip
+    data = load_distillation_data(tmp_path)
+    assert data.aux_layers == (0, 1) and data.aux_hidden.shape == (data.input_ids.numel(), 64)
+    for s, _, e in data.seq_bounds.tolist():
+        with torch.no_grad():
+            out = model(input_ids=data.input_ids[s:e][None], output_hidden_states=True)
+        ref = torch.cat([out.hidden_states[0][0], out.hidden_states[1][0]], dim=-1)
+        torch.testing.assert_close(data.features((0, 1))[s:e], ref, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(data.features((-1,))[s:e], out.hidden_states[-1][0], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"reads the target's hidden states \[0, 2\].*layers \[0, 1\]"):
+        data.features((0, 2))
+    plain = tmp_path / "plain"
+    build_distillation_data(model, prompts, plain, max_new_tokens=4, batch_size=6, progress=False)
+    with pytest.raises(ValueError, match="holds only the final states; build the data with aux_layers"):
+        load_distillation_data(plain).features((0, 1))
+    assert load_distillation_data([tmp_path, plain]).aux_hidden is None  # mixed folders: no aux states
+
+
 def test_length_sorted_blocks_keep_blocks_and_sort_inside():
     ids = [[0] * n for n in (5, 1, 3, 9, 2, 7, 4)]
     order = _length_sorted_blocks(ids, 3)

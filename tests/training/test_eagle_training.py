@@ -129,3 +129,71 @@ def test_windows_tile_each_sequence_from_its_end(tiny_data):
         assert int((mine[:, 1] - mine[:, 0] < 8).sum()) <= 1  # only the first one may be short
     t, valid = _windows(data, windows, 8)  # [Wn, 8]
     assert torch.equal(t[valid].sort().values, want) and torch.equal(valid.sum(1), windows[:, 1] - windows[:, 0])
+
+
+# ---------------------------------------------------------------------------------------------------- EAGLE-3
+@pytest.fixture(scope="module")
+def tiny_data_eagle3(tmp_path_factory):
+    """A 4-layer target's answers with the states of its EAGLE-3 feature layers (1, 2, 3)."""
+    model = tiny_causal_lm("llama", vocab_size=64, hidden_size=32, num_layers=4, seed=3)
+    layers = EagleHead.for_model(model, version=3).feature_layers
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 64, (int(torch.randint(4, 10, (1,), generator=gen)),), generator=gen).tolist()
+               for _ in range(48)]  # fmt: skip
+    folder = tmp_path_factory.mktemp("data3")
+    build_distillation_data(model, prompts, folder, max_new_tokens=24, batch_size=16, shard_size=24,
+                            hidden_dtype=torch.float32, aux_layers=layers, progress=False)  # fmt: skip
+    return model, load_distillation_data(folder), prompts
+
+
+def test_unrolled_steps_equal_drafting_one_node_at_a_time():
+    """Training-time test computes, for every root of the window at once, what a chain of draft nodes computes one
+    node at a time over the root's context (a plain re-implementation with the head's layer)."""
+    from hf_specdec.training.eagle import unrolled_draft_logits
+
+    model = tiny_causal_lm("llama", vocab_size=64, hidden_size=32, num_layers=4, seed=1)
+    head = EagleHead.for_model(model, version=3).eval()
+    gen = torch.Generator().manual_seed(2)
+    w, unroll = 7, 3
+    feats = torch.randn(1, w, 3 * 32, generator=gen)
+    tokens = torch.randint(0, 64, (1, w, unroll), generator=gen)
+    with torch.no_grad():
+        batched = unrolled_draft_logits(head, feats, tokens)
+        empty = feats.new_zeros(1, head.config.num_key_value_heads, 0, head.head_dim)
+        causal = torch.ones(w, w, dtype=torch.bool).tril()[None]
+        out0, k0, v0 = head.layer_forward(tokens[..., 0], feats, torch.arange(w)[None], causal, empty, empty)
+        for r in range(w):
+            keys, values = k0[:, :, : r + 1], v0[:, :, : r + 1]  # the context: step-0 pairs up to the root
+            x = out0[:, r : r + 1]  # the root pair's own output (step 0)
+            for j in range(unroll):
+                if j > 0:  # a draft node: the previous output beside token r + j + 1, seeing the context and chain
+                    seen = torch.ones(1, 1, keys.shape[2] + 1, dtype=torch.bool)
+                    x, k, v = head.layer_forward(tokens[:, r : r + 1, j], x, torch.tensor([[r + j]]), seen, keys,
+                                                 values)  # fmt: skip
+                    keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
+                torch.testing.assert_close(head.logits(x)[0, 0], batched[j][0, r], atol=1e-5, rtol=1e-4)
+
+
+def test_eagle3_training_lowers_the_loss_and_raises_acceptance(tiny_data_eagle3, tmp_path):
+    model, data, prompts = tiny_data_eagle3
+    cfg = EagleTrainingConfig(version=3, unroll=3, window=32, positions_per_step=8, epochs=12, lr=3e-3,
+                              warmup_steps=5, draft_vocab=0, eval_fraction=0.15, eval_every=0,
+                              checkpoint_every=40)  # fmt: skip
+    head, report = train_eagle(model, data, tmp_path / "run", cfg, progress=False)
+    assert report["train_loss_last_steps"] < 0.7 * report["train_loss_first_steps"], report
+    before, after = report["held_out_before"], report["held_out"]
+    assert after["top1"] > before["top1"] + 0.2, (before, after)
+    saved = EagleHead.from_pretrained(tmp_path / "run" / "head", base_model=model)
+    assert saved.version == 3 and saved.feature_layers == (1, 2, 3)
+    untrained = EagleHead.for_model(model, version=3).eval()
+    held_out = [prompts[i] for i in range(0, 48, 6)]
+    assert tau_of(model, saved, held_out) > tau_of(model, untrained, held_out) + 0.3
+
+
+def test_eagle3_training_refuses_data_without_its_layers(tiny_data):
+    model, data, _ = tiny_data  # built without aux layers
+    cfg = EagleTrainingConfig(version=3, window=32, max_steps=2, eval_every=0, draft_vocab=0)
+    with pytest.raises(ValueError, match=r"reads the target's hidden states \[1, 1, 1\].*only the final states"):
+        train_eagle(model, data, "unused", cfg, progress=False)
+    with pytest.raises(ValueError, match="version must be 1"):
+        EagleTrainingConfig(version=2)
