@@ -41,9 +41,17 @@ CATEGORIES_NAME = "categories.json"
 ALL = "overall"
 
 
-def bench_answers_folder(root: str | Path, per_category: int, seed: int, max_new_tokens: int) -> Path:
-    """Where the answers of one bench sample are cached under ``root``."""
-    return Path(root) / f"spec-bench-answers-{per_category}x-seed{seed}-{max_new_tokens}tok"
+def bench_answers_folder(
+    root: str | Path, per_category: int, seed: int, max_new_tokens: int, aux_layers: Sequence[int] = ()
+) -> Path:
+    """Where the answers of one bench sample are cached under ``root`` (with the states of ``aux_layers``, for
+    EAGLE-3 heads, in a folder of their own)."""
+    return with_layers(Path(root) / f"spec-bench-answers-{per_category}x-seed{seed}-{max_new_tokens}tok", aux_layers)
+
+
+def with_layers(folder: Path, aux_layers: Sequence[int]) -> Path:
+    """``folder``, or its sibling for answers that also hold the states of ``aux_layers``."""
+    return folder.with_name(folder.name + "-layers" + "-".join(map(str, aux_layers))) if aux_layers else folder
 
 
 def build_bench_answers(
@@ -56,12 +64,14 @@ def build_bench_answers(
     max_new_tokens: int = 128,
     batch_size: int = 8,
     progress: bool = True,
+    aux_layers: Sequence[int] = (),
 ) -> Path:
     """The target's greedy answers (and hidden states) to the bench's sample, built once into ``out_dir``.
 
     The sample is the benchmark's (`sample_questions` with the same ``per_category`` and ``seed``), each question's
     first turn through the chat template, answered greedily with ``max_new_tokens`` as the benchmark does. The folder
     is evaluation-only: `load_distillation_data` refuses it unless asked with ``evaluation_only_ok=True``.
+    ``aux_layers``: also store those layers' states (what an EAGLE-3 head reads).
 
     Returns:
         the folder (also holding ``categories.json``: each sequence's pooled category, in data order).
@@ -87,6 +97,7 @@ def build_bench_answers(
         max_new_tokens=max_new_tokens,
         batch_size=batch_size,
         shard_size=max(batch_size, len(prompts)),
+        aux_layers=aux_layers,
         progress=progress,
     )
     return out
@@ -171,7 +182,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-category", type=int, default=4, help="bench questions per category (default 4)")
     parser.add_argument("--seed", type=int, default=0, help="the bench's question sample seed (default 0)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length, as the bench (default 128)")
-    parser.add_argument("--data", default=None, help="answers folder (default: in the hf-specdec cache)")
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="answers folder (default: in the hf-specdec cache); EAGLE-3 heads use its sibling FOLDER-layersA-B-C",
+    )
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
 
 
@@ -204,21 +219,35 @@ def main(args: argparse.Namespace) -> int:
 
     heads = _heads(args)
     model, tokenizer = load_default_model()
-    folder = Path(args.data or bench_answers_folder(cache_root(), args.per_category, args.seed, args.max_new_tokens))
-    build_bench_answers(
-        model, tokenizer, find_questions_file(), folder, args.per_category, args.seed, args.max_new_tokens
-    )
-    data, categories = load_bench_answers(folder)
-    rows = evaluate_heads(model, data, heads, categories)
-    print(f"teacher-forced top-1 on the target's greedy answers to the bench's sample ({folder}):", file=sys.stderr)
+    rows = []
+    for layers, group in _by_feature_layers(model, heads).items():  # EAGLE-3 heads need their layers' states
+        if args.data is None:
+            folder = bench_answers_folder(cache_root(), args.per_category, args.seed, args.max_new_tokens, layers)
+        else:
+            folder = with_layers(Path(args.data), layers)
+        build_bench_answers(model, tokenizer, find_questions_file(), folder, args.per_category, args.seed,
+                            args.max_new_tokens, aux_layers=layers)  # fmt: skip
+        data, categories = load_bench_answers(folder)
+        rows += evaluate_heads(model, data, group, categories)
+        print(f"teacher-forced top-1 on the target's greedy answers to the bench's sample ({folder}):", file=sys.stderr)
     print(format_table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     return 0
 
 
+def _by_feature_layers(model, heads: Mapping[str, torch.nn.Module]) -> dict[tuple[int, ...], dict]:
+    """The heads grouped by the aux layers their data must hold (``()``: the final states only)."""
+    groups: dict[tuple[int, ...], dict] = {}
+    for name, head in heads.items():
+        layers = head.bind(model).feature_layers if isinstance(head, EagleHead) and head.version == 3 else ()
+        groups.setdefault(tuple(layers), {})[name] = head
+    return groups
+
+
 __all__ = [
     "bench_answers_folder",
+    "with_layers",
     "build_bench_answers",
     "evaluate_heads",
     "format_table",

@@ -293,8 +293,7 @@ class EagleHead(
         """Check ``model``, remember its embeddings / lm_head where the head uses them, and (EAGLE-3) fill in the
         default feature layers 2, L // 2, L - 3; returns self."""
         if self.version == 3 and self.aux_layers is None:
-            layers = _num_layers(model)
-            self.aux_layers = [2, layers // 2, layers - 3] if layers >= 6 else [1, layers // 2, layers - 1]
+            self.aux_layers = list(eagle3_feature_layers(model))
         self.check_compatible(model)
         if self.embed_tokens is None:
             object.__setattr__(self, "_target_embed", model.get_input_embeddings())
@@ -506,6 +505,13 @@ def _llama_config(config: LlamaConfig | Mapping) -> LlamaConfig:
     return cfg
 
 
+def eagle3_feature_layers(model: nn.Module) -> tuple[int, ...]:
+    """The entries of ``model``'s ``hidden_states`` tuple an EAGLE-3 head reads by default (upstream's low, middle
+    and high layers: 2, L // 2, L - 3; 1, L // 2, L - 1 for targets under 6 layers)."""
+    layers = _num_layers(model)
+    return (2, layers // 2, layers - 3) if layers >= 6 else (1, layers // 2, layers - 1)
+
+
 def _head_dim(config: LlamaConfig) -> int:
     return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
 
@@ -624,4 +630,4 @@ def _t2d_from_d2t(d2t: torch.Tensor, vocab: int) -> torch.Tensor:
     return t2d
 
 
-__all__ = ["EagleHead", "EagleKVCache", "expected_shapes", "read_eagle_checkpoint"]
+__all__ = ["EagleHead", "EagleKVCache", "eagle3_feature_layers", "expected_shapes", "read_eagle_checkpoint"]

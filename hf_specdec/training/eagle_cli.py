@@ -3,6 +3,7 @@
 
     hf-specdec train eagle --out DIR [--data-dir DIR] [--num-seed 32 --num-tasks 120] [--extra-data FOLDER...]
                            [--real-text | --real-text-file FILE] [--epochs 3] [--resume] [--device cuda] [--data-only]
+                           [--version 3 [--unroll 3]]
 
 Every stage is resumable: the data shards already written are kept, training continues from its last checkpoint.
 ``--data FOLDER...`` trains on existing data folders as they are (no build); ``--extra-data`` adds folders to the
@@ -47,6 +48,15 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--windows-per-step", type=int, default=4, help="training windows per optimizer step")
     parser.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (0 = full)")
+    parser.add_argument(
+        "--version",
+        type=int,
+        choices=(1, 3),
+        default=1,
+        help="1: EAGLE-1/2 (final states); 3: EAGLE-3 (low/mid/high layer states, training-time test); the data "
+        "built for 3 also hold those layers' states",
+    )
+    parser.add_argument("--unroll", type=int, default=3, help="EAGLE-3: draft steps unrolled in training")
     parser.add_argument("--no-tune", action="store_true", help="skip measuring the step cost for the tree size")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
     parser.add_argument("--seed", type=int, default=0)
@@ -56,6 +66,7 @@ def train_eagle_main(args: argparse.Namespace) -> int:
     """Build (or reuse) the data, train, tune the tree, save ``OUT/head`` and print the held-out figures."""
     import torch
 
+    from ..heads.eagle import eagle3_feature_layers
     from ..models import load_default_model
     from .data import load_distillation_data
     from .eagle import EagleTrainingConfig, train_eagle, tune_eagle_tree
@@ -67,6 +78,7 @@ def train_eagle_main(args: argparse.Namespace) -> int:
     if args.device:
         model.to(args.device)
     real_text = LocalText.load(args.real_text_file) if args.real_text_file else args.real_text
+    layers = eagle3_feature_layers(model) if args.version == 3 else ()
     if args.data:
         folders = [Path(f) for f in args.data]
     else:
@@ -83,6 +95,7 @@ def train_eagle_main(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             shard_size=args.batch_size,
             hidden_dtype=torch.float16,
+            aux_layers=layers,
         )
     folders += [Path(f) for f in args.extra_data]
     if args.data_only:
@@ -95,6 +108,8 @@ def train_eagle_main(args: argparse.Namespace) -> int:
         lr=args.lr,
         positions_per_step=args.windows_per_step,
         draft_vocab=args.draft_vocab,
+        version=args.version,
+        unroll=args.unroll,
         seed=args.seed,
     )
     data = load_distillation_data(folders)

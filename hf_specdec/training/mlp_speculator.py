@@ -21,6 +21,7 @@ latest one.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -364,6 +365,15 @@ def _model_card(report: dict, manifest: dict, cfg: MLPSpeculatorTrainingConfig) 
 
 
 # ---------------------------------------------------------------------------------------------------- command line
+SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def save_in_dtype(spec: MLPSpeculator, out: str | Path, dtype: str) -> None:
+    """``spec.save_pretrained(out)`` with its weights in ``dtype`` (a `SAVE_DTYPES` name); ``spec`` is unchanged."""
+    cast = SAVE_DTYPES[dtype]
+    (spec if cast == spec.emb[0].weight.dtype else copy.deepcopy(spec).to(cast)).save_pretrained(out)
+
+
 # `hf-specdec train mlp-speculator`: the defaults are the recipe of the speculator shipped in the package
 RECIPE = dict(num_prompts=256, num_context_prompts=0, prompt_seed=1, max_new_tokens=128, gen_batch_size=16)
 
@@ -394,6 +404,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--device", default="cpu", help="where the speculator trains (default cpu; e.g. cuda)")
+    parser.add_argument(
+        "--save-dtype",
+        choices=sorted(SAVE_DTYPES),
+        default="float16",
+        help="dtype of the saved weights (default float16, as shipped: half the file; training runs in float32)",
+    )
 
 
 def main(args) -> int:
@@ -429,8 +445,8 @@ def main(args) -> int:
     if not args.no_tune_tree:
         eval_pos = held_out_split(data, config.eval_fraction, config.eval_positions, config.seed).eval_pos
         report["tree_tuning"] = tune_speculator_tree(spec, data, eval_pos, model)
-        spec.save_pretrained(out)
         write_json(out / REPORT_NAME, report)
+    save_in_dtype(spec, out, args.save_dtype)
     top1 = (report["held_out"] or {}).get("top1_per_stage")
     print(f"[{report['steps']} steps in {report['training_time_s']:.0f} s; held-out top-1 per stage {top1}; tree "
           f"{spec.tree.get('widths')}; saved to {out}]", file=sys.stderr)  # fmt: skip
@@ -438,6 +454,7 @@ def main(args) -> int:
 
 
 __all__ = [
+    "save_in_dtype",
     "DEFAULT_WIDTH_CANDIDATES",
     "RECIPE",
     "add_arguments",

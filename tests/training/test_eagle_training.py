@@ -97,6 +97,11 @@ def test_cli_trains_on_several_data_folders():
     args = build_parser().parse_args(["train", "eagle", "--out", "x", "--real-text-file", "t.json", "--data-only",
                                       "--device", "cuda", "--windows-per-step", "16"])  # fmt: skip
     assert (args.real_text_file, args.data_only, args.device, args.windows_per_step) == ("t.json", True, "cuda", 16)
+    assert build_parser().parse_args(["train", "eagle", "--out", "x"]).version == 1
+    args = build_parser().parse_args(["train", "eagle", "--out", "x", "--version", "3", "--unroll", "4"])
+    assert (args.version, args.unroll) == (3, 4)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "eagle", "--out", "x", "--version", "2"])
     args = build_parser().parse_args(["train", "mlp-speculator", "--out", "x", "--device", "cuda"])
     assert args.device == "cuda"
 

@@ -84,3 +84,30 @@ def test_the_answers_never_train_a_head(default_model, answers, tmp_path):
     model, _ = default_model
     with pytest.raises(ValueError, match="evaluation only"):  # the trainers read data through the same loader
         train_eagle(model, load_distillation_data(answers), tmp_path, EagleTrainingConfig(max_steps=1))
+
+
+def test_an_eagle3_head_is_scored_on_answers_holding_its_layers(default_model, tmp_path):
+    """An EAGLE-3 head reads three layers' states: `eval-heads` builds its answers with them, in a folder of their
+    own, and its figure is the plain count over those states."""
+    from hf_specdec.bench.head_eval import _by_feature_layers, bench_answers_folder
+    from hf_specdec.heads.eagle import EagleHead
+
+    model, tok = default_model
+    head = EagleHead.for_model(model, version=3).eval()
+    groups = _by_feature_layers(model, {"eagle3": head, "eagle": EAGLE.load()})
+    assert set(groups) == {(), (2, 15, 27)} and set(groups[(2, 15, 27)]) == {"eagle3"}
+    folder = bench_answers_folder(tmp_path, 1, 0, 8, (2, 15, 27))
+    assert folder.name.endswith("-8tok-layers2-15-27")
+    build_bench_answers(model, tok, find_questions_file(), folder, per_category=1, seed=0, max_new_tokens=8,
+                        batch_size=6, progress=False, aux_layers=(2, 15, 27))  # fmt: skip
+    data, categories = load_bench_answers(folder)
+    hit = total = 0
+    with torch.no_grad():
+        for s, a, e in data.seq_bounds.tolist():
+            t = torch.arange(s, e - 1)
+            _, logits = head(data.input_ids[t + 1][None], data.aux_hidden[t][None].float())
+            for p in range(max(s, a - 2), e - 2):
+                hit += int(head.draft_to_token(logits[0, p - s].argmax()) == data.input_ids[p + 2])
+                total += 1
+    overall = next(r for r in evaluate_heads(model, data, {"eagle3": head}, categories) if r["category"] == "overall")
+    assert total > 20 and overall["top1"][0] == pytest.approx(hit / total, abs=1e-4)

@@ -154,3 +154,21 @@ def test_cli_has_a_train_mlp_speculator_subcommand():
     args = build_parser().parse_args(["train", "mlp-speculator", "--out", "x", "--data", "d1", "d2", "--resume"])
     assert args.out == "x" and args.data == ["d1", "d2"] and args.resume and args.func is main
     assert args.num_prompts == RECIPE["num_prompts"] and args.n_predict == 4 and args.draft_vocab == 8192
+
+
+def test_cli_saves_in_the_dtype_asked_and_leaves_the_trained_speculator_as_it_is(data_dir, tmp_path):
+    from hf_specdec.cli import build_parser
+    from hf_specdec.training.mlp_speculator import save_in_dtype
+
+    assert build_parser().parse_args(["train", "mlp-speculator", "--out", "x"]).save_dtype == "float16"
+    args = build_parser().parse_args(["train", "mlp-speculator", "--out", "x", "--save-dtype", "float32"])
+    assert args.save_dtype == "float32"
+    spec, _ = train_mlp_speculator(load_distillation_data(data_dir), tmp_path / "run", small_config(max_steps=2),
+                                   progress=False)  # fmt: skip
+    full = tmp_path / "run" / "model.safetensors"
+    save_in_dtype(spec, tmp_path / "half", "float16")
+    assert spec.emb[0].weight.dtype == torch.float32  # the caller's speculator is not cast
+    half = MLPSpeculator.from_pretrained(tmp_path / "half")
+    assert half.emb[0].weight.dtype == torch.float16
+    assert (tmp_path / "half" / "model.safetensors").stat().st_size < 0.6 * full.stat().st_size
+    torch.testing.assert_close(half.emb[0].weight.float(), spec.emb[0].weight, atol=1e-2, rtol=1e-3)
