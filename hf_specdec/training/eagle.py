@@ -22,8 +22,9 @@ EAGLE-3 (``version=3``) reads the states of three target layers (low, middle, hi
 reads, at each root pair r, the head's own step-(j - 1) output beside the real token r + j + 1, and attends to the
 step-0 pairs up to r plus its own chain (steps 1..j of root r), exactly what a depth-(j + 1) draft node sees at run
 time; its loss (weight ``0.8 ** j``) is the target's token r + j + 2. Low-layer states carry the identity of each
-context token, so one layer can copy what the prompt holds (an induction match on the token, the value its
-successor), which the final states of human-written text do not give it.
+context token, which one layer needs to copy from the prompt (an induction match on the token, the value its
+successor) and which the final states of human-written text carry little of; whether that closes the default
+model's copy gap on the benchmark is measured in docs/heads_training.md (not at a CPU budget, so far).
 
     head, report = train_eagle(model, load_distillation_data(folders), "out/eagle", EagleTrainingConfig())
 """
