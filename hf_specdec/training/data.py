@@ -495,8 +495,8 @@ def build_distillation_data(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    how = _Answering.of(model, max_new_tokens, batch_size, do_sample, temperature, top_p, eos_token_id, pad_token_id)
-    how.aux_layers = tuple(int(i) for i in aux_layers)
+    how = _Answering.of(model, max_new_tokens, batch_size, do_sample, temperature, top_p, eos_token_id, pad_token_id,
+                        aux_layers)  # fmt: skip
     settings = {"generation": how.describe(seed), "shard_size": int(shard_size), "hidden_dtype": str(hidden_dtype)}
     if how.aux_layers:  # only then: folders built before keep their fingerprint
         settings["aux_layers"] = list(how.aux_layers)
@@ -541,7 +541,9 @@ class _Answering:
     aux_layers: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, model, max_new_tokens, batch_size, do_sample, temperature, top_p, eos_token_id, pad_token_id):
+    def of(
+        cls, model, max_new_tokens, batch_size, do_sample, temperature, top_p, eos_token_id, pad_token_id, aux_layers=()
+    ):
         """Stop and pad ids default to the model's generation config (pad: the lowest stop id, else 0)."""
         gc = model.generation_config
         eos = eos_token_id if eos_token_id is not None else gc.eos_token_id
@@ -550,7 +552,7 @@ class _Answering:
         if pad is None:
             pad = min(eos_ids) if eos_ids else 0
         return cls(int(max_new_tokens), int(batch_size), bool(do_sample), float(temperature), float(top_p), eos_ids,
-                   int(pad))  # fmt: skip
+                   int(pad), tuple(int(i) for i in aux_layers))  # fmt: skip
 
     def describe(self, seed: int) -> dict:
         """The manifest's ``generation`` entry."""

@@ -56,19 +56,26 @@ def test_every_head_is_scored_per_category(default_model, answers):
     assert table.count("\n") == 1 + len(heads) and "translation" in table
 
 
+def plain_first_token_hits(head, data, features: torch.Tensor) -> tuple[int, int]:
+    """``(hits, positions)``: per answer position t whose token t + 2 is an answer token, whether the head's arg-max
+    (fed ``features`` `[N, F]` at t and the token t + 1) is that token, counted one position at a time."""
+    hit = total = 0
+    with torch.no_grad():
+        for s, a, e in data.seq_bounds.tolist():
+            t = torch.arange(s, e - 1)
+            _, logits = head(data.input_ids[t + 1][None], features[t][None].float())
+            for p in range(max(s, a - 2), e - 2):
+                hit += int(head.draft_to_token(logits[0, p - s].argmax()) == data.input_ids[p + 2])
+                total += 1
+    return hit, total
+
+
 def test_eagle_figure_is_the_plain_count(default_model, answers):
     """The EAGLE row equals counting, per answer position, the head's arg-max against the target's token t + 2."""
     model, _ = default_model
     data, categories = load_bench_answers(answers)
     head = EAGLE.load().bind(model)
-    hit = total = 0
-    with torch.no_grad():
-        for s, a, e in data.seq_bounds.tolist():
-            t = torch.arange(s, e - 1)
-            _, logits = head(data.input_ids[t + 1][None], data.hidden[t][None].float())
-            for p in range(max(s, a - 2), e - 2):
-                hit += int(head.draft_to_token(logits[0, p - s].argmax()) == data.input_ids[p + 2])
-                total += 1
+    hit, total = plain_first_token_hits(head, data, data.hidden)
     rows = evaluate_heads(model, data, {"eagle": head}, categories)
     overall = next(r for r in rows if r["category"] == "overall")
     assert overall["top1"][0] == pytest.approx(hit / total, abs=1e-4)
@@ -101,13 +108,6 @@ def test_an_eagle3_head_is_scored_on_answers_holding_its_layers(default_model, t
     build_bench_answers(model, tok, find_questions_file(), folder, per_category=1, seed=0, max_new_tokens=8,
                         batch_size=6, progress=False, aux_layers=(2, 15, 27))  # fmt: skip
     data, categories = load_bench_answers(folder)
-    hit = total = 0
-    with torch.no_grad():
-        for s, a, e in data.seq_bounds.tolist():
-            t = torch.arange(s, e - 1)
-            _, logits = head(data.input_ids[t + 1][None], data.aux_hidden[t][None].float())
-            for p in range(max(s, a - 2), e - 2):
-                hit += int(head.draft_to_token(logits[0, p - s].argmax()) == data.input_ids[p + 2])
-                total += 1
+    hit, total = plain_first_token_hits(head, data, data.aux_hidden)
     overall = next(r for r in evaluate_heads(model, data, {"eagle3": head}, categories) if r["category"] == "overall")
     assert total > 20 and overall["top1"][0] == pytest.approx(hit / total, abs=1e-4)
