@@ -868,7 +868,9 @@ def _concatenate(parts: list[DistillationData]) -> DistillationData:
         folder=parts[0].folder,
         **_concatenated_aux(parts),
         answer_mask=torch.cat([p.answer_mask for p in parts]),
-        target_next=torch.cat([p.next_tokens() for p in parts]) if any(p.target_next is not None for p in parts) else None,
+        target_next=torch.cat([p.next_tokens() for p in parts])
+        if any(p.target_next is not None for p in parts)
+        else None,
     )
 
 

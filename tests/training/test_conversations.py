@@ -73,9 +73,11 @@ def test_duplicates_overlap_and_stable_split(tmp_path):
     question = read_questions(find_questions_file())[0]["turns"][0]
     quoted = " ".join(read_questions(find_questions_file())[5]["turns"][0].split()[:12])
     records = [_record(i, f"an ordinary question {i}") for i in range(40)]
-    records += [_record(40, "An ordinary   QUESTION 3"),  # a duplicate of record 3 (case and spaces ignored)
-                _record(41, question),  # a Spec-Bench question
-                _record(42, f"Please help: {quoted} thanks")]  # quotes ten words and more of one
+    records += [
+        _record(40, "An ordinary   QUESTION 3"),  # a duplicate of record 3 (case and spaces ignored)
+        _record(41, question),  # a Spec-Bench question
+        _record(42, f"Please help: {quoted} thanks"),
+    ]  # quotes ten words and more of one
     _write_cut(tmp_path / "data.json", records, cut_inside_last=False)
     first = load_conversations(tmp_path / "data.json", held_out_permille=300)
     again = load_conversations(tmp_path / "data.json", held_out_permille=300)
@@ -94,6 +96,8 @@ def test_template_marks_the_assistant_tokens():
     seq = templated_ids(tok, conv)
     answer = tok.convert_ids_to_tokens([t for t, m in zip(seq.ids, seq.answer_mask) if m])
     assert answer == ["fine", "thanks", "<|im_end|>", "hello", "there", "<|im_end|>"]
-    assert seq.ids == tok(tok.apply_chat_template(conv.messages(), tokenize=False), add_special_tokens=False)["input_ids"]
+    assert (
+        seq.ids == tok(tok.apply_chat_template(conv.messages(), tokenize=False), add_special_tokens=False)["input_ids"]
+    )
     assert seq.first_answer == seq.answer_mask.index(True)
     assert templated_ids(tok, conv, max_tokens=seq.first_answer) is None  # no assistant token left

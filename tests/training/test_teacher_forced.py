@@ -12,7 +12,7 @@ import torch
 import hf_specdec.training.teacher_forced as tf
 from hf_specdec.testing import tiny_causal_lm, tiny_chat_tokenizer
 from hf_specdec.training.conversation_data import build_conversation_data
-from hf_specdec.training.conversations import ConversationSet, Conversation, Turn, templated_ids
+from hf_specdec.training.conversations import Conversation, ConversationSet, Turn, templated_ids
 from hf_specdec.training.data import load_distillation_data
 from hf_specdec.training.eagle import token_targets
 from hf_specdec.training.medusa import IGNORE, medusa_labels
