@@ -26,13 +26,15 @@ from pathlib import Path
 import torch
 
 from ..assistants import EAGLE, MEDUSA, MLP_SPECULATOR
+from ..generation.proposers.ngram import prompt_lookup_predictions
 from ..heads.eagle import EagleHead
 from ..heads.medusa import MedusaHeads
 from ..heads.mlp_speculator import MLPSpeculator
 from ..training.data import DistillationData, build_distillation_data, load_distillation_data
-from ..training.eagle import evaluate_eagle
+from ..training.eagle import evaluate_eagle, unrolled_draft_logits
 from ..training.medusa import evaluate_medusa
-from ..training.mlp_speculator import evaluate_mlp_speculator
+from ..training.medusa_tree import guess_matches
+from ..training.mlp_speculator import evaluate_mlp_speculator, tree_accepted_depths
 from ..training.run import head_positions
 from .questions import category_sort_key, load_questions, sample_questions
 from .spec_bench import build_prompts
@@ -124,11 +126,85 @@ def head_top1(model, head: torch.nn.Module, data: DistillationData, seq_ids: tor
     raise TypeError(f"no teacher-forced evaluation for {type(head).__name__}")
 
 
+EAGLE_CHAIN_DEPTH = 5
+
+
+@torch.no_grad()
+def eagle_chain_accepted(head: EagleHead, data: DistillationData, seq_ids: torch.Tensor, depth: int) -> tuple:
+    """``(positions [P], accepted [P])``: at every answer position t of the sequences (token t + 2 an answer token),
+    how many tokens a greedy chain of ``depth`` EAGLE draft steps from root t + 1 gets right in a row.
+
+    The chain is the training-time-test unroll (`unrolled_draft_logits`): step j reads the head's own step-(j - 1)
+    output and the data's token t + j + 1, which is the drafted token wherever the steps before were right, so the
+    count of leading right steps is exactly what greedy verification of the chain accepts.
+    """
+    features, nxt = data.features(head.feature_layers), data.next_tokens()
+    n = data.input_ids.numel()
+    positions, accepted = [], []
+    w = head.fc.weight
+    for s, a, e in data.seq_bounds[seq_ids].tolist():
+        if e - s < 3:
+            continue
+        t = torch.arange(s, e - 1)  # roots: pair (f_t, token t + 1)
+        steps = torch.arange(depth)
+        tokens = data.input_ids[(t[:, None] + steps + 1).clamp(max=n - 1)]  # [T, D] token t + j + 1
+        feats = features[t][None].to(w.device, w.dtype)  # [1, T, F]
+        logits = unrolled_draft_logits(head, feats, tokens[None].to(w.device))  # D x [1, T, V']
+        guess = torch.stack([head.draft_to_token(x[0].argmax(-1)).cpu() for x in logits], dim=1)  # [T, D]
+        want_at = t[:, None] + steps + 1  # the target's token after t + j + 1
+        inside = (want_at + 1 < e) & data.answer_mask[(want_at + 1).clamp(max=n - 1)]
+        right = (guess == nxt[want_at.clamp(max=n - 1)]) & inside  # [T, D]
+        keep = data.answer_mask[(t + 2).clamp(max=n - 1)] & (t + 2 < e) & (t + 2 >= a)
+        positions.append(t[keep])
+        accepted.append(right[keep].long().cumprod(1).sum(1))
+    if not positions:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    return torch.cat(positions), torch.cat(accepted)
+
+
+@torch.no_grad()
+def chain_accepted(model, head: torch.nn.Module, data: DistillationData, seq_ids: torch.Tensor) -> tuple:
+    """``(positions [P], accepted [P])``: per answer position, the draft tokens a greedy chain of the head's full
+    depth gets right in a row (EAGLE: `EAGLE_CHAIN_DEPTH` steps; Medusa: every head; MLP speculator: every stage)."""
+    if isinstance(head, EagleHead):
+        return eagle_chain_accepted(head, data, seq_ids, EAGLE_CHAIN_DEPTH)
+    positions = head_positions(data, seq_ids)  # [P]
+    if isinstance(head, MLPSpeculator):
+        return positions, tree_accepted_depths(head, data, positions, [1] * head.n_predict)
+    if isinstance(head, MedusaHeads):
+        match = guess_matches(head, data, positions, model.get_output_embeddings(), k=1)[..., 0]  # [P, D]
+        return positions, match.long().cumprod(1).sum(1)
+    raise TypeError(f"no chain evaluation for {type(head).__name__}")
+
+
+def copy_positions(data: DistillationData, positions: torch.Tensor) -> torch.Tensor:
+    """`[P]` bool: whether prompt lookup (`NgramAssistant`'s matcher, having seen the tokens up to t + 1) drafts the
+    target's token t + 2 first at each position t: where copying already gets the token a head is asked for."""
+    guess = torch.full((data.input_ids.numel(),), -2, dtype=torch.long)
+    for s, _, e in data.seq_bounds.tolist():
+        pred = prompt_lookup_predictions(data.input_ids[s:e])
+        guess[s:e] = torch.tensor([-2 if p is None else p for p in pred], dtype=torch.long)
+    return guess[positions + 1] == data.next_tokens()[positions + 1]
+
+
+def chain_summary(accepted: torch.Tensor) -> dict:
+    """``{"positions", "top1", "tau"}`` of chain acceptances `[P]` (tau: 1 + the mean accepted, the bonus token
+    counted as in the loop's τ)."""
+    n = int(accepted.numel())
+    return {
+        "positions": n,
+        "top1": round(float((accepted >= 1).float().mean()), 4) if n else None,
+        "tau": round(1 + float(accepted.float().mean()), 3) if n else None,
+    }
+
+
 def evaluate_heads(
     model, data: DistillationData, heads: Mapping[str, torch.nn.Module], categories: Sequence[str]
 ) -> list[dict]:
     """One row per head and category (and ``"overall"``): ``{"head", "category", "sequences", "top1"}``, where
-    ``top1`` lists the figures of `head_top1`. Each head is bound to ``model`` (checked against it) first."""
+    ``top1`` lists the figures of `head_top1`, and ``chain`` / ``copy`` / ``elsewhere`` the `chain_summary` of all
+    its answer positions, of those where prompt lookup already drafts the target's token, and of the rest. Each head
+    is bound to ``model`` (checked against it) first."""
     if len(categories) != data.seq_bounds.shape[0]:
         raise ValueError(f"{len(categories)} categories for {data.seq_bounds.shape[0]} sequences")
     groups = {
@@ -139,14 +215,20 @@ def evaluate_heads(
     for name, head in heads.items():
         head.bind(model)  # checks the head against the target; EAGLE reads its embeddings and lm_head rows
         for category, ids in groups.items():
-            top1 = head_top1(model, head, data, torch.tensor(ids, dtype=torch.long))
-            rows.append({"head": name, "category": category, "sequences": len(ids), "top1": top1})
+            seq_ids = torch.tensor(ids, dtype=torch.long)
+            top1 = head_top1(model, head, data, seq_ids)
+            positions, accepted = chain_accepted(model, head, data, seq_ids)
+            copy = copy_positions(data, positions)
+            rows.append({"head": name, "category": category, "sequences": len(ids), "top1": top1,
+                         "chain": chain_summary(accepted), "copy": chain_summary(accepted[copy]),
+                         "elsewhere": chain_summary(accepted[~copy])})  # fmt: skip
     return rows
 
 
 def format_table(rows: Sequence[dict]) -> str:
-    """A markdown table: a row per head, a column per category (the first draft position's top-1), and the later
-    positions' overall top-1."""
+    """Two markdown tables: a row per head, a column per category (the first draft position's top-1) and the later
+    positions' overall top-1; then top-1 and chain τ overall, at copy positions (prompt lookup drafts the target's
+    token) and elsewhere."""
     categories = list(dict.fromkeys(r["category"] for r in rows))
     heads = list(dict.fromkeys(r["head"] for r in rows))
     by = {(r["head"], r["category"]): r for r in rows}
@@ -158,6 +240,20 @@ def format_table(rows: Sequence[dict]) -> str:
         cells = [f"{by[(h, c)]['top1'][0]:.3f}" for c in categories]
         later = ", ".join(f"{x:.3f}" for x in by[(h, ALL)]["top1"][1:]) or "-"
         lines.append(f"| {h} | " + " | ".join(cells) + f" | {later} |")
+    lines += ["", "| head | top-1 | chain τ | copy positions | top-1 there | τ there | elsewhere: top-1 | τ |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for h in heads:
+        r = by[(h, ALL)]
+        if "chain" not in r:
+            continue
+        c, cp, el = r["chain"], r["copy"], r["elsewhere"]
+        share = cp["positions"] / max(1, c["positions"])
+
+        def f(x, fmt=".3f"):
+            return "-" if x is None else format(x, fmt)
+
+        lines.append(f"| {h} | {f(c['top1'])} | {f(c['tau'], '.2f')} | {share:.2f} | {f(cp['top1'])} | "
+                     f"{f(cp['tau'], '.2f')} | {f(el['top1'])} | {f(el['tau'], '.2f')} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -31,6 +31,7 @@ model's copy gap on the benchmark is measured in docs/heads_training.md (not at 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from collections.abc import Sequence
@@ -69,7 +70,11 @@ class EagleTrainingConfig(RunConfig):
         draft_vocab: size of the draft (and loss) vocabulary; 0 = the full vocabulary.
         version: 1 (EAGLE-1/2: feature regression + token loss) or 3 (EAGLE-3: fused low/mid/high features, token
             loss over ``unroll`` training-time-test steps; ``reg_weight`` is not used).
-        unroll: EAGLE-3 draft steps unrolled per window.
+        unroll: draft steps unrolled per window (training-time test); None: 3 for EAGLE-3, 1 for EAGLE-1. With
+            ``unroll`` > 1 an EAGLE-1 head is trained on the token loss of every step (its own fed-back features from
+            step 1 on) beside the feature regression of step 0.
+        soft_labels: the token loss is the cross-entropy against the target's distribution over the draft vocabulary
+            (``softmax`` of its lm_head rows over ``f_{t+1}``, as EAGLE's own training) instead of its arg-max.
     """
 
     window: int = 256
@@ -78,7 +83,8 @@ class EagleTrainingConfig(RunConfig):
     noise: float = 0.1
     draft_vocab: int = 8192
     version: int = 1
-    unroll: int = 3
+    unroll: int | None = None
+    soft_labels: bool = False
     positions_per_step: int = 4
     epochs: float = 3.0
     max_grad_norm: float = 0.5
@@ -94,8 +100,12 @@ class EagleTrainingConfig(RunConfig):
             raise ValueError("reg_weight and token_weight must be >= 0, not both 0")
         if self.version not in (1, 3):
             raise ValueError(f"version must be 1 (EAGLE-1/2) or 3 (EAGLE-3), got {self.version}")
-        if self.version == 3 and (self.unroll < 1 or self.token_weight == 0):
-            raise ValueError("EAGLE-3 trains on the token loss: unroll must be >= 1 and token_weight > 0")
+        if self.unroll is None:
+            self.unroll = 3 if self.version == 3 else 1
+        if self.unroll < 1:
+            raise ValueError(f"unroll must be >= 1, got {self.unroll}")
+        if (self.version == 3 or self.unroll > 1) and self.token_weight == 0:
+            raise ValueError("training-time test (EAGLE-3, or unroll > 1) trains on the token loss: token_weight > 0")
 
 
 # ---------------------------------------------------------------------------------------------------- windows
@@ -155,26 +165,55 @@ def eagle_loss(
     cfg: EagleTrainingConfig,
     feature_std: float,
     generator: torch.Generator | None = None,
+    teacher_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
-    """The weighted EAGLE loss over the ``(start, end)`` windows `[B, 2]` (`window_starts`), and its parts (floats)."""
+    """The weighted EAGLE loss over the ``(start, end)`` windows `[B, 2]` (`window_starts`), and its parts (floats).
+    ``teacher_rows``: `[V', H]` the target's lm_head rows of the draft vocabulary (needed by ``cfg.soft_labels``)."""
+    if cfg.soft_labels and teacher_rows is None:
+        raise ValueError("soft_labels needs the target's lm_head rows (teacher_rows)")
+    rows = teacher_rows if cfg.soft_labels else None
     t, valid = _windows(data, windows, cfg.window)  # [B, W], on the CPU with the data
     dtype, device = head.fc.weight.dtype, head.fc.weight.device
     feats = data.features(head.feature_layers)[t].to(device=device, dtype=dtype)  # [B, W, F]
     if cfg.noise and head.training:
         u = torch.rand(feats.shape, generator=generator, dtype=dtype, device=device)
         feats = feats + (u * 2 - 1) * cfg.noise * feature_std
-    if head.version == 3:
-        return _unrolled_token_loss(head, data, labels, t, valid, feats, cfg.unroll)
-    tokens = data.input_ids[t + 1].to(device)  # [B, W]
+    if head.version == 3 or cfg.unroll > 1:
+        tok, parts, out = _unrolled_token_loss(head, data, labels, t, valid, feats, cfg.unroll, rows)
+        if head.version == 3:
+            return tok, parts
+    else:
+        tokens = data.input_ids[t + 1].to(device)  # [B, W]
+        out, logits = head(tokens, feats)  # [B, W, H], [B, W, V']
+        tok = _token_loss(logits, labels[t], valid, data.hidden[t + 1], rows)
+        parts = {"token": float(tok.detach())}
     target = data.hidden[t + 1].to(device=device, dtype=dtype)  # [B, W, H]
-    out, logits = head(tokens, feats)  # [B, W, H], [B, W, V']
-    valid = valid.to(device)
-    reg = F.smooth_l1_loss(out[valid], target[valid])
-    lab = labels[t].to(device).masked_fill(~valid, -100)
-    tok = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), lab.reshape(-1), ignore_index=-100)
-    tok = torch.nan_to_num(tok)  # a batch without any label
+    v = valid.to(device)
+    reg = F.smooth_l1_loss(out[v], target[v])
     loss = cfg.reg_weight * reg + cfg.token_weight * tok
-    return loss, {"reg": float(reg.detach()), "token": float(tok.detach())}
+    return loss, {"reg": float(reg.detach()), **parts}
+
+
+def _token_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    valid: torch.Tensor,
+    teacher: torch.Tensor | None,
+    teacher_rows: torch.Tensor | None,
+) -> torch.Tensor:
+    """Cross-entropy of ``logits`` `[B, W, V']` against the draft-vocabulary ``labels`` `[B, W]` (-100: none) where
+    ``valid`` `[B, W]`; with ``teacher_rows`` `[V', H]`, against the target's distribution over the draft vocabulary
+    (``softmax(teacher @ teacher_rows.T)``, ``teacher`` `[B, W, H]` the target's next states, on the CPU) at the
+    labelled positions instead."""
+    lab = labels.to(logits.device).masked_fill(~valid.to(logits.device), -100)
+    if teacher_rows is None:
+        tok = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), lab.reshape(-1), ignore_index=-100)
+        return torch.nan_to_num(tok)  # a batch without any label
+    keep = lab >= 0
+    with torch.no_grad():
+        states = teacher[keep.cpu()].to(teacher_rows.device, teacher_rows.dtype)  # [k, H]
+        p = torch.softmax((states @ teacher_rows.T).float(), dim=-1)  # [k, V']
+    return torch.nan_to_num(-(p * torch.log_softmax(logits[keep].float(), dim=-1)).sum(-1).mean())
 
 
 def _unrolled_token_loss(
@@ -185,31 +224,35 @@ def _unrolled_token_loss(
     valid: torch.Tensor,
     feats: torch.Tensor,
     unroll: int,
-) -> tuple[torch.Tensor, dict]:
-    """EAGLE-3's training-time test over windows of root pairs ``t`` `[B, W]` (``valid`` `[B, W]`, step-0 features
-    ``feats`` `[B, W, F]`): the token loss of ``unroll`` draft steps, step j weighted ``0.8 ** j`` (module docstring)."""
+    teacher_rows: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict, torch.Tensor]:
+    """Training-time test over windows of root pairs ``t`` `[B, W]` (``valid`` `[B, W]`, step-0 features ``feats``
+    `[B, W, F]`): the token loss of ``unroll`` draft steps, step j weighted ``0.8 ** j`` (module docstring); also
+    returns step 0's output states `[B, W, H]` (for EAGLE-1's feature regression)."""
     n = data.input_ids.numel()
     steps = torch.arange(unroll)  # [U]
     index = (t[..., None] + steps).clamp(max=n - 1)  # [B, W, U] root + j
     ok = valid[..., None] & (t[..., None] + steps + 1 < data.seq_end[t][..., None])  # step j's token in the sequence
     tokens = data.input_ids[(index + 1).clamp(max=n - 1)].to(feats.device)  # [B, W, U] token r + j + 1
-    lab = labels[index].masked_fill(~ok, -100).to(feats.device)  # [B, W, U] the target's token r + j + 2
-    losses = []
-    for j, logits in enumerate(unrolled_draft_logits(head, feats, tokens)):
-        step = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), lab[..., j].reshape(-1), ignore_index=-100)
-        losses.append(torch.nan_to_num(step))  # a batch without any label
+    losses, first = [], []
+    for j, logits in enumerate(unrolled_draft_logits(head, feats, tokens, outputs=first)):
+        teacher = data.hidden[(index[..., j] + 1).clamp(max=n - 1)] if teacher_rows is not None else None  # [B, W, H]
+        losses.append(_token_loss(logits, labels[index[..., j]], ok[..., j], teacher, teacher_rows))
     weights = [0.8**j for j in range(unroll)]
     loss = sum(w * x for w, x in zip(weights, losses)) / sum(weights)
-    return loss, {"token": float(losses[0].detach()), **{f"token_step{j}": float(x.detach()) for j, x in
-                                                         enumerate(losses)}}  # fmt: skip
+    parts = {"token": float(losses[0].detach()), **{f"token_step{j}": float(x.detach()) for j, x in enumerate(losses)}}
+    return loss, parts, first[0]
 
 
-def unrolled_draft_logits(head: EagleHead, feats: torch.Tensor, tokens: torch.Tensor) -> list[torch.Tensor]:
-    """The logits of ``U`` chained draft steps from every root pair of a window (EAGLE-3's training-time test).
+def unrolled_draft_logits(
+    head: EagleHead, feats: torch.Tensor, tokens: torch.Tensor, outputs: list | None = None
+) -> list[torch.Tensor]:
+    """The logits of ``U`` chained draft steps from every root pair of a window (training-time test).
 
     Args:
         feats: `[B, W, F]` the target's features of pairs 0..W-1 (positions 0..W-1).
         tokens: `[B, W, U]` beside root r's step j, the token r + j + 1.
+        outputs: if given, each step's output states `[B, W, H]` are appended to it.
     Returns:
         ``U`` tensors `[B, W, V']`: step j's logits at root r, computed as a depth-(j + 1) draft node sees it: step 0
         reads the target's feature, step j > 0 the head's step-(j - 1) output, at position r + j; it attends to the
@@ -227,6 +270,8 @@ def unrolled_draft_logits(head: EagleHead, feats: torch.Tensor, tokens: torch.Te
         x, k, v = head.layer_forward(tokens[..., j], x, pos, mask, keys, values)  # [B, W, H], [B, kvh, W, D] x 2
         keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
         out_logits.append(head.logits(x))
+        if outputs is not None:
+            outputs.append(x)
     return out_logits
 
 
@@ -271,9 +316,10 @@ def train_eagle(
     resume: bool = False,
     progress: bool = True,
     device: str | torch.device | None = None,
+    init_head: EagleHead | None = None,
 ) -> tuple[EagleHead, dict]:
-    """Train a fresh EAGLE-1/2 (or, ``cfg.version=3``, EAGLE-3) head for ``model`` on ``data``; write
-    ``out_dir/head`` and the report.
+    """Train a fresh EAGLE-1/2 (or, ``cfg.version=3``, EAGLE-3) head for ``model`` on ``data`` (or continue training
+    ``init_head``); write ``out_dir/head`` and the report.
 
     Args:
         model: the target (frozen; only its embeddings and lm_head are read).
@@ -284,6 +330,8 @@ def train_eagle(
         progress: tqdm bars.
         device: where the head trains (default: the target's device); the data stays on the CPU and each batch
             moves there. The returned head is on the CPU.
+        init_head: start from this head (a copy; its version and draft vocabulary are kept, ``cfg.version`` and
+            ``cfg.draft_vocab`` must agree): fine-tuning a trained head on new data.
     Returns:
         ``(head, report)``.
     """
@@ -294,12 +342,18 @@ def train_eagle(
     train_seqs, eval_seqs = split_sequences(data, cfg.eval_fraction, cfg.seed)
     lm_weight = model.get_output_embeddings().weight.detach()
     vocab_size = int(lm_weight.shape[0])
-    if cfg.draft_vocab and cfg.draft_vocab < vocab_size:
-        vocab, coverage = draft_vocabulary(data, head_positions(data, train_seqs), cfg.draft_vocab)
-    else:
-        vocab, coverage = None, 1.0
     device = torch.device(device) if device is not None else lm_weight.device
-    head = EagleHead.for_model(model, version=cfg.version, draft_vocab=vocab).to(device).train()
+    if init_head is not None:
+        head, vocab = _continued(init_head, model, cfg)
+        labelled = data.next_tokens()[head_positions(data, train_seqs) + 1]
+        coverage = float(torch.isin(labelled, vocab).float().mean()) if vocab is not None else 1.0
+        head = head.to(device).train()
+    else:
+        if cfg.draft_vocab and cfg.draft_vocab < vocab_size:
+            vocab, coverage = draft_vocabulary(data, head_positions(data, train_seqs), cfg.draft_vocab)
+        else:
+            vocab, coverage = None, 1.0
+        head = EagleHead.for_model(model, version=cfg.version, draft_vocab=vocab).to(device).train()
     features = data.features(head.feature_layers)  # [N, F]: refuses data without the head's layers
     for p in model.parameters():
         p.requires_grad_(False)
@@ -311,12 +365,14 @@ def train_eagle(
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps, total))
     run = TrainingRun(out, cfg, head, "head", optimizer, scheduler)
-    run.resume(resume, same=("window", "draft_vocab", "seed", "version", "unroll"))
+    run.resume(resume, same=("window", "draft_vocab", "seed", "version", "unroll", "soft_labels"))
     feature_std = float(features[:: max(1, features.shape[0] // 4096)].float().std())
     gen = torch.Generator(device=device).manual_seed(cfg.seed + 17)
 
+    teacher_rows = lm_weight[vocab if vocab is not None else slice(None)].to(device, torch.float32)  # [V', H]
+
     def loss_of(batch: torch.Tensor) -> torch.Tensor:
-        return eagle_loss(head, data, labels, batch, cfg, feature_std, gen)[0]
+        return eagle_loss(head, data, labels, batch, cfg, feature_std, gen, teacher_rows)[0]
 
     def evaluate() -> dict:
         return evaluate_eagle(head, data, eval_seqs, cfg.eval_positions) if eval_seqs.numel() else {}
@@ -344,6 +400,21 @@ def train_eagle(
     head.save_pretrained(out / HEAD_DIR)
     (out / REPORT_NAME).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return head, report
+
+
+def _continued(init_head: EagleHead, model: torch.nn.Module, cfg: EagleTrainingConfig):
+    """``(a trainable float32 copy of init_head bound to model, its draft vocabulary [V'] or None)``; the config must
+    describe the same head."""
+    if init_head.version != cfg.version:
+        raise ValueError(f"init_head is an EAGLE-{init_head.version} head, the config trains EAGLE-{cfg.version}")
+    shared = {id(m): m for m in model.modules()}  # a bound head refers to the target's embeddings: not copied
+    head = copy.deepcopy(init_head, shared).float().bind(model)
+    vocab = None if head.d2t is None else head._draft_ids().cpu()
+    if vocab is not None and cfg.draft_vocab and vocab.numel() != cfg.draft_vocab:
+        raise ValueError(f"init_head drafts over {vocab.numel()} tokens, the config asks for {cfg.draft_vocab}")
+    for p in head.parameters():
+        p.requires_grad_(True)
+    return head, vocab
 
 
 def measure_eagle_step_cost(

