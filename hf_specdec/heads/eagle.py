@@ -325,8 +325,8 @@ class EagleHead(
 
     def _check_verifier(self, model: nn.Module) -> None:
         """Refuse a target whose architecture differs from the one the checkpoint names (its ``verifier``)."""
-        theirs = list(getattr(model.config, "architectures", None) or [])
-        if self.verifier_architectures and theirs and not set(theirs) & set(self.verifier_architectures):
+        theirs = _architectures(model)
+        if self.verifier_architectures and not set(theirs) & set(self.verifier_architectures):
             name = getattr(model.config, "_name_or_path", "") or type(model).__name__
             raise ValueError(
                 f"EagleHead was trained for a verifier {self.base_model_name_or_path or '(unnamed)'} of architecture "
@@ -340,8 +340,8 @@ class EagleHead(
         if self.version == 3 and self.aux_layers is None:
             self.aux_layers = list(eagle3_feature_layers(model))
         self.check_compatible(model)
-        if self.verifier_architectures is None and getattr(model.config, "architectures", None):
-            self.verifier_architectures = list(model.config.architectures)
+        if self.verifier_architectures is None:
+            self.verifier_architectures = _architectures(model)
         if self.embed_tokens is None:
             object.__setattr__(self, "_target_embed", model.get_input_embeddings())
         if self.version == 1:
@@ -524,7 +524,8 @@ class EagleHead(
                                  "or head.bind(model)) and set head.base_model_name_or_path to the name vLLM should "
                                  f"load (now {self.base_model_name_or_path!r})")  # fmt: skip
             config = speculators_eagle3_config(self, self.base_model_name_or_path, self.verifier_architectures)
-            return config, speculators_eagle3_tensors(state)
+            embed = None if self._target_embed is None else self._target_embed.weight
+            return config, speculators_eagle3_tensors(state, embed)
         if fmt == "eagle":
             return self._upstream_config(), state
         raise ValueError(f"EagleHead exports the formats {list(self.export_formats)}, not {fmt!r}")
@@ -649,6 +650,12 @@ def _head_dim(config: LlamaConfig) -> int:
     return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
 
 
+def _architectures(model: nn.Module) -> list[str]:
+    """The model's config ``architectures`` (what a checkpoint's config.json says), else its class name (a model
+    built from a config has none)."""
+    return list(getattr(model.config, "architectures", None) or [type(model).__name__])
+
+
 def _num_layers(model: nn.Module) -> int:
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return int(config.num_hidden_layers)
@@ -758,6 +765,8 @@ def read_speculators_checkpoint(source: HeadSource, config: Mapping) -> tuple[di
     tensors = speculators_tensors_to_ours(
         {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}, kind
     )
+    if init["has_embed_tokens"] is None:  # the target's own embeddings, stored for the library: not the head's
+        tensors.pop("embed_tokens.weight", None)
     init["has_embed_tokens"] = "embed_tokens.weight" in tensors
     try:
         expected = expected_shapes(init=init)

@@ -76,7 +76,8 @@ def is_speculators_config(config: Mapping | None) -> bool:
 # ------------------------------------------------------------------------------------------------------- reading
 def speculators_eagle_init(config: Mapping, where: str) -> tuple[dict, str]:
     """``(EagleHead kwargs, kind)`` of a speculators config; kinds, layers and options EagleHead cannot run are
-    refused by name."""
+    refused by name. ``has_embed_tokens`` is ``"checkpoint"`` (the weights decide) or None (the stored embeddings
+    are the target's, written by hf-specdec's export, and are dropped)."""
     kind = config.get("speculators_model_type")
     if kind in REFUSED_KINDS:
         raise ValueError(f"EagleHead: {where} is a speculators {kind!r} checkpoint, which hf-specdec cannot run: "
@@ -88,6 +89,8 @@ def speculators_eagle_init(config: Mapping, where: str) -> tuple[dict, str]:
     verifier = _verifier(config, where)
     extra = config.get("hf_specdec") if isinstance(config.get("hf_specdec"), Mapping) else {}
     fields = {k: layer[k] for k in _LAYER_KEYS if layer.get(k) is not None}
+    # an hf-specdec export stores the target's embeddings for the library (`speculators_eagle3_tensors`): drop them
+    drop_embed = bool(extra.get("embed_tokens_from_target"))
     if kind == "eagle":
         if config.get("layernorms"):
             raise ValueError(f"EagleHead: {where} has layernorms=true (HASS's extra embedding and pre-lm_head norms), "
@@ -112,6 +115,7 @@ def speculators_eagle_init(config: Mapping, where: str) -> tuple[dict, str]:
         "tree": extra.get("tree") or {"depth": _speculative_tokens(config)},
         "model_card": extra.get("model_card"),
         "eagle3_options": options,
+        "has_embed_tokens": None if drop_embed else "checkpoint",
     }
     return init, kind
 
@@ -205,13 +209,31 @@ def speculators_eagle3_config(head, verifier_name: str, verifier_architectures: 
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier_name, "architectures": list(verifier_architectures)},
         },
-        "hf_specdec": {"tree": head.tree, "model_card": head.model_card},
+        "hf_specdec": {
+            "tree": head.tree,
+            "model_card": head.model_card,
+            "embed_tokens_from_target": head.embed_tokens is None,
+        },
     }
 
 
-def speculators_eagle3_tensors(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """EagleHead's EAGLE-3 tensors under the speculators names (``midlayer.`` -> ``layers.0.``)."""
-    return {("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in state.items()}
+def speculators_eagle3_tensors(
+    state: Mapping[str, torch.Tensor], target_embed: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """EagleHead's EAGLE-3 tensors under the speculators names (``midlayer.`` -> ``layers.0.``).
+
+    Args:
+        state: the head's state dict.
+        target_embed: `[V, H]` the target's input embeddings, stored as ``embed_tokens.weight`` when the head has
+            none of its own: the library saves them with every EAGLE-3 checkpoint, and its loader does not fill them
+            in from the verifier (with transformers 5.24 they stay uninitialised), so the export carries them.
+    """
+    out = {("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in state.items()}
+    if "embed_tokens.weight" not in out:
+        if target_embed is None:
+            raise ValueError("the speculators format stores the target's input embeddings: bind the head first")
+        out["embed_tokens.weight"] = target_embed.detach().to(state["fc.weight"].dtype)
+    return out
 
 
 __all__ = [
