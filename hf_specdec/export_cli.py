@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli_args import UsageError, check_model_argument, load_model_argument, positive_int
+from .cli_args import UsageError, check_model_argument, positive_int
 
 # export format -> the head class that writes it
 FORMATS = {"speculators": "eagle", "eagle": "eagle", "medusa": "medusa"}
@@ -69,6 +69,22 @@ def _head_source(head: str, head_type: str) -> str:
     return head
 
 
+def _load_target(name: str | None):
+    """``(model, name)``: ``--model`` (fp32; no tokenizer needed), or the default model when None."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .models import DEFAULT_MODEL_NAME, load_default_model
+
+    if name is None:
+        return load_default_model()[0], DEFAULT_MODEL_NAME
+    check_model_argument(name)
+    try:
+        return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval(), name
+    except OSError as err:  # transformers' "not a local folder nor a Hub repo" / offline messages
+        raise UsageError(f"--model {name}: {str(err).splitlines()[0]}") from err
+
+
 def export_main(args: argparse.Namespace) -> int:
     """Load the head and its target, bind them, save the export and print what was written and how to serve it."""
     import torch
@@ -88,7 +104,7 @@ def export_main(args: argparse.Namespace) -> int:
         head = head_class.from_pretrained(source, dtype=None)
     except (OSError, ValueError) as err:
         raise UsageError(f"cannot load {args.head} as {head_class.__name__}: {err}") from err
-    model, _, name = load_model_argument(args.model)
+    model, name = _load_target(args.model)
     verifier = args.verifier or (args.model if args.model else str(default_model_dir()))
     try:
         head.bind(model)

@@ -22,15 +22,14 @@ def serving_sections(head, fmt: str, where: str) -> list[str]:
         return _eagle_sections(head, fmt, where, base)
     if head.head_type == "medusa":
         return _medusa_sections(head, fmt, where, base)
-    return [_export_hint(head, where)] if getattr(head, "export_formats", ("hf-specdec",))[1:] else []
+    return []
 
 
-def _export_hint(head, where: str) -> str:
-    formats = " or ".join(f"`--format {f}`" for f in head.export_formats if f != "hf-specdec")
+def _export_hint(where: str, formats: list[str]) -> str:
     return (
         "## Serving with vLLM or SGLang\n\n"
-        f"This folder is in hf-specdec's own format. `hf-specdec export {where} {formats} --out DIR` writes the "
-        "layout the engines load, with a model card that gives their command lines."
+        f"This folder is in hf-specdec's own format. `hf-specdec export {where} --format FORMAT --out DIR` (FORMAT: "
+        f"{' or '.join(formats)}) writes the layout the engines load, with a model card that gives their command lines."
     )
 
 
@@ -40,7 +39,7 @@ def _spec_config(method: str, model: str, tokens: int) -> str:
 
 def _eagle_sections(head, fmt: str, where: str, base: str) -> list[str]:
     if fmt == "hf-specdec":
-        return [_export_hint(head, where)]
+        return [_export_hint(where, ["speculators", "eagle"] if head.version == 3 else ["eagle"])]
     tree = {**_EAGLE_TREE_DEFAULTS, **{k: v for k, v in head.tree.items() if v is not None}}
     chain = int(tree["depth"])
     kind = "eagle3" if head.version == 3 else "eagle"
@@ -103,7 +102,7 @@ def _sglang_section(head, fmt: str, where: str, base: str, tree: dict) -> str:
 
 def _medusa_sections(head, fmt: str, where: str, base: str) -> list[str]:
     if fmt == "hf-specdec":
-        return [_export_hint(head, where)]
+        return [_export_hint(where, ["medusa"])]
     lm = (
         "`lm_heads.0.weight` is a copy of the target's lm_head (`original_lm_head: true`): vLLM's Medusa has no "
         "access to the target's own."

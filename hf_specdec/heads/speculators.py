@@ -31,7 +31,6 @@ import warnings
 from collections.abc import Mapping
 
 import torch
-from transformers import LlamaConfig
 
 # the library release whose layout `speculators_config` writes (the field the library itself fills on save)
 SPECULATORS_VERSION = "0.9.0"
@@ -48,23 +47,6 @@ REFUSED_KINDS = {
     "proposer",
     "xpress": "XPress drafts a whole block at once; hf-specdec has no block-drafting proposer",
 }
-# config keys of the layer config that EagleHead reads (the rest of transformers' Llama config is defaults)
-_LAYER_KEYS = (
-    "hidden_size",
-    "intermediate_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "rms_norm_eps",
-    "rope_theta",
-    "rope_scaling",
-    "rope_parameters",
-    "max_position_embeddings",
-    "hidden_act",
-    "attention_bias",
-    "mlp_bias",
-    "vocab_size",
-)
 _OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
@@ -85,10 +67,10 @@ def speculators_eagle_init(config: Mapping, where: str) -> tuple[dict, str]:
     if kind not in READ_KINDS:
         raise ValueError(f"EagleHead: {where} is a speculators checkpoint of unknown kind {kind!r}; hf-specdec reads "
                          f"the kinds {list(READ_KINDS)}")  # fmt: skip
-    layer = _layer_config(config, where)
+    layer = _layer_config(config, where, kind)
     verifier = _verifier(config, where)
     extra = config.get("hf_specdec") if isinstance(config.get("hf_specdec"), Mapping) else {}
-    fields = {k: layer[k] for k in _LAYER_KEYS if layer.get(k) is not None}
+    fields = {k: v for k, v in layer.items() if v is not None}  # EagleHead keeps the Llama fields it reads
     # an hf-specdec export stores the target's embeddings for the library (`speculators_eagle3_tensors`): drop them
     drop_embed = bool(extra.get("embed_tokens_from_target"))
     if kind == "eagle":
@@ -112,7 +94,7 @@ def speculators_eagle_init(config: Mapping, where: str) -> tuple[dict, str]:
         "aux_layers": config.get("eagle_aux_hidden_state_layer_ids") if version == 3 else None,
         "base_model_name_or_path": verifier.get("name_or_path"),
         "verifier_architectures": verifier.get("architectures") or None,
-        "tree": extra.get("tree") or {"depth": _speculative_tokens(config)},
+        "tree": extra.get("tree", {}),
         "model_card": extra.get("model_card"),
         "eagle3_options": options,
         "has_embed_tokens": None if drop_embed else "checkpoint",
@@ -120,7 +102,7 @@ def speculators_eagle_init(config: Mapping, where: str) -> tuple[dict, str]:
     return init, kind
 
 
-def _layer_config(config: Mapping, where: str) -> dict:
+def _layer_config(config: Mapping, where: str, kind: str) -> dict:
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, Mapping):
         raise ValueError(f"EagleHead: {where} lacks the 'transformer_layer_config' of the draft layer")
@@ -129,7 +111,7 @@ def _layer_config(config: Mapping, where: str) -> dict:
         raise ValueError(f"EagleHead: {where} has a {arch!r} draft layer (transformer_layer_config.model_type); "
                          "EagleHead builds Llama decoder layers only")  # fmt: skip
     layers = layer.get("num_hidden_layers", 1)
-    if layers != 1:
+    if layers != 1 and kind != "eagle":  # the old EAGLE-1 kind keeps the verifier's config and builds one layer
         raise ValueError(f"EagleHead: {where} has {layers} draft decoder layers (transformer_layer_config."
                          "num_hidden_layers); EagleHead has exactly one")  # fmt: skip
     missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size") if k not in layer]
@@ -153,12 +135,6 @@ def _verifier(config: Mapping, where: str) -> dict:
     return dict(verifier)
 
 
-def _speculative_tokens(config: Mapping) -> int | None:
-    methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
-    value = methods[0].get("speculative_tokens") if isinstance(methods[0], Mapping) else None
-    return int(value) if isinstance(value, int) else None
-
-
 def speculators_tensors_to_ours(tensors: Mapping[str, torch.Tensor], kind: str) -> dict[str, torch.Tensor]:
     """Tensor names of a speculators checkpoint -> EagleHead's (upstream EAGLE's) names."""
     if kind == "eagle":
@@ -178,12 +154,11 @@ def speculators_tensors_to_ours(tensors: Mapping[str, torch.Tensor], kind: str) 
 # ------------------------------------------------------------------------------------------------------- writing
 def speculators_eagle3_config(head, verifier_name: str, verifier_architectures: list[str]) -> dict:
     """The ``config.json`` of ``head`` (an EAGLE-3 `EagleHead`) as the speculators library writes it."""
-    fields = {k: getattr(head.config, k) for k in _LAYER_KEYS if getattr(head.config, k, None) is not None}
-    fields.pop("rope_scaling", None)
-    layer = LlamaConfig(**fields, num_hidden_layers=1, tie_word_embeddings=False).to_dict()
-    for key in ("architectures", "_name_or_path", "transformers_version", "output_attentions", "return_dict"):
+    layer = head.config.to_diff_dict()  # the head's Llama layer config (with our extras, removed here)
+    for key in ("bias", "target_hidden_size", "draft_vocab_size", "architectures", "_name_or_path",
+                "transformers_version", "output_attentions", "return_dict"):  # fmt: skip
         layer.pop(key, None)
-    layer["dtype"] = str(head.fc.weight.dtype).removeprefix("torch.")
+    layer.update(num_hidden_layers=1, tie_word_embeddings=False, dtype=str(head.fc.weight.dtype).removeprefix("torch."))
     chain = int(head.tree.get("depth") or 3)
     return {
         "speculators_model_type": "eagle3",

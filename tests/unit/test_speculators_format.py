@@ -40,13 +40,9 @@ VARIANTS = {
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    """A tiny Llama target saved to a folder (the library reads the verifier's config and embeddings from it)."""
-    folder = tmp_path_factory.mktemp("target")
-    model = tiny_causal_lm("llama", num_layers=LAYERS)
-    model.save_pretrained(folder)
-    model.config._name_or_path = str(folder)
-    return model
+def target(saved_tiny_llama):
+    """The target, saved to a folder (the library reads the verifier's config and embeddings from it)."""
+    return saved_tiny_llama
 
 
 def random_eagle3(model, options=None, seed=0, draft_vocab=DRAFT_IDS) -> EagleHead:
