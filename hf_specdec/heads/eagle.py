@@ -746,12 +746,7 @@ def read_eagle_checkpoint(source: HeadSource) -> tuple[dict, dict[str, torch.Ten
         "eagle3_options": config.get("eagle3_options"),
         "verifier_architectures": config.get("verifier_architectures"),
     }
-    try:
-        expected = expected_shapes(init=init)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"EagleHead: cannot build a head from {config_path}: {err}") from err
-    check_shapes("EagleHead", tensors, expected, f"{where} (config {config_path})")
-    _check_d2t(tensors, int(config["vocab_size"]), where)
+    _check_tensors(init, tensors, where, config_path)
     fmt = "hf-specdec" if config.get("head_type") == "eagle" else ("eagle3" if version == 3 else "eagle")
     return init, tensors, fmt
 
@@ -768,17 +763,19 @@ def read_speculators_checkpoint(source: HeadSource, config: Mapping) -> tuple[di
     if init["has_embed_tokens"] is None:  # the target's own embeddings, stored for the library: not the head's
         tensors.pop("embed_tokens.weight", None)
     init["has_embed_tokens"] = "embed_tokens.weight" in tensors
+    _check_tensors(init, tensors, where, config_path)
+    return init, tensors, "speculators"
+
+
+def _check_tensors(init: dict, tensors: dict[str, torch.Tensor], where: str, config_path: str) -> None:
+    """Every tensor of the head ``init`` builds present with its shape, nothing else, and ``d2t`` mapping into the
+    vocabulary (made int64 in place); errors name the file, the key and both shapes."""
     try:
         expected = expected_shapes(init=init)
     except (TypeError, ValueError) as err:
         raise ValueError(f"EagleHead: cannot build a head from {config_path}: {err}") from err
     check_shapes("EagleHead", tensors, expected, f"{where} (config {config_path})")
-    _check_d2t(tensors, int(init["config"]["vocab_size"]), where)
-    return init, tensors, "speculators"
-
-
-def _check_d2t(tensors: dict[str, torch.Tensor], vocab: int, where: str) -> None:
-    """``d2t`` must map every draft index into the vocabulary (it is made int64 in place)."""
+    vocab = int(init["config"]["vocab_size"])
     if "d2t" in tensors:
         ids = torch.arange(tensors["d2t"].numel()) + tensors["d2t"].long()
         if int(ids.min()) < 0 or int(ids.max()) >= vocab:
