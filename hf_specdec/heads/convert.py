@@ -376,8 +376,57 @@ def medusa_from_layout(
         tensors=out,
         draft_vocab_size=lm.draft_vocab,
         base_model_name_or_path=config.get("base_model_name_or_path"),
+        tree_choices=config.get("tree_choices"),  # written by `medusa_to_vllm`, absent upstream
+        model_card=dict(config.get("model_card") or {}),
         source_format=source_format,
     )
+
+
+# ------------------------------------------------------------------------------------------------ writing
+def medusa_to_vllm(heads, base_lm_head: torch.Tensor | None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """``(config.json, tensors)`` of `MedusaHeads` in vLLM's Medusa layout (what `VLLM_LAYOUT` reads back).
+
+    Args:
+        heads: the `MedusaHeads`.
+        base_lm_head: `[V, H]` the base model's lm_head weight, stored once as ``lm_heads.0.weight`` with
+            ``original_lm_head: true`` when the heads share it (vLLM's Medusa cannot reach the target's lm_head);
+            None for heads with their own lm_heads.
+    """
+    if heads.vocab_size is None:
+        raise ValueError(f"{OWNER}: vLLM's Medusa config needs the vocabulary size; bind the heads to the base model "
+                         "(MedusaHeads.from_pretrained(..., base_model=model)) before exporting")  # fmt: skip
+    n, layers = heads.num_heads, heads.num_layers
+    tensors = {}
+    for h in range(n):
+        for layer in range(layers):
+            tensors[VLLM_LAYOUT.block_key.format(h=h, layer=layer, kind="weight")] = heads.block_weight[h, layer]
+            if heads.block_bias is not None:
+                tensors[VLLM_LAYOUT.block_key.format(h=h, layer=layer, kind="bias")] = heads.block_bias[h, layer]
+    if heads.share_lm_head:
+        if base_lm_head is None:
+            raise ValueError(f"{OWNER}: these heads use the base model's lm_head, which vLLM's Medusa layout stores "
+                             "as lm_heads.0.weight: bind them to the base model before exporting")  # fmt: skip
+        tensors["lm_heads.0.weight"] = base_lm_head.detach().to(heads.block_weight.dtype)  # [V, H]
+    else:
+        for h in range(n):
+            tensors[VLLM_LAYOUT.lm_head_key.format(h=h)] = heads.lm_head_weight[h]  # [V', H]
+    if heads.token_map is not None:
+        tensors["token_map"] = heads.token_map
+    config = {
+        "model_type": "medusa",
+        "architectures": ["MedusaModel"],
+        "hidden_size": heads.hidden_size,
+        "vocab_size": heads.vocab_size,
+        "num_heads": n,
+        "num_hidden_layers": layers,
+        "truncated_vocab_size": heads.draft_vocab_size or heads.vocab_size,
+        "medusa_fc_bias": heads.block_bias is not None,
+        "original_lm_head": heads.share_lm_head,
+        "base_model_name_or_path": heads.base_model_name_or_path,
+        "tree_choices": heads.tree_choices,
+        "model_card": heads.model_card,
+    }
+    return config, {k: v.detach() for k, v in tensors.items()}
 
 
 # ------------------------------------------------------------------------------------------------ detection

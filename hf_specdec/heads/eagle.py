@@ -15,7 +15,8 @@ Two layouts, both as published on the Hub (see `read_eagle_checkpoint`):
 The decoder layer is built from transformers' own `LlamaAttention`, `LlamaMLP`, `LlamaRMSNorm` and
 `LlamaRotaryEmbedding`; keys and values live in the head's own small cache (`EagleKVCache`), one slot per batch row,
 so that rows of different lengths draft together. `save_pretrained` writes the upstream tensor names plus our
-``config.json`` (``head_type: "eagle"``); `from_pretrained` reads both, from a folder or a Hub repo id.
+``config.json`` (``head_type: "eagle"``), or with ``format="speculators"`` / ``"eagle"`` vLLM's speculators format /
+the upstream layout SGLang loads; `from_pretrained` reads all of them, from a folder or a Hub repo id.
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ from .hub import (
     check_shapes,
     read_json,
     read_tensors,
+)
+from .speculators import (
+    is_speculators_config,
+    speculators_eagle3_config,
+    speculators_eagle3_tensors,
+    speculators_eagle_init,
+    speculators_tensors_to_ours,
 )
 
 # Llama config fields the head's decoder layer needs (upstream EAGLE configs are full Llama configs).
@@ -129,9 +137,16 @@ class EagleHead(
         base_model_name_or_path: the target this head was trained for (informational; sizes are checked).
         tree: defaults for the dynamic tree (``top_k``, ``depth``, ``num_nodes``, ``step_cost``...).
         model_card: facts for the generated model card.
+        eagle3_options: EAGLE-3 variants that vLLM's ``speculators`` library trains (all False = upstream EAGLE-3):
+            ``norm_before_residual`` (the residual is ``hidden_norm(h)``, not ``h``), ``norm_before_fc`` (an RMSNorm
+            ``input_norm`` over the fused features before ``fc``), ``fc_norm`` (one RMSNorm per feature layer,
+            ``fc_norm.{i}``), ``norm_output`` (the fed-back feature is ``norm(out)``). See `EAGLE3_OPTIONS`.
+        verifier_architectures: the ``architectures`` of the target the head was built for (checked by `bind`
+            when known; written into exported configs).
     """
 
     head_type = "eagle"
+    export_formats = ("hf-specdec", "speculators", "eagle")
 
     def __init__(
         self,
@@ -143,6 +158,8 @@ class EagleHead(
         base_model_name_or_path: str | None = None,
         tree: dict | None = None,
         model_card: dict | None = None,
+        eagle3_options: Mapping | None = None,
+        verifier_architectures: list[str] | None = None,
     ):
         super().__init__()
         config = _llama_config(config)
@@ -159,10 +176,15 @@ class EagleHead(
         self.base_model_name_or_path = base_model_name_or_path
         self.tree = dict(tree or {})
         self.model_card = dict(model_card or {})
+        self.eagle3_options = _eagle3_options(eagle3_options, self.version)
+        self.verifier_architectures = None if verifier_architectures is None else list(verifier_architectures)
         self.source, self.source_format = None, "hf-specdec"
         self._target_embed = self._target_lm_head = None  # plain attributes: never saved with the head
         bias = bool(getattr(config, "bias", True)) if version == 1 else False
-        fc_in = 2 * h if version == 1 else 3 * self.target_hidden_size
+        num_features = len(self.aux_layers) if self.aux_layers else 3
+        if version == 3 and num_features < 2:
+            raise ValueError(f"an EAGLE-3 head fuses at least 2 feature layers, got aux_layers={self.aux_layers}")
+        fc_in = 2 * h if version == 1 else num_features * self.target_hidden_size
         self.fc = nn.Linear(fc_in, h, bias=bias)
         layer = _decoder_layer(config, version)
         if version == 1:
@@ -171,6 +193,11 @@ class EagleHead(
             self.midlayer = layer
             self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
             self.lm_head = nn.Linear(h, self.draft_vocab_size or self.vocab_size, bias=False)
+            eps, t = config.rms_norm_eps, self.target_hidden_size
+            if self.eagle3_options["norm_before_fc"]:
+                self.input_norm = LlamaRMSNorm(num_features * t, eps=eps)
+            if self.eagle3_options["fc_norm"]:
+                self.fc_norm = nn.ModuleList([LlamaRMSNorm(t, eps=eps) for _ in range(num_features)])
         self.embed_tokens = nn.Embedding(self.vocab_size, h) if has_embed_tokens else None
         if self.draft_vocab_size is not None:
             self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.long))
@@ -248,6 +275,12 @@ class EagleHead(
     @classmethod
     def _read_checkpoint(cls, source: HeadSource) -> tuple[dict, dict, str]:
         """``(init kwargs, tensors in our layout, source format)`` of the EAGLE head in ``source`` (any layout)."""
+        try:
+            config = source.json(CONFIG_NAME)
+        except ValueError as err:
+            raise ValueError(f"EagleHead: {err}") from err
+        if is_speculators_config(config):
+            return read_speculators_checkpoint(source, config)
         return read_eagle_checkpoint(source)
 
     def _place(self, dtype: torch.dtype | None, device: torch.device | str | None) -> None:
@@ -281,6 +314,7 @@ class EagleHead(
                     f"EagleHead reads the target's hidden states {self.aux_layers}, but {type(model).__name__} has "
                     f"{layers} layers (valid indices 0..{layers}); load or train a head for this model"
                 )
+        self._check_verifier(model)
         needs = [] if self.embed_tokens is not None else ["input embeddings"]
         if self.version == 1:
             needs.append("output embeddings")
@@ -289,12 +323,25 @@ class EagleHead(
             if getattr(model, getter, lambda: None)() is None:
                 raise ValueError(f"EagleHead uses the target's {what}, but {type(model).__name__}.{getter}() is None")
 
+    def _check_verifier(self, model: nn.Module) -> None:
+        """Refuse a target whose architecture differs from the one the checkpoint names (its ``verifier``)."""
+        theirs = _architectures(model)
+        if self.verifier_architectures and not set(theirs) & set(self.verifier_architectures):
+            name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+            raise ValueError(
+                f"EagleHead was trained for a verifier {self.base_model_name_or_path or '(unnamed)'} of architecture "
+                f"{self.verifier_architectures}, but the target {name} is {theirs}; load or train a head for this "
+                "model"
+            )
+
     def bind(self, model: nn.Module) -> EagleHead:
         """Check ``model``, remember its embeddings / lm_head where the head uses them, and (EAGLE-3) fill in the
         default feature layers 2, L // 2, L - 3; returns self."""
         if self.version == 3 and self.aux_layers is None:
             self.aux_layers = list(eagle3_feature_layers(model))
         self.check_compatible(model)
+        if self.verifier_architectures is None:
+            self.verifier_architectures = _architectures(model)
         if self.embed_tokens is None:
             object.__setattr__(self, "_target_embed", model.get_input_embeddings())
         if self.version == 1:
@@ -344,9 +391,10 @@ class EagleHead(
             x = self.fc(torch.cat([emb, feats], dim=-1))
             residual = x
         else:
-            h = self.fc(feats) if feats.shape[-1] != self.hidden_size else feats
-            x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(h)], dim=-1)  # [B, q, 2H]
-            residual = h
+            h = self.fc(self._normed_features(feats)) if feats.shape[-1] != self.hidden_size else feats
+            hidden = layer.hidden_norm(h)
+            x = torch.cat([layer.input_layernorm(emb), hidden], dim=-1)  # [B, q, 2H]
+            residual = hidden if self.eagle3_options["norm_before_residual"] else h
         cos_sin = self.rotary_emb(x, positions.to(x.device))
         kv = _ExtendKV(past_key.to(dtype), past_value.to(dtype))
         attn, _ = layer.self_attn(
@@ -357,12 +405,25 @@ class EagleHead(
         )
         h = residual + attn
         out = h + layer.mlp(layer.post_attention_layernorm(h))
+        if self.version == 3 and self.eagle3_options["norm_output"]:
+            out = self.norm(out)  # the normed state is both fed back and what the lm_head reads
         return out, kv.new_key, kv.new_value
+
+    def _normed_features(self, feats: torch.Tensor) -> torch.Tensor:
+        """`[B, q, n T]` fused target features after ``input_norm`` / the per-layer ``fc_norm`` (when the head has
+        them)."""
+        if self.eagle3_options["norm_before_fc"]:
+            return self.input_norm(feats)
+        if self.eagle3_options["fc_norm"]:
+            chunks = feats.chunk(len(self.fc_norm), dim=-1)
+            return torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+        return feats
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """`[..., V']` fp32 logits over the draft vocabulary (the full vocabulary when there is none)."""
         if self.version == 3:
-            return self.lm_head(self.norm(out)).float()
+            normed = out if self.eagle3_options["norm_output"] else self.norm(out)
+            return self.lm_head(normed).float()
         head = self._target_lm_head
         if head is None:
             raise ValueError("EAGLE-1 heads take logits from the target's lm_head: call head.bind(target) first")
@@ -428,6 +489,8 @@ class EagleHead(
             "base_model_name_or_path": self.base_model_name_or_path,
             "tree": self.tree,
             "model_card": self.model_card,
+            "eagle3_options": self.eagle3_options if self.version == 3 else None,
+            "verifier_architectures": self.verifier_architectures,
             "source_format": self.source_format,
             "dtype": str(self._param.dtype).removeprefix("torch."),
         }
@@ -435,6 +498,55 @@ class EagleHead(
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor name this head saves, with its shape (the upstream names)."""
         return expected_shapes(self)
+
+    def export_checkpoint(self, fmt: str) -> tuple[dict, dict[str, torch.Tensor]]:
+        """``(config.json, tensors)`` of this head in an upstream layout (`PretrainedHead.save_pretrained`):
+
+        - ``"speculators"``: vLLM's speculators format (EAGLE-3 heads only: neither the library nor vLLM has an
+          EAGLE-1 kind); the verifier is ``base_model_name_or_path`` with ``verifier_architectures``.
+        - ``"eagle"``: the upstream EAGLE layout that SGLang and vLLM load (EAGLE-1: ``fc``, ``layers.0.*``;
+          EAGLE-3: SpecForge's ``midlayer.*`` with ``d2t`` / ``t2d``).
+        """
+        state = {k: v for k, v in self.state_dict().items() if not k.startswith("rotary_emb.")}
+        if self.version == 3 and fmt in ("speculators", "eagle"):
+            layers = list(self.feature_layers)
+            if len(set(layers)) != len(layers):
+                raise ValueError(f"this EAGLE-3 head reads the target's hidden states {layers}, which repeat a layer: "
+                                 "vLLM, SGLang and the speculators library collect each layer once and need distinct "
+                                 "ids (train the head with distinct aux_layers)")  # fmt: skip
+        if fmt == "speculators":
+            if self.version != 3:
+                raise ValueError("the speculators format has no EAGLE-1 kind that vLLM or the speculators library "
+                                 "reads; export this EAGLE-1 head with format='eagle'")  # fmt: skip
+            if not self.base_model_name_or_path or not self.verifier_architectures:
+                raise ValueError("a speculators config names its verifier (Hub id or folder, and architectures): "
+                                 "bind the head to its target first (EagleHead.from_pretrained(..., base_model=model) "
+                                 "or head.bind(model)) and set head.base_model_name_or_path to the name vLLM should "
+                                 f"load (now {self.base_model_name_or_path!r})")  # fmt: skip
+            config = speculators_eagle3_config(self, self.base_model_name_or_path, self.verifier_architectures)
+            embed = None if self._target_embed is None else self._target_embed.weight
+            return config, speculators_eagle3_tensors(state, embed)
+        if fmt == "eagle":
+            return self._upstream_config(), state
+        raise ValueError(f"EagleHead exports the formats {list(self.export_formats)}, not {fmt!r}")
+
+    def _upstream_config(self) -> dict:
+        """The Llama config upstream EAGLE / SpecForge write beside the weights (plus our tree and card facts)."""
+        used = [k for k, v in self.eagle3_options.items() if v]
+        if used:
+            raise ValueError(f"the upstream EAGLE-3 layout has no {used} (SGLang's and SpecForge's layer lacks these "
+                             "norms); export this head with format='speculators' for vLLM")  # fmt: skip
+        if self.aux_layers is None and self.version == 3:
+            raise ValueError("this EAGLE-3 head does not know its target's feature layers yet; call head.bind(model)")
+        config = self.config_dict()
+        for key in ("head_type", "eagle_version", "eagle3_options", "source_format", "has_embed_tokens"):
+            config.pop(key)
+        arch = "LlamaForCausalLMEagle3" if self.version == 3 else "LlamaForCausalLMEagle"
+        config.update(architectures=[arch], tie_word_embeddings=False)
+        if self.version == 3:
+            config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers)}
+            config["draft_vocab_size"] = self.draft_vocab_size or self.vocab_size
+        return config
 
     def card_config(self) -> dict:
         return {**self.config_dict(), "hidden_size": self.target_hidden_size}
@@ -490,6 +602,28 @@ def _decoder_layer(config: LlamaConfig, version: int) -> nn.Module:
     return _Eagle1Layer(config) if version == 1 else _Eagle3Layer(config)
 
 
+EAGLE3_OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+def _eagle3_options(options: Mapping | None, version: int) -> dict[str, bool]:
+    """Every EAGLE-3 option as a bool (False where not given); an unknown name, a non-bool value, an option on an
+    EAGLE-1 head, or both fused-feature norms at once are errors."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(EAGLE3_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown EAGLE-3 options {unknown}; the known ones are {list(EAGLE3_OPTIONS)}")
+    bad = {k: v for k, v in options.items() if not isinstance(v, bool)}
+    if bad:
+        raise ValueError(f"EAGLE-3 options must be true or false, got {bad}")
+    out = {k: bool(options.get(k, False)) for k in EAGLE3_OPTIONS}
+    if version != 3 and any(out.values()):
+        raise ValueError(f"EAGLE-3 options {[k for k, v in out.items() if v]} on an EAGLE-{version} head")
+    if out["norm_before_fc"] and out["fc_norm"]:
+        raise ValueError("EAGLE-3 options norm_before_fc and fc_norm exclude each other (one norm over the fused "
+                         "features, or one per feature layer)")  # fmt: skip
+    return out
+
+
 def _llama_config(config: LlamaConfig | Mapping) -> LlamaConfig:
     if isinstance(config, LlamaConfig):
         config = config.to_dict()
@@ -514,6 +648,12 @@ def eagle3_feature_layers(model: nn.Module) -> tuple[int, ...]:
 
 def _head_dim(config: LlamaConfig) -> int:
     return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+def _architectures(model: nn.Module) -> list[str]:
+    """The model's config ``architectures`` (what a checkpoint's config.json says), else its class name (a model
+    built from a config has none)."""
+    return list(getattr(model.config, "architectures", None) or [type(model).__name__])
 
 
 def _num_layers(model: nn.Module) -> int:
@@ -603,19 +743,44 @@ def read_eagle_checkpoint(source: HeadSource) -> tuple[dict, dict[str, torch.Ten
         "base_model_name_or_path": config.get("base_model_name_or_path"),
         "tree": config.get("tree"),
         "model_card": config.get("model_card"),
+        "eagle3_options": config.get("eagle3_options"),
+        "verifier_architectures": config.get("verifier_architectures"),
     }
+    _check_tensors(init, tensors, where, config_path)
+    fmt = "hf-specdec" if config.get("head_type") == "eagle" else ("eagle3" if version == 3 else "eagle")
+    return init, tensors, fmt
+
+
+def read_speculators_checkpoint(source: HeadSource, config: Mapping) -> tuple[dict, dict[str, torch.Tensor], str]:
+    """Read and check a head in vLLM's speculators format (`hf_specdec.heads.speculators`): ``(EagleHead kwargs,
+    tensors, "speculators")``; kinds other than EAGLE-3 / EAGLE-1 are refused by name."""
+    config_path = f"{source}/{CONFIG_NAME}"
+    init, kind = speculators_eagle_init(config, config_path)
+    tensors, where = _read_weights(source)
+    tensors = speculators_tensors_to_ours(
+        {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}, kind
+    )
+    if init["has_embed_tokens"] is None:  # the target's own embeddings, stored for the library: not the head's
+        tensors.pop("embed_tokens.weight", None)
+    init["has_embed_tokens"] = "embed_tokens.weight" in tensors
+    _check_tensors(init, tensors, where, config_path)
+    return init, tensors, "speculators"
+
+
+def _check_tensors(init: dict, tensors: dict[str, torch.Tensor], where: str, config_path: str) -> None:
+    """Every tensor of the head ``init`` builds present with its shape, nothing else, and ``d2t`` mapping into the
+    vocabulary (made int64 in place); errors name the file, the key and both shapes."""
     try:
         expected = expected_shapes(init=init)
     except (TypeError, ValueError) as err:
         raise ValueError(f"EagleHead: cannot build a head from {config_path}: {err}") from err
     check_shapes("EagleHead", tensors, expected, f"{where} (config {config_path})")
+    vocab = int(init["config"]["vocab_size"])
     if "d2t" in tensors:
         ids = torch.arange(tensors["d2t"].numel()) + tensors["d2t"].long()
-        if int(ids.min()) < 0 or int(ids.max()) >= int(config["vocab_size"]):
-            raise ValueError(f"EagleHead: d2t in {where} maps draft tokens outside [0, {config['vocab_size']})")
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise ValueError(f"EagleHead: d2t in {where} maps draft tokens outside [0, {vocab})")
         tensors["d2t"] = tensors["d2t"].long()
-    fmt = "hf-specdec" if config.get("head_type") == "eagle" else ("eagle3" if version == 3 else "eagle")
-    return init, tensors, fmt
 
 
 def _upstream_aux_layers(config: Mapping) -> list[int] | None:
@@ -630,4 +795,11 @@ def _t2d_from_d2t(d2t: torch.Tensor, vocab: int) -> torch.Tensor:
     return t2d
 
 
-__all__ = ["EagleHead", "EagleKVCache", "eagle3_feature_layers", "expected_shapes", "read_eagle_checkpoint"]
+__all__ = [
+    "EagleHead",
+    "EagleKVCache",
+    "eagle3_feature_layers",
+    "expected_shapes",
+    "read_eagle_checkpoint",
+    "read_speculators_checkpoint",
+]

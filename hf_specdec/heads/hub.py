@@ -14,6 +14,7 @@ that hold it). Everything here is framework plumbing: format-specific key mappin
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -34,6 +35,8 @@ from huggingface_hub.errors import (
 )
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+from .serving import serving_sections
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -358,12 +361,13 @@ def render_model_card(
     usage: str,
     description: str,
     tags: Iterable[str] = (),
+    sections: Iterable[str] = (),
 ) -> ModelCard:
     """A README.md model card for a head folder.
 
     Facts come from ``config`` (``base_model_name_or_path``, ``hidden_size``, ``vocab_size``) and its
     ``model_card`` dict (``training_data``, ``tau``, ``speedup``, ``measured_on``, ``notes``); a fact that was not
-    recorded is shown as "not recorded", never invented.
+    recorded is shown as "not recorded", never invented. ``sections`` (markdown) follow the usage section.
     """
     base = config.get("base_model_name_or_path")
     facts = dict(config.get("model_card") or {})
@@ -414,6 +418,7 @@ def render_model_card(
         usage.strip(),
         "```",
         "",
+        *[line for section in sections for line in (section.rstrip(), "")],
         f"Written by {LIBRARY_NAME} {config.get('hf_specdec_version', _library_version())}; "
         "`config.json` holds every hyper-parameter, `model.safetensors` the weights.",
         "",
@@ -438,6 +443,7 @@ class PretrainedHead(ModelHubMixin):
     """
 
     head_type: str = ""
+    export_formats: tuple[str, ...] = ("hf-specdec",)  # what `save_pretrained(format=...)` writes
 
     @classmethod
     def from_pretrained(
@@ -498,25 +504,75 @@ class PretrainedHead(ModelHubMixin):
         self.check_compatible(model)
         return self
 
+    def save_pretrained(self, save_directory: str | os.PathLike, *, format: str | None = None, **kwargs):
+        """Write the head to ``save_directory``: ``config.json``, ``model.safetensors`` and a ``README.md`` model card.
+
+        Args:
+            save_directory: the folder (created if needed).
+            format: ``"hf-specdec"`` (our own format, the default) or another of the class's ``export_formats``
+                (docs/formats.md): e.g. ``"speculators"`` (vLLM) and ``"eagle"`` (SGLang, upstream EAGLE) for
+                `EagleHead`, ``"medusa"`` (vLLM's Medusa layout) for `MedusaHeads`. The model card then says how to
+                serve the folder in vLLM and SGLang. A head the format cannot express is refused before anything is
+                written.
+            kwargs: `huggingface_hub.ModelHubMixin.save_pretrained`'s options (``push_to_hub``, ``repo_id``,
+                ``model_card_kwargs``).
+        """
+        with self._saving_as(format):
+            return super().save_pretrained(save_directory, **kwargs)
+
+    def export_checkpoint(self, fmt: str) -> tuple[dict, dict[str, torch.Tensor]]:
+        """``(config.json, tensors)`` of the head in export format ``fmt`` (a class with ``export_formats`` beyond
+        ours overrides this)."""
+        raise ValueError(f"{type(self).__name__} saves the formats {list(self.export_formats)}, not {fmt!r}")
+
+    @contextlib.contextmanager
+    def _saving_as(self, fmt: str | None):
+        """Within: the format `_save_pretrained` writes and the model card describes (``None``: the one already set
+        by an enclosing call, else ours). The export is built (and refused) here, before any file is written."""
+        before = self.__dict__.get("_saving")
+        fmt = fmt or (before[0] if before else "hf-specdec")
+        if fmt not in self.export_formats:
+            raise ValueError(f"{type(self).__name__} saves the formats {list(self.export_formats)}, not {fmt!r}")
+        self.__dict__["_saving"] = (fmt, None if fmt == "hf-specdec" else self.export_checkpoint(fmt))
+        try:
+            yield fmt
+        finally:
+            self.__dict__.pop("_saving")
+            if before is not None:
+                self.__dict__["_saving"] = before
+
+    @property
+    def _save_format(self) -> str:
+        saving = self.__dict__.get("_saving")
+        return saving[0] if saving else "hf-specdec"
+
     def _save_pretrained(self, save_directory: Path) -> None:
         save_directory = Path(save_directory)
-        state = self.state_dict()
-        expected = self.expected_shapes()
-        if set(state) != set(expected):
-            raise RuntimeError(f"{type(self).__name__} would save {sorted(state)}, its format holds {sorted(expected)}")
+        saving = self.__dict__.get("_saving")
+        if saving is not None and saving[1] is not None:  # an export: its own config and tensor names
+            config, state = saving[1]
+        else:
+            state, config = self.state_dict(), self.config_dict()
+            expected = self.expected_shapes()
+            if set(state) != set(expected):
+                raise RuntimeError(
+                    f"{type(self).__name__} would save {sorted(state)}, its format holds {sorted(expected)}"
+                )
         save_tensors(state, save_directory / WEIGHTS_NAME)
-        write_config({**self.config_dict(), "hf_specdec_version": _library_version()}, save_directory / CONFIG_NAME)
+        write_config({**config, "hf_specdec_version": _library_version()}, save_directory / CONFIG_NAME)
         # ModelHubMixin writes README.md only when absent: remove a stale card so it is regenerated
         (save_directory / CARD_NAME).unlink(missing_ok=True)
 
-    def push_to_hub(self, repo_id: str, **kwargs) -> str:
-        """Upload ``config.json``, ``model.safetensors`` and the model card to the Hub repo ``repo_id``.
+    def push_to_hub(self, repo_id: str, *, format: str | None = None, **kwargs) -> str:
+        """Upload ``config.json``, ``model.safetensors`` and the model card to the Hub repo ``repo_id``, in
+        ``format`` (see `save_pretrained`; default ours).
 
         Takes `huggingface_hub.ModelHubMixin.push_to_hub`'s options (``private``, ``token``, ``commit_message``,
         ``branch``, ``create_pr``, ``model_card_kwargs``, ...).
         """
         card_kwargs = {"repo_id": repo_id, **(kwargs.pop("model_card_kwargs", None) or {})}
-        return super().push_to_hub(repo_id, model_card_kwargs=card_kwargs, **kwargs)
+        with self._saving_as(format):
+            return super().push_to_hub(repo_id, model_card_kwargs=card_kwargs, **kwargs)
 
     def card_config(self) -> dict:
         """The config facts the model card shows (``hidden_size``: the base model's)."""
@@ -527,7 +583,8 @@ class PretrainedHead(ModelHubMixin):
         config = self.card_config()
         config["model_card"] = {**self.model_card, **facts}
         base = self.base_model_name_or_path or "<base model id>"
-        title, description, import_line, load = self._card_text(base, repo_id or "<this repo id or folder>")
+        where = repo_id or "<this repo id or folder>"
+        title, description, import_line, load = self._card_text(base, where)
         usage = f"""
 import hf_specdec
 {import_line}
@@ -541,7 +598,12 @@ out = model.generate(ids, max_new_tokens=128, do_sample=False, assistant=assista
 print(tok.decode(out[0]))
 """
         return render_model_card(
-            head_type=self.head_type, title=title, config=config, usage=usage, description=description
+            head_type=self.head_type,
+            title=title,
+            config=config,
+            usage=usage,
+            description=description,
+            sections=serving_sections(self, self._save_format, where),
         )
 
 

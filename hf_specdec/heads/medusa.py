@@ -5,8 +5,9 @@ positions ahead.
 `MedusaHeads` is an ``nn.Module`` with huggingface_hub's `ModelHubMixin` (`from_pretrained` / `save_pretrained` /
 `push_to_hub`). `from_pretrained` loads every published Medusa layout (FasterDecoding v0.1 ``medusa_lm_head.pt``, the
 version-2 ResBlock-only heads, vLLM's layout, heads inside a sharded Medusa-2 checkpoint, our own format; see
-`hf_specdec.heads.convert`), from a local folder or a Hub repo id. `save_pretrained` always writes our format:
-``config.json`` + ``model.safetensors`` + a generated ``README.md``.
+`hf_specdec.heads.convert`), from a local folder or a Hub repo id. `save_pretrained` writes our format
+(``config.json`` + ``model.safetensors`` + a generated ``README.md``), or with ``format="medusa"`` vLLM's Medusa
+layout.
 
 Use them with ``model.generate(ids, assistant=heads)`` (after ``import hf_specdec``); the proposer that turns their
 top-k guesses into a static token tree is `hf_specdec.generation.proposers.medusa.MedusaAssistant`.
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .convert import medusa_expected_shapes, read_medusa_checkpoint
+from .convert import medusa_expected_shapes, medusa_to_vllm, read_medusa_checkpoint
 from .derived import drafting_copy, lm_head_logits
 from .hub import (
     HeadSource,
@@ -64,6 +65,7 @@ class MedusaHeads(
     """
 
     head_type = "medusa"
+    export_formats = ("hf-specdec", "medusa")
 
     def __init__(
         self,
@@ -304,6 +306,17 @@ class MedusaHeads(
             self.draft_vocab_size or self.vocab_size,
             self.draft_vocab_size,
         )
+
+    def export_checkpoint(self, fmt: str) -> tuple[dict, dict[str, torch.Tensor]]:
+        """``(config.json, tensors)`` in vLLM's Medusa layout (``fmt="medusa"``; `convert.medusa_to_vllm`)."""
+        if fmt != "medusa":
+            raise ValueError(f"MedusaHeads export the formats {list(self.export_formats)}, not {fmt!r}")
+        base = None
+        if self.share_lm_head and self._base_lm_head is not None:
+            if getattr(self._base_lm_head, "bias", None) is not None:
+                raise ValueError("the base model's lm_head has a bias, which vLLM's Medusa lm_heads do not have")
+            base = self._base_lm_head.weight
+        return medusa_to_vllm(self, base)
 
     def _card_text(self, base: str, where: str) -> tuple[str, str, str, str]:
         lm = "the base model's own lm_head" if self.share_lm_head else "its own lm_head"

@@ -1,0 +1,127 @@
+"""``hf-specdec export``: write a head in the layout a serving engine loads, with a model card that says how.
+
+    hf-specdec export eagle --format eagle --out eagle-sglang          # the shipped EAGLE head, for SGLang
+    hf-specdec export runs/eagle3 --format speculators --out spec --model meta-llama/Llama-3.1-8B-Instruct
+    hf-specdec export medusa --format medusa --out medusa-vllm --verifier HuggingFaceTB/SmolLM2-135M-Instruct
+
+HEAD is a head folder or Hub repo id in any layout hf-specdec reads (docs/formats.md), or the name of a head that
+ships with hf-specdec (``eagle``, ``medusa``). The head is loaded, bound to its target model (``--model``; default:
+the default model), which checks that their sizes fit and records what the exported config names (the target's
+architectures; Medusa's vLLM layout also stores a copy of the target's lm_head), then saved with
+``save_pretrained(format=...)``. The exported folder loads back into hf-specdec unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .cli_args import UsageError, check_model_argument, positive_int
+
+# export format -> the head class that writes it
+FORMATS = {"speculators": "eagle", "eagle": "eagle", "medusa": "medusa"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("head", help="head folder or Hub repo id (any layout hf-specdec reads), or a shipped head: "
+                        "eagle, medusa")  # fmt: skip
+    parser.add_argument(
+        "--format",
+        required=True,
+        choices=list(FORMATS),
+        help="speculators: vLLM's speculators format (EAGLE-3 heads; `vllm serve DIR`); eagle: the upstream "
+        "EAGLE / SpecForge layout (SGLang, vLLM); medusa: vLLM's Medusa layout",
+    )
+    parser.add_argument("--out", required=True, help="the folder to write (created; files in it are replaced)")
+    parser.add_argument(
+        "--model", default=None, help="the target model (folder or Hub id) the head drafts for (default: the default "
+        "model)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--verifier",
+        default=None,
+        help="the target's name written into the export (a Hub id such as HuggingFaceTB/SmolLM2-135M-Instruct, or a "
+        "folder the engine can read; default: --model, or the default model's converted folder)",
+    )
+    parser.add_argument(
+        "--repo-id",
+        default=None,
+        help="the Hub repo id the folder will be published as, for the model card's command lines (default: --out)",
+    )
+    parser.add_argument(
+        "--speculative-tokens", type=positive_int, default=None,
+        help="EAGLE: tokens drafted per step, written as the tree depth (speculators' speculative_tokens)",
+    )  # fmt: skip
+
+
+def _head_source(head: str, head_type: str) -> str:
+    """A shipped head's folder for its name, else ``head`` itself."""
+    from .assistants import EAGLE, MEDUSA
+
+    shipped = {"eagle": EAGLE, "medusa": MEDUSA}
+    if head in shipped and not Path(head).exists():
+        if head != head_type:
+            raise UsageError(f"--format needs a {head_type} head, but {head!r} is the shipped {shipped[head].what}")
+        if not shipped[head].ships():
+            raise UsageError(f"the shipped {shipped[head].what} are missing from this install ({shipped[head].folder})")
+        return str(shipped[head].folder)
+    return head
+
+
+def _load_target(name: str | None):
+    """``(model, name)``: ``--model`` (fp32; no tokenizer needed), or the default model when None."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .models import DEFAULT_MODEL_NAME, load_default_model
+
+    if name is None:
+        return load_default_model()[0], DEFAULT_MODEL_NAME
+    check_model_argument(name)
+    try:
+        return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval(), name
+    except OSError as err:  # transformers' "not a local folder nor a Hub repo" / offline messages
+        raise UsageError(f"--model {name}: {str(err).splitlines()[0]}") from err
+
+
+def export_main(args: argparse.Namespace) -> int:
+    """Load the head and its target, bind them, save the export and print what was written and how to serve it."""
+    import torch
+
+    from .heads.eagle import EagleHead
+    from .heads.medusa import MedusaHeads
+    from .models import default_model_dir
+
+    head_type = FORMATS[args.format]
+    source = _head_source(args.head, head_type)
+    check_model_argument(args.model)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder")
+    head_class = EagleHead if head_type == "eagle" else MedusaHeads
+    try:
+        head = head_class.from_pretrained(source, dtype=None)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot load {args.head} as {head_class.__name__}: {err}") from err
+    model, name = _load_target(args.model)
+    verifier = args.verifier or (args.model if args.model else str(default_model_dir()))
+    try:
+        head.bind(model)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    head.base_model_name_or_path = verifier
+    if args.speculative_tokens is not None:
+        head.tree = {**getattr(head, "tree", {}), "depth": args.speculative_tokens}
+    with torch.no_grad():
+        try:
+            card = {"repo_id": args.repo_id or str(out.resolve())}
+            head.save_pretrained(out, format=args.format, model_card_kwargs=card)
+        except ValueError as err:
+            raise UsageError(f"--format {args.format}: {err}") from err
+    written = ", ".join(sorted(p.name for p in out.iterdir()))
+    print(f"wrote {out} ({written}): {head_class.__name__} for {name} in the {args.format} format", file=sys.stderr)
+    card = (out / "README.md").read_text(encoding="utf-8")
+    start = card.find("## Serve with")
+    print(card[start : card.rfind("Written by")].strip() if start >= 0 else card)
+    return 0

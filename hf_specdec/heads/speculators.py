@@ -1,0 +1,224 @@
+"""vLLM's ``speculators`` format (PyPI ``speculators``; served by ``vllm serve <folder>``) for EAGLE heads.
+
+A speculators checkpoint is a folder with ``config.json`` and ``model.safetensors``. The config names the kind in
+``speculators_model_type`` and describes the draft decoder layer in ``transformer_layer_config`` (a transformers
+config dict), the verifier (the target) in ``speculators_config.verifier``, and the chain length the head was trained
+for in ``speculators_config.proposal_methods[0].speculative_tokens``.
+
+Kinds (``speculators_model_type``):
+
+- ``"eagle3"`` (``Eagle3Speculator``; read and written): our EAGLE-3 head. Keys ``fc.weight``, ``layers.0.*`` (our
+  ``midlayer.*``), ``norm.weight``, ``lm_head.weight``, optional ``embed_tokens.weight``, ``d2t`` / ``t2d`` when
+  ``draft_vocab_size`` is below the vocabulary, ``input_norm.weight`` (``norm_before_fc``), ``fc_norm.{i}.weight``
+  (``fc_norm``); config fields ``draft_vocab_size``, ``target_hidden_size``, ``eagle_aux_hidden_state_layer_ids``
+  (indices into transformers' ``hidden_states`` tuple, as our ``aux_layers``), ``norm_before_residual``,
+  ``norm_before_fc``, ``fc_norm``, ``norm_output`` (our ``eagle3_options``).
+- ``"eagle"`` (``EagleSpeculator`` of speculators < 0.9; read only): an EAGLE-1 head. Keys ``fusion_fc.*`` (our
+  ``fc.*``) and ``transformer.*`` (our ``layers.0.*``); ``layernorms: true`` (HASS's extra norms) is refused.
+- every other kind is refused by name (`REFUSED_KINDS` says why).
+
+The draft decoder layer must be a one-layer Llama layer (``transformer_layer_config.model_type == "llama"``,
+``num_hidden_layers == 1``): EagleHead builds transformers' Llama attention and MLP. What hf-specdec adds (tree
+defaults, model-card facts) travels in a ``hf_specdec`` block of the config, which the library and vLLM ignore, so
+that a head exported here loads back unchanged.
+
+This module only maps configs and tensor names; `hf_specdec.heads.eagle` reads the files and checks every shape.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+
+import torch
+
+# the library release whose layout `speculators_config` writes (the field the library itself fills on save)
+SPECULATORS_VERSION = "0.9.0"
+READ_KINDS = ("eagle3", "eagle")
+WRITE_KINDS = ("eagle3",)
+REFUSED_KINDS = {
+    "peagle": "P-EAGLE drafts several positions at once from a learnt mask state (mask_hidden); hf-specdec has no "
+    "parallel-drafting proposer",
+    "mtp": "an MTP layer normalises the embedding and the hidden state separately and has its own decoder layer "
+    "and lm_head; hf-specdec has no MTP proposer",
+    "dflash": "DFlash drafts a whole block at once by block diffusion; hf-specdec has no block-diffusion proposer",
+    "dflash2": "DFlash2 drafts a whole block at once by block diffusion; hf-specdec has no block-diffusion proposer",
+    "dspark": "DSpark drafts a whole block at once (block diffusion with a Markov head); hf-specdec has no such "
+    "proposer",
+    "xpress": "XPress drafts a whole block at once; hf-specdec has no block-drafting proposer",
+}
+_OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+def is_speculators_config(config: Mapping | None) -> bool:
+    """Whether a parsed ``config.json`` is in the speculators format."""
+    return isinstance(config, Mapping) and "speculators_model_type" in config
+
+
+# ------------------------------------------------------------------------------------------------------- reading
+def speculators_eagle_init(config: Mapping, where: str) -> tuple[dict, str]:
+    """``(EagleHead kwargs, kind)`` of a speculators config; kinds, layers and options EagleHead cannot run are
+    refused by name. ``has_embed_tokens`` is ``"checkpoint"`` (the weights decide) or None (the stored embeddings
+    are the target's, written by hf-specdec's export, and are dropped)."""
+    kind = config.get("speculators_model_type")
+    if kind in REFUSED_KINDS:
+        raise ValueError(f"EagleHead: {where} is a speculators {kind!r} checkpoint, which hf-specdec cannot run: "
+                         f"{REFUSED_KINDS[kind]}. It reads the kinds {list(READ_KINDS)}")  # fmt: skip
+    if kind not in READ_KINDS:
+        raise ValueError(f"EagleHead: {where} is a speculators checkpoint of unknown kind {kind!r}; hf-specdec reads "
+                         f"the kinds {list(READ_KINDS)}")  # fmt: skip
+    layer = _layer_config(config, where, kind)
+    verifier = _verifier(config, where)
+    extra = config.get("hf_specdec") if isinstance(config.get("hf_specdec"), Mapping) else {}
+    fields = {k: v for k, v in layer.items() if v is not None}  # EagleHead keeps the Llama fields it reads
+    # an hf-specdec export stores the target's embeddings for the library (`speculators_eagle3_tensors`): drop them
+    drop_embed = bool(extra.get("embed_tokens_from_target"))
+    if kind == "eagle":
+        if config.get("layernorms"):
+            raise ValueError(f"EagleHead: {where} has layernorms=true (HASS's extra embedding and pre-lm_head norms), "
+                             "which EagleHead's EAGLE-1 layout does not have")  # fmt: skip
+        fields["bias"] = bool(config.get("fusion_bias", False))
+        version, options, draft = 1, None, None
+    else:
+        version = 3
+        options = {k: config[k] for k in _OPTIONS if k in config}
+        draft = config.get("draft_vocab_size")
+        if config.get("target_hidden_size") is not None:
+            fields["target_hidden_size"] = config["target_hidden_size"]
+        if draft is not None:
+            fields["draft_vocab_size"] = draft
+    init = {
+        "config": fields,
+        "version": version,
+        "draft_vocab_size": None if draft is None or draft == fields.get("vocab_size") else int(draft),
+        "aux_layers": config.get("eagle_aux_hidden_state_layer_ids") if version == 3 else None,
+        "base_model_name_or_path": verifier.get("name_or_path"),
+        "verifier_architectures": verifier.get("architectures") or None,
+        "tree": extra.get("tree", {}),
+        "model_card": extra.get("model_card"),
+        "eagle3_options": options,
+        "has_embed_tokens": None if drop_embed else "checkpoint",
+    }
+    return init, kind
+
+
+def _layer_config(config: Mapping, where: str, kind: str) -> dict:
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, Mapping):
+        raise ValueError(f"EagleHead: {where} lacks the 'transformer_layer_config' of the draft layer")
+    arch = layer.get("model_type", "llama")
+    if arch != "llama":
+        raise ValueError(f"EagleHead: {where} has a {arch!r} draft layer (transformer_layer_config.model_type); "
+                         "EagleHead builds Llama decoder layers only")  # fmt: skip
+    layers = layer.get("num_hidden_layers", 1)
+    if layers != 1 and kind != "eagle":  # the old EAGLE-1 kind keeps the verifier's config and builds one layer
+        raise ValueError(f"EagleHead: {where} has {layers} draft decoder layers (transformer_layer_config."
+                         "num_hidden_layers); EagleHead has exactly one")  # fmt: skip
+    missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size") if k not in layer]
+    if missing:
+        raise ValueError(f"EagleHead: {where} lacks {missing} in transformer_layer_config")
+    if "sliding_attention" in (layer.get("layer_types") or []):
+        warnings.warn(
+            f"{where}: the draft layer was trained with sliding-window attention (window "
+            f"{layer.get('sliding_window')}); EagleHead attends to the whole context, so drafts past the window can "
+            "differ from the library's (the output stays exact: the target verifies every token)",
+            stacklevel=4,
+        )
+    return dict(layer)
+
+
+def _verifier(config: Mapping, where: str) -> dict:
+    spec = config.get("speculators_config")
+    verifier = spec.get("verifier") if isinstance(spec, Mapping) else None
+    if not isinstance(verifier, Mapping):
+        raise ValueError(f"EagleHead: {where} lacks speculators_config.verifier (the target the head drafts for)")
+    return dict(verifier)
+
+
+def speculators_tensors_to_ours(tensors: Mapping[str, torch.Tensor], kind: str) -> dict[str, torch.Tensor]:
+    """Tensor names of a speculators checkpoint -> EagleHead's (upstream EAGLE's) names."""
+    if kind == "eagle":
+        renames = (("fusion_fc.", "fc."), ("transformer.", "layers.0."))
+    else:
+        renames = (("layers.0.", "midlayer."),)
+    out = {}
+    for key, value in tensors.items():
+        for old, new in renames:
+            if key.startswith(old):
+                key = new + key[len(old) :]
+                break
+        out[key] = value
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------- writing
+def speculators_eagle3_config(head, verifier_name: str, verifier_architectures: list[str]) -> dict:
+    """The ``config.json`` of ``head`` (an EAGLE-3 `EagleHead`) as the speculators library writes it."""
+    layer = head.config.to_diff_dict()  # the head's Llama layer config (with our extras, removed here)
+    for key in ("bias", "target_hidden_size", "draft_vocab_size", "architectures", "_name_or_path",
+                "transformers_version", "output_attentions", "return_dict"):  # fmt: skip
+        layer.pop(key, None)
+    layer.update(num_hidden_layers=1, tie_word_embeddings=False, dtype=str(head.fc.weight.dtype).removeprefix("torch."))
+    chain = int(head.tree.get("depth") or 3)
+    return {
+        "speculators_model_type": "eagle3",
+        "architectures": ["Eagle3Speculator"],
+        "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_config": layer,
+        "draft_vocab_size": head.draft_vocab_size or head.vocab_size,
+        "target_hidden_size": head.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(head.feature_layers),
+        **{k: head.eagle3_options[k] for k in _OPTIONS},
+        "embed_requires_grad": False,
+        "tie_word_embeddings": False,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": chain,
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }  # fmt: skip
+            ],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier_name, "architectures": list(verifier_architectures)},
+        },
+        "hf_specdec": {
+            "tree": head.tree,
+            "model_card": head.model_card,
+            "embed_tokens_from_target": head.embed_tokens is None,
+        },
+    }
+
+
+def speculators_eagle3_tensors(
+    state: Mapping[str, torch.Tensor], target_embed: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """EagleHead's EAGLE-3 tensors under the speculators names (``midlayer.`` -> ``layers.0.``).
+
+    Args:
+        state: the head's state dict.
+        target_embed: `[V, H]` the target's input embeddings, stored as ``embed_tokens.weight`` when the head has
+            none of its own: the library saves them with every EAGLE-3 checkpoint, and its loader does not fill them
+            in from the verifier (with transformers 5.24 they stay uninitialised), so the export carries them.
+    """
+    out = {("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in state.items()}
+    if "embed_tokens.weight" not in out:
+        if target_embed is None:
+            raise ValueError("the speculators format stores the target's input embeddings: bind the head first")
+        out["embed_tokens.weight"] = target_embed.detach().to(state["fc.weight"].dtype)
+    return out
+
+
+__all__ = [
+    "READ_KINDS",
+    "REFUSED_KINDS",
+    "SPECULATORS_VERSION",
+    "WRITE_KINDS",
+    "is_speculators_config",
+    "speculators_eagle3_config",
+    "speculators_eagle3_tensors",
+    "speculators_eagle_init",
+    "speculators_tensors_to_ours",
+]
