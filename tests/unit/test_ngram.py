@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from hf_specdec.generation.proposers import NgramAssistant
 from hf_specdec.generation.proposers.base import RowFeedback, RowState
+from hf_specdec.generation.proposers.ngram import prompt_lookup_predictions
 from hf_specdec.generation.tree import DraftSampling, DraftTree
 
 
@@ -310,6 +311,45 @@ def test_matches_are_real_and_the_longest_comes_first(seq):
         assert found[0][0] >= min(brute[0][0], proposer.max_ngram), "a longest n-gram match must come first"
     else:
         assert tree.num_nodes == 0
+
+
+# ---------------------------------------------------------------------------------------------------- predictions
+def _first_draft(tokens: list[int], **kwargs) -> int | None:
+    """The first token a fresh NgramAssistant drafts after ``tokens`` (None: an empty tree)."""
+    tree = _propose_once(NgramAssistant(**kwargs), tokens)
+    return int(tree.tokens[0]) if tree.num_nodes else None
+
+
+@pytest.mark.parametrize(
+    "vocab, options",
+    [
+        (3, {}),
+        (6, {"min_score": 0.1}),
+        (12, {"max_ngram": 2, "min_ngram": 2}),
+        (5, {"max_ngram": 6, "max_matches": 3, "min_score": 0.3}),
+    ],
+)
+def test_prompt_lookup_predictions_are_the_assistants_first_draft_token(vocab, options):
+    for seed in range(3):
+        tokens = _random_stream(100 * vocab + seed, vocab, 70)
+        predicted = prompt_lookup_predictions(tokens, **options)
+        kwargs = {"min_score": 0.02, **options}  # 0.02: the assistant's threshold under the loop's tree budget
+        expected = [_first_draft(tokens[: t + 1], **kwargs) for t in range(len(tokens))]
+        assert predicted == expected
+        assert any(p is not None for p in predicted) and predicted[0] is None
+    # a tensor gives the same, and a repeated text is predicted once it has been seen
+    text = _random_stream(7, 1000, 30)
+    assert prompt_lookup_predictions(torch.tensor(text + text)) == prompt_lookup_predictions(text + text)
+    assert prompt_lookup_predictions(text + text)[30:59] == text[1:30]
+
+
+def test_prompt_lookup_predictions_refuse_bad_options_by_name():
+    with pytest.raises(ValueError, match="min_ngram"):
+        prompt_lookup_predictions([1, 2], min_ngram=3, max_ngram=2)
+    with pytest.raises(ValueError, match="min_score"):
+        prompt_lookup_predictions([1, 2], min_score=1.5)
+    with pytest.raises(TypeError, match="max_matches"):
+        prompt_lookup_predictions([1, 2], max_matches=2.5)
 
 
 # ---------------------------------------------------------------------------------------------------- rows

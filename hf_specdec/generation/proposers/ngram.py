@@ -24,11 +24,18 @@ text after the match *is* the text being generated), and sizes the tree by accep
 The lookup is incremental: per row and n-gram length, a linked list of occurrences (each position points to the
 previous end of the same n-gram) extended by the new tokens in `observe`, so a step walks a few links instead of
 scanning the sequence.
+
+The matcher (index, matches, scored continuation trie) is `PromptLookup`, one per row; `prompt_lookup_predictions`
+runs the same matcher over a whole sequence and returns, per position, the token the assistant would draft first:
+
+    >>> prompt_lookup_predictions([5, 6, 7, 1, 5, 6])
+    [None, None, None, None, 6, 7]
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -51,27 +58,29 @@ _BUDGET_MAX_NODES = 48
 _MAX_EXTEND = 16
 
 
-class _RowLookup:
-    """One row's token history, its n-gram index and its acceptance statistics.
+class PromptLookup:
+    """The prompt-lookup matcher of one sequence: an incremental n-gram index, the earlier occurrences of the
+    sequence's suffix, and the scored trie of what followed them (what `NgramAssistant` drafts from, one per row).
 
     The index is a linked list of occurrences per n-gram length: ``previous[n - 1][p]`` is the last position before
     ``p`` where the n-gram ending at ``p`` also ends (-1: none), so the occurrences of the context's suffix, most
     recent first, are ``previous[n - 1][last]``, ``previous[n - 1][that]``, ... without computing any key.
+
+    Args:
+        max_ngram / min_ngram / max_matches: as in `NgramAssistant`.
     """
 
-    __slots__ = ("seq", "previous", "_last_end", "hits", "trials", "level_bucket")
+    __slots__ = ("max_ngram", "min_ngram", "max_matches", "seq", "previous", "_last_end")
 
-    def __init__(self, max_ngram: int) -> None:
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, max_matches: int = 8) -> None:
+        self.max_ngram, self.min_ngram, self.max_matches = max_ngram, min_ngram, max_matches
         self.seq: list[int] = []
         self.previous: list[list[int]] = [[] for _ in range(max_ngram)]
         # per n: n-gram (packed in one int, 32 bits per token) -> last position where it ends
         self._last_end: list[dict[int, int]] = [{} for _ in range(max_ngram)]
-        self.hits = [0.0] * _BUCKETS
-        self.trials = [0.0] * _BUCKETS
-        # the last proposed tree: parent node (-1 = root) -> bucket of its best child (the level's trial), for `observe`
-        self.level_bucket: dict[int, int] = {}
 
-    def extend(self, tokens: list[int]) -> None:
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append ``tokens`` to the sequence and index them."""
         seq, previous, last_end = self.seq, self.previous, self._last_end
         for tok in tokens:
             seq.append(tok)
@@ -84,6 +93,152 @@ class _RowLookup:
                 key = (key << 32) | seq[end - n]
                 prev.append(ends.get(key, -1))
                 ends[key] = end
+
+    def matches(self) -> list[tuple[int, int]]:
+        """Earlier occurrences of the sequence's suffix: ``(match_len, end position)``, best first.
+
+        Longest suffix first; among equally long matches the most recent first. The last position (the suffix
+        itself) is never a match. ``match_len`` is compared up to 16 tokens back, past ``max_ngram``.
+        """
+        seq = self.seq
+        last = len(seq) - 1
+        seen: set[int] = set()
+        found: list[tuple[int, int]] = []
+        scan = 2 * self.max_matches
+        for n in range(min(self.max_ngram, last), self.min_ngram - 1, -1):
+            previous = self.previous[n - 1]
+            pos = previous[last]
+            taken = 0
+            while pos >= 0 and taken < scan:
+                if pos not in seen:
+                    seen.add(pos)
+                    length = n  # extend the match backwards past n to rank it
+                    while length < _MAX_EXTEND and pos - length >= 0 and seq[pos - length] == seq[last - length]:
+                        length += 1
+                    found.append((length, pos))
+                    taken += 1
+                pos = previous[pos]
+            if len(found) >= self.max_matches:
+                break
+        found.sort(reverse=True)
+        return found[: self.max_matches]
+
+    def candidates(self, accept: Sequence[float], depth_cap: int) -> LookupCandidates:
+        """The trie of the continuations of `matches`, up to ``depth_cap`` tokens deep, every node scored.
+
+        Args:
+            accept: ``accept[b]``: the estimated probability that a tree level whose best node has effective match
+                length ``b + 1`` is accepted (``_BUCKETS`` entries; see the module docstring).
+            depth_cap: most tokens drafted after one match.
+        """
+        seq = self.seq
+        end = len(seq)
+        out = LookupCandidates([], [], [], [])
+        tokens, parent, bucket = out.tokens, out.parent, out.bucket
+        node_of: dict[tuple[int, int], int] = {}  # (parent, token) -> node; nodes in creation order (parents first)
+        weight: list[float] = []
+        child_weight: dict[int, float] = {}  # parent (-1 = root) -> summed weight of its children
+        for length, pos in self.matches():
+            w = float(length) ** _MATCH_WEIGHT_POWER
+            period = end - 1 - pos
+            cont = seq[pos + 1 : pos + 1 + depth_cap]
+            while len(cont) < depth_cap:  # the match runs into the present: the text repeats with this period
+                cont.append(cont[len(cont) - period])
+            node = -1
+            for d, tok in enumerate(cont):
+                child_weight[node] = child_weight.get(node, 0.0) + w
+                key = (node, tok)
+                child = node_of.get(key)
+                if child is None:
+                    child = node_of[key] = len(tokens)
+                    tokens.append(tok)
+                    parent.append(node)
+                    weight.append(0.0)
+                    # matches come longest first, so the creator's length is the node's longest
+                    bucket.append(min(length + d, _BUCKETS) - 1)
+                weight[child] += w
+                node = child
+        score = out.score
+        for i, p in enumerate(parent):
+            base = 1.0 if p < 0 else score[p]
+            score.append(base * accept[bucket[i]] * weight[i] / child_weight[p])
+        return out
+
+
+@dataclass
+class LookupCandidates:
+    """`PromptLookup.candidates`: one entry per trie node, parents before children.
+
+    Attributes:
+        tokens: the node's token.
+        parent: its parent node (-1 = the root).
+        score: its estimated probability of being accepted (a path probability: below its parent's).
+        bucket: the acceptance bucket of its tree level (effective match length - 1, capped).
+    """
+
+    tokens: list[int]
+    parent: list[int]
+    score: list[float]
+    bucket: list[int]
+
+    def best(self, min_score: float, max_nodes: int) -> list[int]:
+        """The ``max_nodes`` best nodes scoring at least ``min_score``, best first (a tree: parents outscore their
+        children, so every kept node's parent is kept and comes earlier; siblings come best first)."""
+        score = self.score
+        keep = sorted((i for i in range(len(score)) if score[i] >= min_score), key=lambda i: (-score[i], i))
+        return keep[:max_nodes]
+
+
+def prompt_lookup_predictions(
+    tokens: Sequence[int] | torch.Tensor,
+    *,
+    max_ngram: int = 4,
+    min_ngram: int = 1,
+    max_matches: int = 8,
+    min_score: float = _BUDGET_MIN_SCORE,
+) -> list[int | None]:
+    """For each position ``t``, the token a fresh `NgramAssistant` drafts first after seeing ``tokens[: t + 1]``
+    (None where it drafts nothing): the same matcher (`PromptLookup`) with the prior acceptance estimates.
+
+    Args:
+        tokens: `[n]` token ids.
+        max_ngram / min_ngram / max_matches: as in `NgramAssistant`.
+        min_score: smallest score of a drafted node: 0.02 (the default) is the assistant's threshold when the loop's
+            tree budget sizes the trees (the default in ``generate``), 0.1 its threshold without a budget.
+    Returns:
+        `[n]` the first drafted token after each prefix, or None.
+    """
+    _check_lookup_args("prompt_lookup_predictions", max_ngram, min_ngram, max_matches)
+    check_number("prompt_lookup_predictions", "min_score", min_score, 0.0, 1.0)
+    seq = tokens.tolist() if isinstance(tokens, torch.Tensor) else [int(t) for t in tokens]
+    lookup = PromptLookup(max_ngram, min_ngram, max_matches)
+    out: list[int | None] = []
+    for tok in seq:
+        lookup.extend((tok,))
+        cands = lookup.candidates(_PRIOR, depth_cap=1)
+        keep = cands.best(min_score, 1)
+        out.append(cands.tokens[keep[0]] if keep else None)
+    return out
+
+
+def _check_lookup_args(owner: str, max_ngram: int, min_ngram: int, max_matches: int) -> None:
+    for name, value in dict(max_ngram=max_ngram, min_ngram=min_ngram, max_matches=max_matches).items():
+        check_int(owner, name, value, minimum=1)
+    if not 1 <= min_ngram <= max_ngram:
+        raise ValueError(f"{owner} needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+
+
+class _RowLookup(PromptLookup):
+    """One row's matcher and its acceptance statistics."""
+
+    __slots__ = ("hits", "trials", "level_bucket")
+
+    def __init__(self, max_ngram: int, min_ngram: int, max_matches: int) -> None:
+        super().__init__(max_ngram, min_ngram, max_matches)
+        self.hits = [0.0] * _BUCKETS
+        self.trials = [0.0] * _BUCKETS
+        # the last proposed tree: parent node (-1 = root) -> bucket of its best child (the level's trial), for `observe`
+        self.level_bucket: dict[int, int] = {}
 
 
 class NgramAssistant(Proposer):
@@ -124,13 +279,10 @@ class NgramAssistant(Proposer):
         adaptive: bool = True,
         decay: float = 0.9,
     ) -> None:
-        counts = dict(max_ngram=max_ngram, min_ngram=min_ngram, max_depth=max_depth, max_matches=max_matches)
+        _check_lookup_args("NgramAssistant", max_ngram, min_ngram, max_matches)
+        check_int("NgramAssistant", "max_depth", max_depth, minimum=1)
         if max_nodes is not None:
-            counts["max_nodes"] = max_nodes
-        for name, value in counts.items():
-            check_int("NgramAssistant", name, value, minimum=1)
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"NgramAssistant needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+            check_int("NgramAssistant", "max_nodes", max_nodes, minimum=1)
         if min_score is not None:
             check_number("NgramAssistant", "min_score", min_score, 0.0, 1.0)
         check_number("NgramAssistant", "decay", decay, 0.0, 1.0)
@@ -209,7 +361,7 @@ class NgramAssistant(Proposer):
                 lookup.extend(new[1:])
                 return lookup
         # first sight of this row, or not the sequence this row index had: start over
-        lookup = self._rows[row.row] = _RowLookup(self.max_ngram)
+        lookup = self._rows[row.row] = _RowLookup(self.max_ngram, self.min_ngram, self.max_matches)
         lookup.extend(row.tokens.tolist())
         return lookup
 
@@ -221,34 +373,9 @@ class NgramAssistant(Proposer):
         # two pseudo-trials of prior
         return [(h + 2.0 * p) / (t + 2.0) for h, t, p in zip(lookup.hits, lookup.trials, _PRIOR)]
 
-    def find_matches(self, lookup: _RowLookup) -> list[tuple[int, int]]:
-        """Earlier occurrences of the suffix of the row's tokens: ``(match_len, end position)``, best first.
-
-        Longest suffix first; among equally long matches the most recent first. The last position (the suffix
-        itself) is never a match. ``match_len`` is compared up to 16 tokens back, past ``max_ngram``.
-        """
-        seq = lookup.seq
-        last = len(seq) - 1
-        seen: set[int] = set()
-        found: list[tuple[int, int]] = []
-        scan = 2 * self.max_matches
-        for n in range(min(self.max_ngram, last), self.min_ngram - 1, -1):
-            previous = lookup.previous[n - 1]
-            pos = previous[last]
-            taken = 0
-            while pos >= 0 and taken < scan:
-                if pos not in seen:
-                    seen.add(pos)
-                    length = n  # extend the match backwards past n to rank it
-                    while length < _MAX_EXTEND and pos - length >= 0 and seq[pos - length] == seq[last - length]:
-                        length += 1
-                    found.append((length, pos))
-                    taken += 1
-                pos = previous[pos]
-            if len(found) >= self.max_matches:
-                break
-        found.sort(reverse=True)
-        return found[: self.max_matches]
+    def find_matches(self, lookup: PromptLookup) -> list[tuple[int, int]]:
+        """Earlier occurrences of the suffix of a row's tokens (`PromptLookup.matches`)."""
+        return lookup.matches()
 
     def _propose_row(self, row: RowState, min_score: float, max_nodes: int) -> DraftTree:
         depth_cap = min(self.max_depth, row.max_depth)
@@ -256,58 +383,17 @@ class NgramAssistant(Proposer):
             return DraftTree.empty()
         lookup = self._synced(row)
         lookup.level_bucket = {}
-        seq = lookup.seq
-        matches = self.find_matches(lookup)
-        if not matches:
-            return DraftTree.empty()
-        accept = self.acceptance_estimates(row.row)
-        end = len(seq)
-
-        # ---- trie of the continuations; node lists in creation order (parents before children)
-        node_of: dict[tuple[int, int], int] = {}  # (parent, token) -> node
-        tokens: list[int] = []
-        parent: list[int] = []
-        weight: list[float] = []
-        bucket: list[int] = []
-        child_weight: dict[int, float] = {}  # parent (-1 = root) -> summed weight of its children
-        for length, pos in matches:
-            w = float(length) ** _MATCH_WEIGHT_POWER
-            period = end - 1 - pos
-            cont = seq[pos + 1 : pos + 1 + depth_cap]
-            while len(cont) < depth_cap:  # the match runs into the present: the text repeats with this period
-                cont.append(cont[len(cont) - period])
-            node = -1
-            for d, tok in enumerate(cont):
-                child_weight[node] = child_weight.get(node, 0.0) + w
-                key = (node, tok)
-                child = node_of.get(key)
-                if child is None:
-                    child = node_of[key] = len(tokens)
-                    tokens.append(tok)
-                    parent.append(node)
-                    weight.append(0.0)
-                    # matches come longest first, so the creator's length is the node's longest
-                    bucket.append(min(length + d, _BUCKETS) - 1)
-                weight[child] += w
-                node = child
-
-        # ---- scores, then the best max_nodes nodes above min_score (parents outscore children: a tree)
-        score = [0.0] * len(tokens)
-        for i, p in enumerate(parent):
-            base = 1.0 if p < 0 else score[p]
-            score[i] = base * accept[bucket[i]] * weight[i] / child_weight[p]
-        keep = sorted((i for i in range(len(tokens)) if score[i] >= min_score), key=lambda i: (-score[i], i))
-        keep = keep[:max_nodes]
+        cands = lookup.candidates(self.acceptance_estimates(row.row), depth_cap)
+        keep = cands.best(min_score, max_nodes)
         if not keep:
             return DraftTree.empty()
-
-        out_parent = subset_parents(parent, keep)
+        out_parent = subset_parents(cands.parent, keep)
         for new, old in enumerate(keep):
-            lookup.level_bucket.setdefault(out_parent[new], bucket[old])  # siblings come best first
+            lookup.level_bucket.setdefault(out_parent[new], cands.bucket[old])  # siblings come best first
         return DraftTree.from_parents(
-            torch.tensor([tokens[i] for i in keep], dtype=torch.long),
+            torch.tensor([cands.tokens[i] for i in keep], dtype=torch.long),
             out_parent,
             sampling=DraftSampling.DETERMINISTIC,
-            scores=torch.tensor([score[i] for i in keep], dtype=torch.float32),
+            scores=torch.tensor([cands.score[i] for i in keep], dtype=torch.float32),
             source="ngram",
         )
