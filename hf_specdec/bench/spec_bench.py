@@ -359,7 +359,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"questions per Spec-Bench category (default {QUICK_PER_CATEGORY}, or {FULL_PER_CATEGORY} with --full)",
     )
     parser.add_argument(
-        "--max-new-tokens", type=positive_int, default=128, help="tokens generated per prompt (default 128)"
+        "--workload",
+        choices=("spec-bench", "agentic"),
+        default="spec-bench",
+        help="spec-bench (default): the Spec-Bench questions; agentic: multi-turn revisions, an agent editing its own "
+        "file, repeated structured output (hf_specdec.bench.agentic; --per-category then counts sessions)",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=None,
+        help="tokens generated per prompt (default 128, or 256 with --workload agentic)",
     )
     parser.add_argument(
         "--batch", type=positive_int, default=1, help="prompts per generate() call (mixed lengths, left-padded)"
@@ -399,6 +409,8 @@ def _checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Set
         UsageError: a value argparse cannot check alone (a method or category name, the question file, an
             impossible combination, ``--model`` or ``--out``), naming the option, the value and what is expected.
     """
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 128
     if args.per_category is None:
         args.per_category = FULL_PER_CATEGORY if args.full else QUICK_PER_CATEGORY
     if args.methods is None:
@@ -460,6 +472,10 @@ def main(args: argparse.Namespace) -> int:
 
     from ..models import draft_model_from_layers
 
+    if getattr(args, "workload", "spec-bench") == "agentic":
+        from .agentic import main as agentic_main
+
+        return agentic_main(args)
     methods, settings, path, questions = _checked_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
