@@ -66,7 +66,8 @@ _MAX_CHILDREN = 16  # most continuations of one node considered (most frequent f
 class RequestSuffixTree:
     """A suffix tree of one growing sequence, with occurrence counts: every substring of at most ``max_match``
     tokens that occurs at least twice is a node (its count: how often it occurs); a substring that occurs once is a
-    *leaf*, kept as the position where it ends, so its continuation is read from the sequence, at any depth.
+    *leaf*, kept as the position where it ends, so its continuation is read from the sequence, at any depth. Below
+    depth ``max_match`` only the newest occurrence of a continuation is kept (a leaf).
 
     Appending a token updates only the nodes of the sequence's repeated suffixes (`active`: ``active[k]`` is the node
     of the length-``k`` suffix, ``active[0]`` the root), so text that repeats nothing costs O(1) per token and a
@@ -111,8 +112,10 @@ class RequestSuffixTree:
 
     @property
     def match(self) -> int:
-        """The node of the longest suffix of the sequence that occurred before (0, the root: none)."""
-        return self.active[-1]
+        """The node of the longest suffix of the sequence, shorter than ``max_match``, that occurred before (0, the
+        root: none). Shorter than ``max_match`` so that its continuations are nodes or leaves with exact counts."""
+        active = self.active
+        return active[-1] if self.depth[active[-1]] < self.max_match else active[-2]
 
     def continuations(self, state: tuple[int, int, int]) -> tuple[int, list[tuple[int, int, tuple[int, int, int]]]]:
         """Where the walk can go from ``state``: ``(total count, [(token, count, next state)])``, most frequent first.
@@ -276,7 +279,8 @@ class SuffixAssistant(Proposer):
         store: the `SuffixStore` earlier answers are read from and this call's answers added to: the scope of
             sharing (text in one store never drafts for another). None: a private store of this assistant.
         max_depth: most tokens drafted after one match (the loop's remaining budget caps it too).
-        max_match: longest suffix matched in the request tree (longer repeats count as this long).
+        max_match: the request tree's depth: suffixes of up to ``max_match - 1`` tokens are matched (longer repeats
+            count as that long), and their continuations counted.
         max_nodes: most nodes in a tree (None: 32, or 64 candidates when the loop's tree budget sizes the trees).
         min_score: smallest estimated acceptance probability of a node worth proposing (None: 0.1, or 0.02 with the
             loop's tree budget, which keeps the candidates that pay).
@@ -305,7 +309,7 @@ class SuffixAssistant(Proposer):
         if store is not None and not isinstance(store, SuffixStore):
             raise TypeError(f"SuffixAssistant store must be a SuffixStore or None, got {type(store).__name__}")
         check_int("SuffixAssistant", "max_depth", max_depth, minimum=1)
-        check_int("SuffixAssistant", "max_match", max_match, minimum=1)
+        check_int("SuffixAssistant", "max_match", max_match, minimum=2)
         check_int("SuffixAssistant", "lead_in", lead_in, minimum=0)
         if max_nodes is not None:
             check_int("SuffixAssistant", "max_nodes", max_nodes, minimum=1)

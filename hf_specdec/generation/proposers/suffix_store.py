@@ -13,7 +13,8 @@ longest earlier occurrence of the context's suffix, and how often did each conti
 by the 128 tokens that start there. The occurrences of a pattern are one contiguous range of the array (two binary
 searches), and after the pattern the occurrences are sorted by their next token, so the continuations of a range and
 their counts are its sub-ranges: a walk down the array is a walk down a suffix tree whose node counts are range
-sizes. Memory is 4 bytes per token for the text, 4 for the array and 4 for the documents kept for rebuilds.
+sizes. Memory is 12 bytes per token: 4 for the text, 4 for the array and 4 for the documents kept for rebuilds
+(and 8 per document for its separator).
 
 **Updates.** The arrays are immutable; readers take a snapshot (`snapshot`) and never lock. New documents go to a
 small newest level (rebuilt on every `add`, a few thousand tokens); a level merges into the one before it once it
@@ -187,7 +188,7 @@ class SuffixStore:
     """Earlier calls' text, for `SuffixAssistant` to draft from (see the module docstring).
 
     Args:
-        max_tokens: most tokens kept (default about a million: 12 MB of arrays). 0 keeps nothing.
+        max_tokens: most tokens kept (default 2**20, about a million: 12 MB of arrays). 0 keeps nothing.
     """
 
     def __init__(self, max_tokens: int = 1 << 20) -> None:
