@@ -138,11 +138,16 @@ _LISTS = (
 
 
 def sessions() -> list[Session]:
-    """Every session of the workload, by category."""
-    out = [Session(REVISION, name, turns) for name, *turns in _CONVERSATIONS]
-    out += [Session(AGENT, name, tuple(turns)) for name, *turns in _AGENT_TASKS]
-    out.append(Session(STRUCTURED, "json", tuple(_JSON_INSTRUCTION + p for p in _PEOPLE)))
-    out.append(Session(STRUCTURED, "table", tuple(_TABLE_INSTRUCTION + x for x in _LISTS)))
+    """Every session of the workload, the categories interleaved (a run cut short still covers all three)."""
+    revision = [Session(REVISION, name, tuple(turns)) for name, *turns in _CONVERSATIONS]
+    agent = [Session(AGENT, name, tuple(turns)) for name, *turns in _AGENT_TASKS]
+    structured = [
+        Session(STRUCTURED, "json", tuple(_JSON_INSTRUCTION + p for p in _PEOPLE)),
+        Session(STRUCTURED, "table", tuple(_TABLE_INSTRUCTION + x for x in _LISTS)),
+    ]
+    out = []
+    for i in range(max(map(len, (revision, agent, structured)))):
+        out += [group[i] for group in (revision, agent, structured) if i < len(group)]
     return out
 
 
@@ -318,7 +323,8 @@ def checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Sett
             raise UsageError(f"--categories {args.categories}: unknown {unknown}; the agentic ones are {CATEGORIES}")
         chosen = [s for s in chosen if s.category in wanted]
     if args.per_category:
-        chosen = [s for c in CATEGORIES for s in [s for s in chosen if s.category == c][: args.per_category]]
+        rank = {id(s): [x for x in chosen if x.category == s.category].index(s) for s in chosen}
+        chosen = [s for s in chosen if rank[id(s)] < args.per_category]
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out}: a file is there; pass a folder for results.md, results.json, results.png")
     check_model_argument(args.model)
