@@ -472,10 +472,6 @@ def main(args: argparse.Namespace) -> int:
 
     from ..models import draft_model_from_layers
 
-    if getattr(args, "workload", "spec-bench") == "agentic":
-        from .agentic import main as agentic_main
-
-        return agentic_main(args)
     methods, settings, path, questions = _checked_arguments(args)
     if args.threads:
         torch.set_num_threads(args.threads)
