@@ -221,6 +221,31 @@ def prompt_lookup_predictions(
     return out
 
 
+def unseen_tokens(seq: Sequence[int], tokens: torch.Tensor) -> list[int] | None:
+    """The tokens of a row's `[n]` ``tokens`` after the ``len(seq)`` an assistant has seen (``[]``: none), or None
+    when ``tokens`` does not continue ``seq`` (an empty ``seq``, or another sequence under the row's index)."""
+    n, known = tokens.numel(), len(seq)
+    if known and n == known:
+        return []
+    if 0 < known < n:
+        new = tokens[known - 1 :].tolist()  # one transfer: the last known token (a check) + the new ones
+        if new[0] == seq[-1]:
+            return new[1:]
+    return None
+
+
+def check_tree_args(owner: str, max_depth: int, max_nodes: int | None, min_score: float | None, decay, adaptive):
+    """Refuse, by name, bad tree bounds and acceptance-learning options of a lookup assistant's constructor."""
+    check_int(owner, "max_depth", max_depth, minimum=1)
+    if max_nodes is not None:
+        check_int(owner, "max_nodes", max_nodes, minimum=1)
+    if min_score is not None:
+        check_number(owner, "min_score", min_score, 0.0, 1.0)
+    check_number(owner, "decay", decay, 0.0, 1.0)
+    if not isinstance(adaptive, bool):
+        raise TypeError(f"{owner} adaptive must be True or False, got {adaptive!r}")
+
+
 def _check_lookup_args(owner: str, max_ngram: int, min_ngram: int, max_matches: int) -> None:
     for name, value in dict(max_ngram=max_ngram, min_ngram=min_ngram, max_matches=max_matches).items():
         check_int(owner, name, value, minimum=1)
@@ -338,14 +363,7 @@ class NgramAssistant(Proposer):
         decay: float = 0.9,
     ) -> None:
         _check_lookup_args("NgramAssistant", max_ngram, min_ngram, max_matches)
-        check_int("NgramAssistant", "max_depth", max_depth, minimum=1)
-        if max_nodes is not None:
-            check_int("NgramAssistant", "max_nodes", max_nodes, minimum=1)
-        if min_score is not None:
-            check_number("NgramAssistant", "min_score", min_score, 0.0, 1.0)
-        check_number("NgramAssistant", "decay", decay, 0.0, 1.0)
-        if not isinstance(adaptive, bool):
-            raise TypeError(f"NgramAssistant adaptive must be True or False, got {adaptive!r}")
+        check_tree_args("NgramAssistant", max_depth, max_nodes, min_score, decay, adaptive)
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.max_depth = max_depth
@@ -385,15 +403,10 @@ class NgramAssistant(Proposer):
     def _synced(self, row: RowState) -> _RowLookup:
         """The row's lookup, extended with the tokens of ``row.tokens`` it has not indexed yet."""
         lookup = self._rows.get(row.row)
-        n = row.tokens.numel()
-        known = 0 if lookup is None else len(lookup.seq)
-        if lookup is not None and n == known:
+        new = None if lookup is None else unseen_tokens(lookup.seq, row.tokens)
+        if new is not None:
+            lookup.extend(new)
             return lookup
-        if lookup is not None and 0 < known < n:
-            new = row.tokens[known - 1 :].tolist()  # one transfer: the last known token (a check) + the new ones
-            if new[0] == lookup.seq[-1]:
-                lookup.extend(new[1:])
-                return lookup
         # first sight of this row, or not the sequence this row index had: start over
         lookup = self._rows[row.row] = _RowLookup(self.max_ngram, self.min_ngram, self.max_matches, self.decay)
         lookup.extend(row.tokens.tolist())

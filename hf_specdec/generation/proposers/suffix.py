@@ -42,10 +42,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..inputs import check_int, check_number
+from ..inputs import check_int
 from ..tree import DraftSampling, DraftTree, subset_parents
 from .base import Proposer, ProposerSetup, RowFeedback, RowState
-from .ngram import LevelAcceptance, LookupCandidates
+from .ngram import LevelAcceptance, LookupCandidates, check_tree_args, unseen_tokens
 from .suffix_store import SORTED_DEPTH, SuffixIndex, SuffixStore
 
 # Effective match lengths 1 .. _BUCKETS have their own acceptance estimate (the last: that long or longer). Request
@@ -308,16 +308,9 @@ class SuffixAssistant(Proposer):
     ) -> None:
         if store is not None and not isinstance(store, SuffixStore):
             raise TypeError(f"SuffixAssistant store must be a SuffixStore or None, got {type(store).__name__}")
-        check_int("SuffixAssistant", "max_depth", max_depth, minimum=1)
+        check_tree_args("SuffixAssistant", max_depth, max_nodes, min_score, decay, adaptive)
         check_int("SuffixAssistant", "max_match", max_match, minimum=2)
         check_int("SuffixAssistant", "lead_in", lead_in, minimum=0)
-        if max_nodes is not None:
-            check_int("SuffixAssistant", "max_nodes", max_nodes, minimum=1)
-        if min_score is not None:
-            check_number("SuffixAssistant", "min_score", min_score, 0.0, 1.0)
-        check_number("SuffixAssistant", "decay", decay, 0.0, 1.0)
-        if not isinstance(adaptive, bool):
-            raise TypeError(f"SuffixAssistant adaptive must be True or False, got {adaptive!r}")
         self.store = store if store is not None else SuffixStore()
         self.max_depth, self.max_match, self.max_nodes, self.min_score = max_depth, max_match, max_nodes, min_score
         self.lead_in, self.adaptive, self.decay = lead_in, adaptive, decay
@@ -362,20 +355,15 @@ class SuffixAssistant(Proposer):
     def _synced(self, row: RowState) -> _Row:
         """The row's state, its request tree extended with the tokens of ``row.tokens`` it has not seen yet."""
         state = self._rows.get(row.row)
-        n = row.tokens.numel()
-        known = 0 if state is None else len(state.tree.seq)
-        if state is not None and n == known:
+        new = None if state is None else unseen_tokens(state.tree.seq, row.tokens)
+        if new is not None:
+            state.tree.extend(new)
             return state
-        if state is not None and 0 < known < n:
-            new = row.tokens[known - 1 :].tolist()  # one transfer: the last known token (a check) + the new ones
-            if new[0] == state.tree.seq[-1]:
-                state.tree.extend(new[1:])
-                return state
         # first sight of this row, or not the sequence this row index had: start over
         tree = RequestSuffixTree(self.max_match)
         tree.extend(row.tokens.tolist())
         acceptance = LevelAcceptance(_REQUEST_PRIOR + _STORE_PRIOR, self.decay)
-        state = self._rows[row.row] = _Row(tree, acceptance, min(row.prompt_len, n))
+        state = self._rows[row.row] = _Row(tree, acceptance, min(row.prompt_len, len(tree.seq)))
         return state
 
     def acceptance_estimates(self, row: int) -> list[float]:
