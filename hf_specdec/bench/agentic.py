@@ -45,6 +45,7 @@ from .spec_bench import (
     _sigterm_as_interrupt,
     _Terminated,
     _verify_cost,
+    call_clock,
     settings_for,
 )
 
@@ -206,6 +207,7 @@ def run_agentic(
     repeats: int = 1,
     log: Callable[[str], None] | None = None,
     on_turn: Callable[[list[dict]], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> AgenticRun:
     """Every turn of every session, every method back to back (vanilla first in the list, order rotating).
 
@@ -217,6 +219,7 @@ def run_agentic(
     log = log or (lambda _msg: None)
     ctx = BenchContext(model)
     runner = _SessionRunner(model, methods, ctx, 1, seed, log)
+    runner.clock = clock
     run = AgenticRun()
     total = sum(len(s.turns) for s in chosen) * len(settings)
     for setting in settings:
@@ -359,6 +362,7 @@ def main(args: argparse.Namespace) -> int:
             "threads": torch.get_num_threads(),
             "batch": 1,
             "max_new_tokens": max_new,
+            "clock": "CPU time of the process" if args.cpu_time else "wall time",
             "questions": f"agentic workload: {len(chosen)} sessions, {sum(len(s.turns) for s in chosen)} turns",
             "methods": {m.name: m.description for m in methods},
             "wall_s": time.perf_counter() - t0,
@@ -382,7 +386,17 @@ def main(args: argparse.Namespace) -> int:
     try:
         with _sigterm_as_interrupt(), packed_weights(model):
             run = run_agentic(
-                model, tokenizer, methods, settings, chosen, max_new, args.seed, args.repeats, log, on_turn=save
+                model,
+                tokenizer,
+                methods,
+                settings,
+                chosen,
+                max_new,
+                args.seed,
+                args.repeats,
+                log,
+                save,
+                call_clock(args),
             )
         records[:], assistants = run.records, run.assistants
     except KeyboardInterrupt as interrupt:
