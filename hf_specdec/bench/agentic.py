@@ -362,7 +362,7 @@ def main(args: argparse.Namespace) -> int:
             "threads": torch.get_num_threads(),
             "batch": 1,
             "max_new_tokens": max_new,
-            "clock": "CPU time of the process" if args.cpu_time else "wall time",
+            "clock": "CPU time of the process" if getattr(args, "cpu_time", False) else "wall time",
             "questions": f"agentic workload: {len(chosen)} sessions, {sum(len(s.turns) for s in chosen)} turns",
             "methods": {m.name: m.description for m in methods},
             "wall_s": time.perf_counter() - t0,

@@ -581,7 +581,7 @@ def _meta(args, model_name, methods, draft_layers, total_layers, path, num_promp
         else None,
         "questions": f"{path.name} ({num_prompts} prompts, seed {args.seed})",
         "draft_dtype": draft_dtype.describe(),
-        "clock": "CPU time of the process" if args.cpu_time else "wall time",
+        "clock": "CPU time of the process" if getattr(args, "cpu_time", False) else "wall time",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "methods": {m.name: m.description for m in methods},
         "transformers": _version("transformers"),
