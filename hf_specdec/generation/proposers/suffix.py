@@ -55,7 +55,7 @@ from .suffix_store import SORTED_DEPTH, SuffixIndex, SuffixStore
 _BUCKETS = 16
 _REQUEST_PRIOR = (0.4, 0.55, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.9, 0.91, 0.92, 0.93, 0.94, 0.94, 0.95, 0.95)
 _STORE_PRIOR = (0.25, 0.35, 0.45, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.88, 0.9, 0.92, 0.93, 0.94, 0.95)
-_REQUEST, _STORE = 0, 1  # node sources; bucket b of the store is b + _BUCKETS in the row's LevelAcceptance
+# A row's LevelAcceptance holds both: request bucket b is b, store bucket b is _BUCKETS + b.
 # With the loop's tree budget: the candidates proposed (the budget keeps those that pay); without: the tree verified.
 _BUDGET_MIN_SCORE, _BUDGET_MAX_NODES = 0.02, 64
 _PLAIN_MIN_SCORE, _PLAIN_MAX_NODES = 0.1, 32
@@ -147,8 +147,8 @@ class RequestSuffixTree:
 
         def children(state, drafted: int):
             total, kids = self.continuations(state)
-            if state[0] >= 0:  # a leaf entered at ``drafted`` tokens below the match: its occurrence of the match
-                # ended at end - drafted, and the sequence repeats with period last - that
+            if state[0] >= 0:  # a leaf child ends at s[1], drafted + 1 tokens below the match: that occurrence of the
+                # match ended at s[1] - drafted - 1, and the text that runs into the present repeats with period last - it
                 kids = [(t, c, s if s[0] >= 0 else (-1, s[1], last - (s[1] - drafted - 1))) for t, c, s in kids]
             return total, kids
 
@@ -156,41 +156,37 @@ class RequestSuffixTree:
 
 
 # ---------------------------------------------------------------------------------------------- the store walk
-def _store_walk(parts: list[tuple[SuffixIndex, int, int]], m: int) -> Callable:
-    """The children function of `grow` over the store's levels, from the ranges of a length-``m`` match.
+def _store_children(state, drafted: int) -> tuple[int, list]:
+    """The children function of `grow` over the store's levels (``drafted`` is not needed: counts are exact).
 
     A state is ``(((index, lo, hi), ...), depth)`` (the occurrences of the matched text plus the drafted path, ``depth``
     tokens, in every level that holds it), or ``(index, position)`` once a single occurrence is left (read on from its
     document; also the newest occurrence once the walk passes the depth the suffixes are sorted by).
     """
-
-    def children(state, drafted: int):
-        first, depth = state
-        if isinstance(first, SuffixIndex):  # one occurrence: its document goes on (or ends)
-            tok = first.text[depth]
-            return (1, [(tok, 1, (first, depth + 1))]) if tok >= 0 else (0, [])
-        if depth >= SORTED_DEPTH:  # past the sorted prefix: the newest occurrence
-            index, lo, hi = first[-1]
-            return children((index, index.newest(lo, hi) + depth), drafted)
-        merged: dict[int, list] = {}
-        total = 0
-        for index, lo, hi in first:
-            n, groups = index.next_tokens(lo, hi, depth, _MAX_CHILDREN)
-            total += n
-            for tok, a, b in groups:
-                entry = merged.setdefault(tok, [0, []])
-                entry[0] += b - a
-                entry[1].append((index, a, b))
-        out = []
-        for tok, (c, ranges) in sorted(merged.items(), key=lambda kv: -kv[1][0])[:_MAX_CHILDREN]:
-            if c == 1:  # a single occurrence: read on from its document
-                index, a, _ = ranges[0]
-                out.append((tok, 1, (index, index.sa[a] + depth + 1)))
-            else:
-                out.append((tok, c, (tuple(ranges), depth + 1)))
-        return total, out
-
-    return children
+    first, depth = state
+    if isinstance(first, SuffixIndex):  # one occurrence: its document goes on (or ends)
+        tok = first.text[depth]
+        return (1, [(tok, 1, (first, depth + 1))]) if tok >= 0 else (0, [])
+    if depth >= SORTED_DEPTH:  # past the sorted prefix: the newest occurrence
+        index, lo, hi = first[-1]
+        return _store_children((index, index.newest(lo, hi) + depth), drafted)
+    merged: dict[int, list] = {}
+    total = 0
+    for index, lo, hi in first:
+        n, groups = index.next_tokens(lo, hi, depth, _MAX_CHILDREN)
+        total += n
+        for tok, a, b in groups:
+            entry = merged.setdefault(tok, [0, []])
+            entry[0] += b - a
+            entry[1].append((index, a, b))
+    out = []
+    for tok, (c, ranges) in sorted(merged.items(), key=lambda kv: -kv[1][0])[:_MAX_CHILDREN]:
+        if c == 1:  # a single occurrence: read on from its document
+            index, a, _ = ranges[0]
+            out.append((tok, 1, (index, index.sa[a] + depth + 1)))
+        else:
+            out.append((tok, c, (tuple(ranges), depth + 1)))
+    return total, out
 
 
 # ---------------------------------------------------------------------------------------------- growing a tree
@@ -387,9 +383,7 @@ class SuffixAssistant(Proposer):
             trees.append((grow(children, root, m, accept[:_BUCKETS], depth_cap, max_nodes, min_score), 0))
         m, parts = self._snapshot.longest_match(state.tree.seq, self.max_match)
         if m:
-            store = grow(
-                _store_walk(parts, m), (tuple(parts), m), m, accept[_BUCKETS:], depth_cap, max_nodes, min_score
-            )
+            store = grow(_store_children, (tuple(parts), m), m, accept[_BUCKETS:], depth_cap, max_nodes, min_score)
             trees.append((store, _BUCKETS))
         cands = merge(trees)
         keep = cands.best(min_score, max_nodes)
