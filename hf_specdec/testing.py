@@ -156,6 +156,31 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|> ' + m['role'] + ' ' + m['content'] + ' <|im_end|> ' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|> assistant ' }}{% endif %}"
+)
+
+
+def tiny_chat_tokenizer(words: list[str], vocab_size: int = 97):
+    """A real fast tokenizer (word level, split on whitespace) over ``words`` and the chat markers, with a ChatML
+    chat template, for the tiny models: ids 0-4 are pad, bos, ``<|im_end|>`` (the tiny models' EOS), unk and
+    ``<|im_start|>``; unknown words map to unk. Needs ``len(set(words)) + 5 <= vocab_size``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "<|im_end|>", "<unk>", "<|im_start|>"]
+    vocab = {w: i for i, w in enumerate(specials + sorted(set(words) - set(specials)))}
+    if len(vocab) > vocab_size:
+        raise ValueError(f"{len(vocab)} words do not fit a vocabulary of {vocab_size}")
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>",
+                                  eos_token="<|im_end|>", unk_token="<unk>")  # fmt: skip
+    tok.chat_template = TINY_CHAT_TEMPLATE
+    return tok
+
+
 def toy_encode(text: str, vocab: int = 97) -> list[int]:
     """A stand-in tokenizer for the tiny models: BOS + one id per word (ids 3..vocab-1), at most 6 words."""
     return [1] + [3 + sum(map(ord, w)) % (vocab - 3) for w in text.split()[:6]]

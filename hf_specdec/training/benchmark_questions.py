@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -52,3 +53,16 @@ def spec_bench_overlap(prompts: Sequence[str], questions_path: str | os.PathLike
     turns = {norm(t) for q in read_questions(questions_path) for t in q["turns"]}
     turns.discard("")
     return [p for p in prompts if norm(p) in turns or any(t in norm(p) for t in turns if len(t) > 40)]
+
+
+def spec_bench_shared_spans(texts: Sequence[str], questions_path: str | os.PathLike, words: int = 10) -> list[int]:
+    """Indices of the ``texts`` that share a run of ``words`` consecutive words (case and punctuation ignored) with a
+    turn of the Spec-Bench file: a paraphrased or quoted question, which `spec_bench_overlap`'s whole-turn match
+    misses."""
+
+    def runs(text: str) -> set[tuple[str, ...]]:
+        w = re.findall(r"\w+", text.lower())
+        return {tuple(w[i : i + words]) for i in range(len(w) - words + 1)}
+
+    question_runs = set().union(*(runs(t) for q in read_questions(questions_path) for t in q["turns"]))
+    return [i for i, text in enumerate(texts) if not question_runs.isdisjoint(runs(text))]

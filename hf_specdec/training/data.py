@@ -10,7 +10,10 @@ On disk (``out_dir``): ``manifest.json`` (the recipe: prompt templates, seed, co
 model's sizes, one entry per finished shard) and ``shard-00000.safetensors``... Each shard holds, for its sequences
 (prompt + answer, no padding) concatenated: ``input_ids`` `[N]` int32, ``hidden`` `[N, H]` (fp16 or fp32: the base
 model's final normed hidden states, what its lm_head sees; ``hidden[t]`` maps to token ``t + 1``), and per sequence
-``seq_lens`` / ``prompt_lens`` `[S]` int64. A rerun skips the shards the manifest already lists (resumable).
+``seq_lens`` / ``prompt_lens`` `[S]` int64. Data built by teacher forcing over fixed text
+(`hf_specdec.training.teacher_forced`) also hold ``target_next`` `[N]` int32 (the target's arg-max next token at
+each position, over its whole vocabulary) and ``answer_mask`` `[N]` uint8 (the tokens an assistant wrote; several
+turns per sequence). A rerun skips the shards the manifest already lists (resumable).
 """
 
 from __future__ import annotations
@@ -620,10 +623,16 @@ def _open_manifest(out: Path, model, prompt_ids, settings: dict, recipe, base_mo
 
 
 def _write_shard(
-    path: Path, seqs: list[list[int]], hiddens: list[torch.Tensor], prompts, hidden_dtype, num_aux: int = 0
+    path: Path,
+    seqs: list[list[int]],
+    hiddens: list[torch.Tensor],
+    prompts,
+    hidden_dtype,
+    num_aux: int = 0,
+    per_token: dict[str, torch.Tensor] | None = None,
 ) -> dict:
-    """Write one shard atomically (``hiddens``: `[len, H * (1 + num_aux)]` each, the final state first); returns its
-    manifest counts."""
+    """Write one shard atomically (``hiddens``: `[len, H * (1 + num_aux)]` each, the final state first; ``per_token``:
+    more `[N]` tensors, e.g. ``target_next`` and ``answer_mask``); returns its manifest counts."""
     states = torch.cat(hiddens).to(hidden_dtype)  # [N, H * (1 + num_aux)]
     h = states.shape[-1] // (1 + num_aux)
     tensors = {
@@ -631,16 +640,21 @@ def _write_shard(
         "hidden": states[:, :h].contiguous(),
         "seq_lens": torch.tensor([len(s) for s in seqs], dtype=torch.int64),
         "prompt_lens": torch.tensor([len(p) for p in prompts], dtype=torch.int64),
+        **(per_token or {}),
     }
     if num_aux:
         tensors["aux_hidden"] = states[:, h:].contiguous()
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, path)
+    if "answer_mask" in tensors:
+        answer_tokens = int(tensors["answer_mask"].sum())
+    else:
+        answer_tokens = int(sum(len(s) - len(p) for s, p in zip(seqs, prompts)))
     return {
         "num_sequences": len(seqs),
         "num_tokens": int(tensors["input_ids"].numel()),
-        "num_answer_tokens": int(sum(len(s) - len(p) for s, p in zip(seqs, prompts))),
+        "num_answer_tokens": answer_tokens,
     }
 
 
@@ -700,6 +714,10 @@ class DistillationData:
         aux_hidden: `[N, H * len(aux_layers)]` the states of the target's ``hidden_states`` entries ``aux_layers``
             (EAGLE-3's features; built with ``aux_layers``), or None.
         aux_layers: those entries, or None.
+        answer_mask: `[N]` bool, the tokens an assistant wrote (the target's answers; in teacher-forced data, every
+            assistant turn). None means: from each sequence's answer start to its end.
+        target_next: `[N]` int64, the target's arg-max next token after each position (teacher-forced data), or
+            None. `next_tokens` gives it for any data.
     """
 
     input_ids: torch.Tensor
@@ -712,6 +730,30 @@ class DistillationData:
     folder: Path | None = None
     aux_hidden: torch.Tensor | None = None
     aux_layers: tuple[int, ...] | None = None
+    answer_mask: torch.Tensor | None = None
+    target_next: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.answer_mask is None:
+            pos = torch.arange(self.input_ids.numel())
+            self.answer_mask = (pos >= self.answer_start) & (pos < self.seq_end)
+
+    def next_tokens(self) -> torch.Tensor:
+        """`[N]` int64: the target's next token after each position where the data say it, -1 elsewhere.
+
+        Teacher-forced data store it for every position. In self-distilled data the answers are the target's own
+        greedy tokens, so after position t it is token t + 1 wherever that is an answer token; after prompt
+        positions it is unknown here (-1; the trainers take the arg-max of the target's lm_head over the stored state
+        where they need it).
+        """
+        if self.target_next is not None:
+            return self.target_next
+        n = self.input_ids.numel()
+        nxt = torch.full((n,), -1, dtype=torch.long)
+        pos = torch.arange(n - 1)
+        known = self.answer_mask[1:] & (pos + 1 < self.seq_end[:-1])
+        nxt[:-1][known] = self.input_ids[1:][known]
+        return nxt
 
     def features(self, layers: Sequence[int]) -> torch.Tensor:
         """`[N, F]` the stored states a head reads: ``(-1,)`` = the final states (EAGLE-1), else the aux layers these
@@ -729,16 +771,17 @@ class DistillationData:
 
 
 def load_distillation_data(
-    data_dir: str | os.PathLike | Sequence[str | os.PathLike], evaluation_only_ok: bool = False
+    data_dir: str | os.PathLike | Sequence[str | os.PathLike], evaluation_only_ok: bool = False, with_aux: bool = True
 ) -> DistillationData:
-    """Read the shards of ``data_dir`` (built by `build_distillation_data`) into memory; a list of folders (built
-    for the same base model) is read as one dataset, in order.
+    """Read the shards of ``data_dir`` (built by `build_distillation_data` or `build_teacher_forced_data`) into
+    memory; a list of folders (built for the same base model) is read as one dataset, in order. ``with_aux=False``
+    leaves the EAGLE-3 layer states on disk (a head reading the final states alone does not need them).
 
     A folder whose prompt recipe says ``evaluation_only`` (the target's answers to benchmark questions,
     `hf_specdec.bench.head_eval`) is refused unless ``evaluation_only_ok``: heads are never trained on it.
     """
     if not isinstance(data_dir, (str, os.PathLike)):
-        parts = [load_distillation_data(d, evaluation_only_ok) for d in data_dir]
+        parts = [load_distillation_data(d, evaluation_only_ok, with_aux) for d in data_dir]
         if not parts:
             raise ValueError("no data folder given")
         return _concatenate(parts)
@@ -754,8 +797,11 @@ def load_distillation_data(
         )
     if not manifest["shards"]:
         raise ValueError(f"{folder}: the manifest lists no finished shard")
-    ids, hidden, aux, lens, plens = [], [], [], [], []
+    ids, hidden, aux, lens, plens, masks, nexts = [], [], [], [], [], [], []
     aux_layers = tuple(manifest.get("aux_layers") or ()) or None
+    if aux_layers and not with_aux:
+        aux_layers = None
+    teacher_forced = bool(manifest.get("teacher_forced"))
     for shard in manifest["shards"]:
         with safe_open(str(folder / shard["file"]), framework="pt", device="cpu") as f:
             ids.append(f.get_tensor("input_ids").long())
@@ -764,6 +810,9 @@ def load_distillation_data(
                 aux.append(f.get_tensor("aux_hidden"))
             lens.append(f.get_tensor("seq_lens"))
             plens.append(f.get_tensor("prompt_lens"))
+            if teacher_forced:
+                masks.append(f.get_tensor("answer_mask").bool())
+                nexts.append(f.get_tensor("target_next").long())
     seq_lens, prompt_lens = torch.cat(lens), torch.cat(plens)
     ends = seq_lens.cumsum(0)
     starts = ends - seq_lens
@@ -779,6 +828,8 @@ def load_distillation_data(
         folder=folder,
         aux_hidden=torch.cat(aux) if aux_layers else None,
         aux_layers=aux_layers,
+        answer_mask=torch.cat(masks) if teacher_forced else None,
+        target_next=torch.cat(nexts) if teacher_forced else None,
     )
 
 
@@ -816,6 +867,10 @@ def _concatenate(parts: list[DistillationData]) -> DistillationData:
         manifest=manifest,
         folder=parts[0].folder,
         **_concatenated_aux(parts),
+        answer_mask=torch.cat([p.answer_mask for p in parts]),
+        target_next=torch.cat([p.next_tokens() for p in parts])
+        if any(p.target_next is not None for p in parts)
+        else None,
     )
 
 

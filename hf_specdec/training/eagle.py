@@ -126,17 +126,19 @@ def _windows(data: DistillationData, windows: torch.Tensor, window: int) -> tupl
 def token_targets(data: DistillationData, lm_weight: torch.Tensor, vocab: torch.Tensor, chunk: int = 4096):
     """`[N]` the target's choice at t + 1 per position t, as an index into ``vocab`` (-100 = outside it / none).
 
-    Answer positions take the next answer token (greedy answers: the target's own arg-max); prompt positions the
-    arg-max of the target's lm_head rows ``vocab`` over ``f_{t+1}``.
+    Where the data know it (`DistillationData.next_tokens`: greedy answers, teacher-forced text) that token;
+    elsewhere (prompts of self-distilled data) the arg-max of the target's lm_head rows ``vocab`` over ``f_{t+1}``.
     """
     n = data.input_ids.numel()
     index = torch.full((int(lm_weight.shape[0]),), -100, dtype=torch.long)
     index[vocab] = torch.arange(vocab.numel())
     labels = torch.full((n,), -100, dtype=torch.long)
-    pos = torch.arange(n)
-    in_answer = (pos + 2 >= data.answer_start) & (pos + 2 < data.seq_end)
-    labels[in_answer] = index[data.input_ids[pos[in_answer] + 2]]
-    prompt = ((~in_answer) & (pos + 1 < data.seq_end)).nonzero().flatten()
+    pos = torch.arange(n - 1)
+    nxt = data.next_tokens()[1:]  # [N - 1] the target's token after t + 1
+    inside = pos + 2 < data.seq_end[:-1]
+    known = inside & (nxt >= 0)
+    labels[:-1][known] = index[nxt[known]]
+    prompt = ((~known) & (pos + 1 < data.seq_end[:-1])).nonzero().flatten()
     rows = lm_weight[vocab].float()  # [V', H]
     for i in range(0, prompt.numel(), chunk):
         p = prompt[i : i + chunk]
@@ -239,6 +241,7 @@ def evaluate_eagle(head: EagleHead, data: DistillationData, seq_ids: torch.Tenso
     was = head.training
     head.eval()
     features = data.features(head.feature_layers)  # [N, F]
+    nxt = data.next_tokens()
     hit1 = hit4 = total = 0
     for s, a, e in data.seq_bounds[seq_ids].tolist():
         if total >= max_positions or e - s < 3:
@@ -247,9 +250,10 @@ def evaluate_eagle(head: EagleHead, data: DistillationData, seq_ids: torch.Tenso
         w = head.fc.weight
         feats = features[t][None].to(w.device, w.dtype)  # [1, T, F]
         _, logits = head(data.input_ids[t + 1][None].to(w.device), feats)
-        pos = torch.arange(max(s, a - 2), e - 2)  # token t + 2 is an answer token
+        pos = torch.arange(max(s, a - 2), e - 2)
+        pos = pos[data.answer_mask[pos + 2] & (nxt[pos + 1] >= 0)]  # token t + 2 is a known answer token
         top = head.draft_to_token(logits[0, pos - s].topk(4, dim=-1).indices).cpu()  # [p, 4]
-        want = data.input_ids[pos + 2]
+        want = nxt[pos + 1]
         hit1 += int((top[:, 0] == want).sum())
         hit4 += int((top == want[:, None]).any(-1).sum())
         total += int(pos.numel())

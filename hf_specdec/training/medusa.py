@@ -78,12 +78,15 @@ class MedusaTrainingConfig(RunConfig):
 
 # ---------------------------------------------------------------------------------------------------- positions
 def medusa_labels(data: DistillationData, positions: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """`[n, P]` int64: token t + k + 2 for head k at position t, ``IGNORE`` where it is past the sequence's end or in
-    its prompt."""
+    """`[n, P]` int64: the target's token t + k + 2 for head k at position t (its choice after t + k + 1, given the
+    data's tokens up to there: in greedy self-distilled answers, the answer's own token t + k + 2), ``IGNORE`` where
+    it is past the sequence's end, outside an answer, or unknown."""
     k = torch.arange(num_heads).unsqueeze(1)  # [n, 1]
     target = positions.unsqueeze(0) + k + 2  # [n, P]
-    valid = (target < data.seq_end[positions]) & (target >= data.answer_start[positions])
-    ids = data.input_ids[target.clamp(max=data.input_ids.numel() - 1)]
+    inside = target < data.seq_end[positions]
+    target = target.clamp(max=data.input_ids.numel() - 1)
+    ids = data.next_tokens()[target - 1]
+    valid = inside & data.answer_mask[target] & (ids >= 0)
     return torch.where(valid, ids, torch.full_like(ids, IGNORE))
 
 

