@@ -26,6 +26,8 @@ __version__ = "0.1.0"
 # Heavier pieces load on first use: public name -> the module (relative to this package) that defines it.
 _LAZY = {
     "NgramAssistant": ".generation.proposers.ngram",
+    "SuffixAssistant": ".generation.proposers.suffix",
+    "SuffixStore": ".generation.proposers.suffix_store",
     "DraftModelAssistant": ".generation.proposers.draft_model",
     "MedusaHeads": ".heads.medusa",
     "MedusaAssistant": ".generation.proposers.medusa",
@@ -65,6 +67,8 @@ __all__ = [
     "register_assistant_resolver",
     "register_per_node_processor",
     "NgramAssistant",
+    "SuffixAssistant",
+    "SuffixStore",
     "DraftModelAssistant",
     "MedusaHeads",
     "MedusaAssistant",

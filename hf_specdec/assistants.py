@@ -25,6 +25,7 @@ from .generation.proposers.fallback import FallbackAssistant
 from .generation.proposers.medusa import MedusaAssistant
 from .generation.proposers.mlp_speculator import MLPSpeculatorAssistant
 from .generation.proposers.ngram import NgramAssistant
+from .generation.proposers.suffix import SuffixAssistant
 from .heads.eagle import EagleHead
 from .heads.hub import PretrainedHead
 from .heads.medusa import MedusaHeads
@@ -100,7 +101,9 @@ def load_default_assistant(name: str = DEFAULT_ASSISTANT) -> Proposer:
     Args:
         name: one of `available_assistants()`: ``"ngram+medusa"`` (prompt lookup where it finds a match, the shipped
             Medusa heads elsewhere; the fastest on the default model, docs/results.md), ``"ngram"`` (prompt lookup
-            over token trees) or ``"medusa"`` (the shipped Medusa-1 heads with their tuned tree).
+            over token trees), ``"medusa"`` (the shipped Medusa-1 heads with their tuned tree), ``"suffix"`` (suffix
+            decoding over the request and the assistant's store of earlier answers: keep the returned assistant
+            and pass it to every call of a session), ``"suffix+eagle"``, ... (`available_assistants`).
     Returns:
         a new `Proposer` for each call (trained heads are loaded once and shared).
     """
@@ -154,6 +157,12 @@ def _with_ngram(assistant: Callable[[], Proposer]) -> Callable[[], Proposer]:
     return lambda: FallbackAssistant(NgramAssistant(), assistant())
 
 
+def _with_suffix(assistant: Callable[[], Proposer]) -> Callable[[], Proposer]:
+    """Suffix decoding (this request and the assistant's own store of earlier answers) where it finds a match, else
+    ``assistant``."""
+    return lambda: FallbackAssistant(SuffixAssistant(), assistant())
+
+
 def _medusa() -> Proposer:
     return MedusaAssistant(MEDUSA.load())
 
@@ -200,4 +209,23 @@ register_default_assistant(
     description="MLPSpeculatorAssistant: the shipped MLP speculator (IBM accelerator architecture) drafting trimmed "
     "product trees",
     requires=MLP_SPECULATOR.ships,
+)
+register_default_assistant(
+    "suffix",
+    SuffixAssistant,
+    description="SuffixAssistant: suffix trees over this request and a store of earlier answers (no trained weights; "
+    "reuse one assistant across calls for the store)",
+)
+register_default_assistant(
+    "suffix+eagle",
+    _with_suffix(_eagle),
+    description="FallbackAssistant: suffix decoding (SuffixAssistant) where it finds a match, else the shipped EAGLE head",
+    requires=EAGLE.ships,
+)
+register_default_assistant(
+    "suffix+medusa",
+    _with_suffix(_medusa),
+    description="FallbackAssistant: suffix decoding (SuffixAssistant) where it finds a match, else the shipped Medusa "
+    "heads",
+    requires=MEDUSA.ships,
 )

@@ -3,7 +3,7 @@
 hf-specdec generate "Explain speculative decoding."       # stream an answer, print tokens/s and τ
 hf-specdec generate "..." --assistant medusa            # any of hf_specdec.assistants.available_assistants()
 hf-specdec generate "..." --assistant draft --draft-layers 8
-hf-specdec bench [--methods ...] [--per-category N] [--batch 4] [--sample] [--out DIR]
+hf-specdec bench [--methods ...] [--per-category N] [--batch 4] [--sample] [--out DIR] [--workload agentic]
 hf-specdec eval-heads [--heads eagle,medusa,mlp_speculator] [--head-dir NAME=FOLDER]   # top-1 on bench answers
 hf-specdec convert                                       # convert the default model now, print its folder
 hf-specdec train medusa --out DIR [--num-prompts N --max-new-tokens M --epochs E --num-heads 4 --resume]
@@ -262,6 +262,9 @@ def train_medusa_main(args: argparse.Namespace) -> int:
     return 0
 
 
+_BENCH_WORKLOADS = {"spec-bench": "hf_specdec.bench.spec_bench", "agentic": "hf_specdec.bench.agentic"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .bench.spec_bench import add_arguments as add_bench_arguments
 
@@ -274,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=generate_main)
     bench = sub.add_parser("bench", help="Spec-Bench speedups over vanilla generate on the default model")
     add_bench_arguments(bench)
-    bench.set_defaults(func=lambda a: __import__("hf_specdec.bench.spec_bench", fromlist=["main"]).main(a))
+    bench.set_defaults(func=lambda a: __import__(_BENCH_WORKLOADS[a.workload], fromlist=["main"]).main(a))
     heads = sub.add_parser("eval-heads", help="draft heads' top-1 on the target's answers to the bench's questions")
     from .bench import head_eval
 

@@ -7,6 +7,8 @@
     null              model.generate(ids, assistant=NullAssistant())         the loop's own overhead: drafts nothing
     hf-prompt-lookup  model.generate(ids, prompt_lookup_num_tokens=10)       transformers' prompt lookup decoding
     hf-assisted       model.generate(ids, assistant_model=draft_model)       transformers' assisted generation
+    arctic-suffix     model.generate(ids, assistant=ArcticSuffixAssistant())  Arctic Inference's SuffixDecoding drafts
+                      (listed only where ``arctic-inference`` is installed; `hf_specdec.bench.arctic`)
 
 The draft model is `hf_specdec.models.draft_model_from_layers` (the target's first k layers), built once per run.
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from ..assistants import available_assistants, describe_assistant, load_default_assistant
 from ..generation.proposers.base import Proposer, RowState
 from ..generation.tree import DraftTree
+from .arctic import ArcticSuffixAssistant, arctic_available
 
 
 class NullAssistant(Proposer):
@@ -107,6 +110,15 @@ def available_methods() -> dict[str, Method]:
             needs_draft=True,
         ),
     )
+    if arctic_available():
+        methods += (
+            Method(
+                "arctic-suffix",
+                "Arctic Inference's SuffixDecoding (vLLM's suffix method) drafting in the hf_specdec loop",
+                lambda ctx: {"assistant": ArcticSuffixAssistant()},
+                spec_stats=True,
+            ),
+        )
     return {m.name: m for m in methods}
 
 

@@ -156,6 +156,7 @@ def markdown_report(summary: Sequence[dict], meta: dict) -> str:
         "draft",
         "draft_dtype",
         "questions",
+        "clock",
     )
     for key in (*keys, "date"):
         if meta.get(key) is not None:

@@ -146,8 +146,11 @@ class CallResult:
     error: str | None = None
 
 
-def timed_generate(model, inputs: dict, kwargs: dict, seed: int, repeats: int = 1) -> CallResult:
-    """Run ``model.generate(**inputs, **kwargs)`` ``repeats`` times with a fixed seed; the fastest wall time.
+def timed_generate(
+    model, inputs: dict, kwargs: dict, seed: int, repeats: int = 1, clock: Callable[[], float] = time.perf_counter
+) -> CallResult:
+    """Run ``model.generate(**inputs, **kwargs)`` ``repeats`` times with a fixed seed; the fastest time by ``clock``
+    (wall time; `time.process_time` on a machine shared with other work: this process's CPU seconds).
 
     Exceptions are returned as ``error`` (type and message), not raised, so that one failing method does not stop
     the benchmark.
@@ -155,12 +158,12 @@ def timed_generate(model, inputs: dict, kwargs: dict, seed: int, repeats: int = 
     best = None
     for _ in range(max(1, repeats)):
         torch.manual_seed(seed)
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             out = model.generate(**inputs, **kwargs)
         except Exception as exc:  # noqa: BLE001 - recorded in the results table
-            return CallResult(None, time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}")
-        dt = time.perf_counter() - t0
+            return CallResult(None, clock() - t0, error=f"{type(exc).__name__}: {exc}")
+        dt = clock() - t0
         sequences = out.sequences if hasattr(out, "sequences") else out
         if best is None or dt < best.time_s:
             best = CallResult(sequences, dt, getattr(out, "spec_stats", None))
@@ -214,6 +217,7 @@ def run_bench(
     warmup: bool = True,
     log: Callable[[str], None] | None = None,
     on_prompt: Callable[[list[dict]], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[dict]:
     """Time every method against vanilla on every prompt (or batch of ``batch`` prompts); one record per call.
 
@@ -231,12 +235,14 @@ def run_bench(
         log: progress lines (e.g. ``print`` to stderr); None for silence.
         on_prompt: called with the records so far each time a prompt (or batch) has run every method, so an
             interrupted run keeps what it measured (``hf-specdec bench --out`` writes its files there).
+        clock: what a call is timed by (`timed_generate`).
     Returns:
         records as described in `hf_specdec.bench.report`.
     """
     if not methods or methods[0].name != "vanilla":
         raise ValueError("the first method must be vanilla (the baseline of every speedup)")
     runner = _BenchRunner(model, methods, BenchContext(model, draft_factory), batch, seed, log or (lambda _msg: None))
+    runner.clock = clock
     groups = [list(prompts[i : i + batch]) for i in range(0, len(prompts), batch)]
     records: list[dict] = []
     for setting in settings:
@@ -265,6 +271,7 @@ class _BenchRunner:
             pad_id = min(self.eos) if self.eos else 0
         self.pad_id = int(torch.as_tensor(pad_id).reshape(-1)[0])
         self.broken: dict[str, str] = {}
+        self.clock: Callable[[], float] = time.perf_counter  # what calls are timed by (`timed_generate`)
 
     def inputs_of(self, group: list[Prompt]) -> dict:
         """generate() inputs of a group: `[B, W]` ``input_ids`` and ``attention_mask`` (left-padded when B > 1)."""
@@ -284,7 +291,7 @@ class _BenchRunner:
             return CallResult(None, 0.0, error=f"{type(exc).__name__}: {exc}")
         if method.spec_stats:
             kw["return_dict_in_generate"] = True
-        return timed_generate(self.model, inputs, kw, self.seed, repeats)
+        return timed_generate(self.model, inputs, kw, self.seed, repeats, self.clock)
 
     def warm_up(self, setting: Setting, first_group: list[Prompt]) -> None:
         """One short untimed call of every method; those that fail are marked broken for this setting."""
@@ -359,7 +366,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"questions per Spec-Bench category (default {QUICK_PER_CATEGORY}, or {FULL_PER_CATEGORY} with --full)",
     )
     parser.add_argument(
-        "--max-new-tokens", type=positive_int, default=128, help="tokens generated per prompt (default 128)"
+        "--workload",
+        choices=("spec-bench", "agentic"),
+        default="spec-bench",
+        help="spec-bench (default): the Spec-Bench questions; agentic: multi-turn revisions, an agent editing its own "
+        "file, repeated structured output (hf_specdec.bench.agentic; --per-category then counts sessions)",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=None,
+        help="tokens generated per prompt (default 128, or 256 with --workload agentic)",
     )
     parser.add_argument(
         "--batch", type=positive_int, default=1, help="prompts per generate() call (mixed lengths, left-padded)"
@@ -390,6 +407,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="question sampling and generation seed (default 0)")
     parser.add_argument("--quiet", action="store_true", help="no per-prompt progress lines on stderr")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time each call by this process's CPU seconds instead of wall time (a machine shared with other work; "
+        "use with --threads 1)",
+    )
 
 
 def _checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Setting], Path, list[dict]]:
@@ -399,6 +422,8 @@ def _checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Set
         UsageError: a value argparse cannot check alone (a method or category name, the question file, an
             impossible combination, ``--model`` or ``--out``), naming the option, the value and what is expected.
     """
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 128
     if args.per_category is None:
         args.per_category = FULL_PER_CATEGORY if args.full else QUICK_PER_CATEGORY
     if args.methods is None:
@@ -516,6 +541,7 @@ def main(args: argparse.Namespace) -> int:
                 repeats=args.repeats,
                 log=log,
                 on_prompt=save_partial,
+                clock=call_clock(args),
             )
     except KeyboardInterrupt as interrupt:
         log(f"interrupted: {len(records)} records kept" + (f" in {args.out}" if args.out else ""))
@@ -528,6 +554,11 @@ def main(args: argparse.Namespace) -> int:
         paths = write_results(args.out, records, meta(done=True))
         log("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+def call_clock(args: argparse.Namespace) -> Callable[[], float]:
+    """What ``--cpu-time`` asks calls to be timed by: CPU seconds of this process, else wall time."""
+    return time.process_time if getattr(args, "cpu_time", False) else time.perf_counter
 
 
 def _verify_cost(model) -> dict:
@@ -550,6 +581,7 @@ def _meta(args, model_name, methods, draft_layers, total_layers, path, num_promp
         else None,
         "questions": f"{path.name} ({num_prompts} prompts, seed {args.seed})",
         "draft_dtype": draft_dtype.describe(),
+        "clock": "CPU time of the process" if getattr(args, "cpu_time", False) else "wall time",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "methods": {m.name: m.description for m in methods},
         "transformers": _version("transformers"),

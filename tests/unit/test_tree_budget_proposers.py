@@ -70,7 +70,7 @@ def test_ngram_does_not_count_levels_the_budget_cut_as_misses():
         new = state([*tokens, int(tree.tokens[0]), 99])
         fb = RowFeedback(torch.tensor([tokens[-1], int(tree.tokens[0])]), accepted, 99, tree, None, verified)
         ngram.observe([new], [fb])
-        return list(ngram._rows[0].trials)
+        return list(ngram._rows[0].acceptance.trials)
 
     all_verified = trials_after(None)
     only_first = trials_after(torch.tensor([0]))

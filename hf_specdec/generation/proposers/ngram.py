@@ -221,6 +221,31 @@ def prompt_lookup_predictions(
     return out
 
 
+def unseen_tokens(seq: Sequence[int], tokens: torch.Tensor) -> list[int] | None:
+    """The tokens of a row's `[n]` ``tokens`` after the ``len(seq)`` an assistant has seen (``[]``: none), or None
+    when ``tokens`` does not continue ``seq`` (an empty ``seq``, or another sequence under the row's index)."""
+    n, known = tokens.numel(), len(seq)
+    if known and n == known:
+        return []
+    if 0 < known < n:
+        new = tokens[known - 1 :].tolist()  # one transfer: the last known token (a check) + the new ones
+        if new[0] == seq[-1]:
+            return new[1:]
+    return None
+
+
+def check_tree_args(owner: str, max_depth: int, max_nodes: int | None, min_score: float | None, decay, adaptive):
+    """Refuse, by name, bad tree bounds and acceptance-learning options of a lookup assistant's constructor."""
+    check_int(owner, "max_depth", max_depth, minimum=1)
+    if max_nodes is not None:
+        check_int(owner, "max_nodes", max_nodes, minimum=1)
+    if min_score is not None:
+        check_number(owner, "min_score", min_score, 0.0, 1.0)
+    check_number(owner, "decay", decay, 0.0, 1.0)
+    if not isinstance(adaptive, bool):
+        raise TypeError(f"{owner} adaptive must be True or False, got {adaptive!r}")
+
+
 def _check_lookup_args(owner: str, max_ngram: int, min_ngram: int, max_matches: int) -> None:
     for name, value in dict(max_ngram=max_ngram, min_ngram=min_ngram, max_matches=max_matches).items():
         check_int(owner, name, value, minimum=1)
@@ -228,17 +253,75 @@ def _check_lookup_args(owner: str, max_ngram: int, min_ngram: int, max_matches: 
         raise ValueError(f"{owner} needs 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
 
 
+class LevelAcceptance:
+    """One row's running estimate of ``A[b]``: the probability that a drafted tree level whose best node has effective
+    match length ``b + 1`` is accepted (the last bucket: that long or longer), learnt from the target's verdicts.
+
+    `offer` records which bucket each level of a proposed tree tried; `observe` counts, down the accepted path, every
+    verified level as a trial of its bucket and a hit when one of its nodes was accepted, after fading the old counts
+    by ``decay``; `estimates` is hits over trials with two pseudo-trials of ``prior``.
+
+    Args:
+        prior: ``A[b]`` before any verdict, one entry per bucket.
+        decay: per-step forgetting factor of the counts (memory of about ``1 / (1 - decay)`` steps).
+    """
+
+    __slots__ = ("prior", "decay", "hits", "trials", "level_bucket")
+
+    def __init__(self, prior: Sequence[float] = _PRIOR, decay: float = 0.9) -> None:
+        self.prior, self.decay = tuple(prior), decay
+        self.hits = [0.0] * len(self.prior)
+        self.trials = [0.0] * len(self.prior)
+        # the last proposed tree: parent node (-1 = root) -> bucket of its best child (the level's trial)
+        self.level_bucket: dict[int, int] = {}
+
+    def estimates(self) -> list[float]:
+        """``A[b]`` per bucket."""
+        return [(h + 2.0 * p) / (t + 2.0) for h, t, p in zip(self.hits, self.trials, self.prior)]
+
+    def offer(self, parents: Sequence[int], buckets: Sequence[int]) -> None:
+        """The proposed tree: each node's parent (-1 = root) and bucket, siblings best first (so a level's first node
+        is its best). Replaces the previous tree's levels."""
+        self.level_bucket = {}
+        for p, b in zip(parents, buckets):
+            self.level_bucket.setdefault(p, b)
+
+    def observe(self, fb: RowFeedback, learn: bool = True) -> None:
+        """The verdict on the last offered tree (``learn=False``: only forget that tree)."""
+        level_bucket = self.level_bucket if fb.tree is not None and fb.tree.num_nodes else {}
+        self.level_bucket = {}
+        if not learn:
+            return
+        hits, trials = self.hits, self.trials
+        for k in range(len(hits)):
+            hits[k] *= self.decay
+            trials[k] *= self.decay
+        if fb.verified is not None and level_bucket:  # a level the loop cut away was neither hit nor missed
+            offered = set(fb.tree.parent[fb.verified.to(fb.tree.device)].tolist())
+            level_bucket = {p: b for p, b in level_bucket.items() if p in offered}
+        # Down the accepted path: every level that offered children is a trial for the bucket of its best child,
+        # and a hit if one of them was accepted.
+        path = fb.accepted.tolist()
+        node = -1
+        for depth in range(len(path) + 1):
+            bucket = level_bucket.get(node)
+            if bucket is None:
+                break
+            trials[bucket] += 1.0
+            if depth == len(path):
+                break
+            hits[bucket] += 1.0
+            node = path[depth]
+
+
 class _RowLookup(PromptLookup):
     """One row's matcher and its acceptance statistics."""
 
-    __slots__ = ("hits", "trials", "level_bucket")
+    __slots__ = ("acceptance",)
 
-    def __init__(self, max_ngram: int, min_ngram: int, max_matches: int) -> None:
+    def __init__(self, max_ngram: int, min_ngram: int, max_matches: int, decay: float) -> None:
         super().__init__(max_ngram, min_ngram, max_matches)
-        self.hits = [0.0] * _BUCKETS
-        self.trials = [0.0] * _BUCKETS
-        # the last proposed tree: parent node (-1 = root) -> bucket of its best child (the level's trial), for `observe`
-        self.level_bucket: dict[int, int] = {}
+        self.acceptance = LevelAcceptance(_PRIOR, decay)
 
 
 class NgramAssistant(Proposer):
@@ -280,14 +363,7 @@ class NgramAssistant(Proposer):
         decay: float = 0.9,
     ) -> None:
         _check_lookup_args("NgramAssistant", max_ngram, min_ngram, max_matches)
-        check_int("NgramAssistant", "max_depth", max_depth, minimum=1)
-        if max_nodes is not None:
-            check_int("NgramAssistant", "max_nodes", max_nodes, minimum=1)
-        if min_score is not None:
-            check_number("NgramAssistant", "min_score", min_score, 0.0, 1.0)
-        check_number("NgramAssistant", "decay", decay, 0.0, 1.0)
-        if not isinstance(adaptive, bool):
-            raise TypeError(f"NgramAssistant adaptive must be True or False, got {adaptive!r}")
+        check_tree_args("NgramAssistant", max_depth, max_nodes, min_score, decay, adaptive)
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.max_depth = max_depth
@@ -315,31 +391,7 @@ class NgramAssistant(Proposer):
 
     def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
         for row, fb in zip(rows, feedback):
-            lookup = self._synced(row)
-            level_bucket = lookup.level_bucket if fb.tree is not None and fb.tree.num_nodes else {}
-            lookup.level_bucket = {}
-            if not self.adaptive:
-                continue
-            hits, trials = lookup.hits, lookup.trials
-            for k in range(_BUCKETS):
-                hits[k] *= self.decay
-                trials[k] *= self.decay
-            if fb.verified is not None and level_bucket:  # a level the loop cut away was neither hit nor missed
-                offered = set(fb.tree.parent[fb.verified.to(fb.tree.device)].tolist())
-                level_bucket = {p: b for p, b in level_bucket.items() if p in offered}
-            # Down the accepted path: every level that offered children is a trial for the bucket of its best child,
-            # and a hit if one of them was accepted.
-            path = fb.accepted.tolist()
-            node = -1
-            for depth in range(len(path) + 1):
-                bucket = level_bucket.get(node)
-                if bucket is None:
-                    break
-                trials[bucket] += 1.0
-                if depth == len(path):
-                    break
-                hits[bucket] += 1.0
-                node = path[depth]
+            self._synced(row).acceptance.observe(fb, learn=self.adaptive)
 
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
         budgeted = self.budget is not None
@@ -351,17 +403,12 @@ class NgramAssistant(Proposer):
     def _synced(self, row: RowState) -> _RowLookup:
         """The row's lookup, extended with the tokens of ``row.tokens`` it has not indexed yet."""
         lookup = self._rows.get(row.row)
-        n = row.tokens.numel()
-        known = 0 if lookup is None else len(lookup.seq)
-        if lookup is not None and n == known:
+        new = None if lookup is None else unseen_tokens(lookup.seq, row.tokens)
+        if new is not None:
+            lookup.extend(new)
             return lookup
-        if lookup is not None and 0 < known < n:
-            new = row.tokens[known - 1 :].tolist()  # one transfer: the last known token (a check) + the new ones
-            if new[0] == lookup.seq[-1]:
-                lookup.extend(new[1:])
-                return lookup
         # first sight of this row, or not the sequence this row index had: start over
-        lookup = self._rows[row.row] = _RowLookup(self.max_ngram, self.min_ngram, self.max_matches)
+        lookup = self._rows[row.row] = _RowLookup(self.max_ngram, self.min_ngram, self.max_matches, self.decay)
         lookup.extend(row.tokens.tolist())
         return lookup
 
@@ -370,8 +417,7 @@ class NgramAssistant(Proposer):
         lookup = self._rows.get(row)
         if lookup is None or not self.adaptive:
             return list(_PRIOR)
-        # two pseudo-trials of prior
-        return [(h + 2.0 * p) / (t + 2.0) for h, t, p in zip(lookup.hits, lookup.trials, _PRIOR)]
+        return lookup.acceptance.estimates()
 
     def find_matches(self, lookup: PromptLookup) -> list[tuple[int, int]]:
         """Earlier occurrences of the suffix of a row's tokens (`PromptLookup.matches`)."""
@@ -382,14 +428,12 @@ class NgramAssistant(Proposer):
         if depth_cap <= 0:
             return DraftTree.empty()
         lookup = self._synced(row)
-        lookup.level_bucket = {}
         cands = lookup.candidates(self.acceptance_estimates(row.row), depth_cap)
         keep = cands.best(min_score, max_nodes)
+        out_parent = subset_parents(cands.parent, keep)
+        lookup.acceptance.offer(out_parent, [cands.bucket[i] for i in keep])
         if not keep:
             return DraftTree.empty()
-        out_parent = subset_parents(cands.parent, keep)
-        for new, old in enumerate(keep):
-            lookup.level_bucket.setdefault(out_parent[new], cands.bucket[old])  # siblings come best first
         return DraftTree.from_parents(
             torch.tensor([cands.tokens[i] for i in keep], dtype=torch.long),
             out_parent,
