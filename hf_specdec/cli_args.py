@@ -57,27 +57,20 @@ def check_model_argument(name: str | None) -> None:
 
 
 def load_model_argument(name: str | None):
-    """``(model, tokenizer, name)`` of ``--model`` (fp32, eval mode), or of the default model when None.
+    """``(model, tokenizer, name)`` of ``--model`` (`models.load_causal_lm`: fp32, eval mode), or of the default
+    model when None.
 
     Raises:
         UsageError: transformers cannot load ``name`` (not a model folder, an unknown Hub id, offline); the first line
             of its message names why.
     """
-    from .models import DEFAULT_MODEL_NAME, load_default_model
-
-    if name is None:
-        model, tokenizer = load_default_model()
-        return model, tokenizer, DEFAULT_MODEL_NAME
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from .models import load_causal_lm
 
     check_model_argument(name)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
+        return load_causal_lm(name)
     except OSError as err:  # transformers' "not a local folder nor a Hub repo" / offline messages
         raise UsageError(f"--model {name}: {str(err).splitlines()[0]}") from err
-    return model, tokenizer, name
 
 
 def check_draft_layers(draft_layers: int, model) -> None:

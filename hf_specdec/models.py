@@ -222,6 +222,23 @@ def load_default_model(dtype: torch.dtype = torch.float32, device: str | torch.d
     return model.to(device).eval(), tokenizer
 
 
+def load_causal_lm(name: str | None = None, device: str | torch.device | None = None):
+    """``(model, tokenizer, name)``: the causal LM ``name`` (a local folder or Hub id; fp32, eval mode) and its
+    tokenizer, or the default model when None; on ``device`` if given.
+
+    Raises:
+        OSError: transformers cannot load ``name`` (not a model folder, an unknown Hub id, offline).
+    """
+    if name is None:
+        model, tokenizer = load_default_model(device=device or "cpu")
+        return model, tokenizer, DEFAULT_MODEL_NAME
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
+    return (model.to(device) if device else model), tokenizer, name
+
+
 def chat_prompt_ids(tokenizer, question: str, system: str | None = None) -> torch.LongTensor:
     """`[1, n]` token ids of a one-turn chat: the tokenizer's chat template with the assistant prompt appended.
 

@@ -85,15 +85,15 @@ def train_eagle_main(args: argparse.Namespace) -> int:
     """Build (or reuse) the data, train, tune the tree, save ``OUT/head`` and print the held-out figures."""
     import torch
 
-    from ..cli_args import load_model_argument
     from ..heads.eagle import eagle3_feature_layers
+    from ..models import load_causal_lm
     from .data import load_distillation_data
     from .eagle import EagleTrainingConfig, train_eagle, tune_eagle_tree
     from .task_prompts import build_task_data
     from .text_sources import LocalText
 
     out = Path(args.out)
-    model, tokenizer, _ = load_model_argument(args.model)
+    model, tokenizer, _ = load_causal_lm(args.model)
     if args.device:
         model.to(args.device)
     real_text = LocalText.load(args.real_text_file) if args.real_text_file else args.real_text
