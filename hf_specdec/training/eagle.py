@@ -31,7 +31,6 @@ model's copy gap on the benchmark is measured in docs/heads_training.md (not at 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 from collections.abc import Sequence
@@ -53,6 +52,7 @@ from .run import (
     lr_lambda,
     split_sequences,
     step_counts,
+    trainable_copy,
 )
 
 HEAD_DIR = "head"
@@ -405,15 +405,12 @@ def train_eagle(
 def _continued(init_head: EagleHead, model: torch.nn.Module, cfg: EagleTrainingConfig):
     """``(a trainable float32 copy of init_head bound to model, its draft vocabulary [V'] or None)``; the config must
     describe the same head."""
-    if init_head.version != cfg.version:
-        raise ValueError(f"init_head is an EAGLE-{init_head.version} head, the config trains EAGLE-{cfg.version}")
-    shared = {id(m): m for m in model.modules()}  # a bound head refers to the target's embeddings: not copied
-    head = copy.deepcopy(init_head, shared).float().bind(model)
+    head = trainable_copy(init_head, list(model.modules()), version=cfg.version).bind(model)
     vocab = None if head.d2t is None else head._draft_ids().cpu()
     if vocab is not None and cfg.draft_vocab and vocab.numel() != cfg.draft_vocab:
-        raise ValueError(f"init_head drafts over {vocab.numel()} tokens, the config asks for {cfg.draft_vocab}")
-    for p in head.parameters():
-        p.requires_grad_(True)
+        raise ValueError(
+            f"the head to fine-tune drafts over {vocab.numel()} tokens, the config asks for {cfg.draft_vocab}"
+        )
     return head, vocab
 
 

@@ -38,6 +38,7 @@ from .run import (
     lr_lambda,
     split_sequences,
     step_counts,
+    trainable_copy,
 )
 
 IGNORE = -100
@@ -266,6 +267,7 @@ def train_medusa(
     base_model_name_or_path: str | None = None,
     progress: bool = True,
     cpu: bool | None = None,
+    init_heads: MedusaHeads | None = None,
 ) -> tuple[MedusaHeads, dict]:
     """Train Medusa-1 heads on cached self-distillation data and save them to ``out_dir`` (`save_pretrained`).
 
@@ -279,6 +281,8 @@ def train_medusa(
         base_model_name_or_path: recorded in the heads' config (default: the data manifest's base model).
         progress: tqdm bar.
         cpu: force the CPU (default: accelerate's choice, i.e. the GPU when there is one).
+        init_heads: start from these heads (a copy; fine-tuning): their shape and draft vocabulary are kept, the
+            config's must agree.
     Returns:
         ``(heads, report)``: the trained heads (CPU, eval mode, not bound) and the training report dict.
     """
@@ -293,10 +297,17 @@ def train_medusa(
     lm_weight, lm_bias = _frozen_lm_head(lm_head, data, device)
     split = held_out_split(data, cfg.eval_fraction, cfg.eval_positions, cfg.seed)
     vocab, coverage = None, 1.0
-    if cfg.loss_vocab is not None and cfg.loss_vocab < lm_weight.shape[0]:
+    if init_heads is not None and init_heads.token_map is not None:  # fine-tuning keeps the heads' draft vocabulary
+        vocab = init_heads.token_map.to(device)
+        coverage = float(torch.isin(medusa_labels(data, split.train_pos, 1)[0], init_heads.token_map).float().mean())
+    elif cfg.loss_vocab is not None and cfg.loss_vocab < lm_weight.shape[0]:
         vocab, coverage = draft_vocabulary(data, split.train_pos, cfg.loss_vocab)
         vocab = vocab.to(device)
-    heads = _fresh_heads(cfg, lm_weight, vocab, base_model_name_or_path or data.manifest.get("base_model"))
+    if init_heads is not None:
+        heads = trainable_copy(init_heads, num_heads=cfg.num_heads, num_layers=cfg.num_layers,
+                               share_lm_head=cfg.share_lm_head)  # fmt: skip
+    else:
+        heads = _fresh_heads(cfg, lm_weight, vocab, base_model_name_or_path or data.manifest.get("base_model"))
     _, total = step_counts(split.train_pos.numel(), cfg.positions_per_step, cfg.epochs, cfg.max_steps)
     optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps, total))

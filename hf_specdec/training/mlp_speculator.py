@@ -37,7 +37,16 @@ from .medusa import (
     IGNORE,
     medusa_labels,
 )
-from .run import REPORT_NAME, RunConfig, TrainingRun, draft_vocabulary, held_out_split, lr_lambda, step_counts
+from .run import (
+    REPORT_NAME,
+    RunConfig,
+    TrainingRun,
+    draft_vocabulary,
+    held_out_split,
+    lr_lambda,
+    step_counts,
+    trainable_copy,
+)
 from .step_cost import step_cost_curve
 
 # level widths tried by `tune_speculator_tree` (each also cut at every depth by AdaptiveDepth at run time)
@@ -282,6 +291,7 @@ def train_mlp_speculator(
     base_model_name_or_path: str | None = None,
     progress: bool = True,
     device: str | torch.device = "cpu",
+    init_speculator: MLPSpeculator | None = None,
 ) -> tuple[MLPSpeculator, dict]:
     """Train an MLP speculator on cached self-distillation data and save it to ``out_dir`` (`save_pretrained`).
 
@@ -294,6 +304,8 @@ def train_mlp_speculator(
         base_model_name_or_path: recorded in the config (default: the data manifest's base model).
         progress: tqdm bar.
         device: where to train.
+        init_speculator: start from this speculator (a copy; fine-tuning): its shape and draft vocabulary are kept,
+            the config's must agree.
     Returns:
         ``(speculator, report)``: the trained speculator (CPU, eval mode) and the training report dict.
     """
@@ -302,10 +314,17 @@ def train_mlp_speculator(
     out.mkdir(parents=True, exist_ok=True)
     data = data if isinstance(data, DistillationData) else load_distillation_data(data)
     split = held_out_split(data, cfg.eval_fraction, cfg.eval_positions, cfg.seed)
-    token_map, coverage = _draft_vocab(data, split.train_pos, cfg)
     torch.manual_seed(cfg.seed)
-    base = base_model_name_or_path or data.manifest.get("base_model")
-    spec = _fresh_speculator(cfg, data, token_map, base).to(device).train()
+    if init_speculator is not None:
+        spec = trainable_copy(init_speculator, n_predict=cfg.n_predict, inner_dim=cfg.inner_dim)
+        token_map = spec.token_map
+        labels = medusa_labels(data, split.train_pos, 1)[0]
+        coverage = float(torch.isin(labels, token_map).float().mean()) if token_map is not None else 1.0
+        spec = spec.to(device).train()
+    else:
+        token_map, coverage = _draft_vocab(data, split.train_pos, cfg)
+        base = base_model_name_or_path or data.manifest.get("base_model")
+        spec = _fresh_speculator(cfg, data, token_map, base).to(device).train()
     _, total = step_counts(split.train_pos.numel(), cfg.positions_per_step, cfg.epochs, cfg.max_steps)
     optimizer = torch.optim.AdamW(spec.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps, total))

@@ -9,6 +9,7 @@ evaluation; `hf_specdec.training.medusa` is one.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -115,6 +116,21 @@ def held_out_split(data: DistillationData, eval_fraction: float, eval_positions:
         pick = torch.randperm(eval_pos.numel(), generator=torch.Generator().manual_seed(seed + 1))
         eval_pos = eval_pos[pick[:eval_positions]].sort().values
     return HeldOutSplit(train_seqs, eval_seqs, train_pos, eval_pos)
+
+
+def trainable_copy(module: nn.Module, shared: Sequence[nn.Module] = (), **must_match) -> nn.Module:
+    """A float32 copy of a trained head whose parameters all train: fine-tuning starts from it, the user's head is
+    left as it was. Modules in ``shared`` (the target's, which a bound head refers to) are not copied.
+    ``must_match``: ``name=value`` pairs the head's attribute ``name`` must equal (the run's config), else an error
+    naming both."""
+    for name, value in must_match.items():
+        have = getattr(module, name)
+        if value is not None and have != value:
+            raise ValueError(f"the head to fine-tune has {name}={have!r}, the training config asks for {value!r}")
+    head = copy.deepcopy(module, {id(m): m for m in shared}).float()
+    for p in head.parameters():
+        p.requires_grad_(True)
+    return head
 
 
 # ---------------------------------------------------------------------------------------------------- schedule
