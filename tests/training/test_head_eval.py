@@ -53,7 +53,10 @@ def test_every_head_is_scored_per_category(default_model, answers):
     assert len(by[("medusa", "overall")]) == MEDUSA.load().num_heads
     assert len(by[("mlp_speculator", "overall")]) == MLP_SPECULATOR.load().n_predict
     table = format_table(rows)
-    assert table.count("\n") == 1 + len(heads) and "translation" in table
+    first, second = table.split("\n\n")
+    assert first.count("\n") == 1 + len(heads) and "translation" in first
+    assert second.count("\n") == 1 + len(heads) and "chain τ" in second
+    assert all(f"| {h} |" in second for h in heads)
 
 
 def plain_first_token_hits(head, data, features: torch.Tensor) -> tuple[int, int]:
