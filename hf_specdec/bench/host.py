@@ -1,0 +1,197 @@
+"""Host time of one verify step's bookkeeping: ancestor masks, attention plan, Triton metadata, commit.
+
+``python -m hf_specdec.bench.host`` times, for batch 1/8/32 x trees of 1/16/64 nodes, what the host does around
+one verify forward (nothing of the forward itself):
+
+- **ancestor**: the tree masks of every row (`DraftTree.ancestor_mask`),
+- **plan**: packing the rows' ``[root, nodes...]``, their position ids, reserving their cache slots and building the
+  forward's `AttentionPlan`,
+- **metadata**: the Triton kernel's per-forward metadata (work tiles, bit-packed masks, block tables) for a
+  Llama-shaped forward (4 query heads per KV head, bf16 tiles),
+- **commit**: moving each row's accepted path into place in the paged cache and freeing the rest (one cache layer,
+  so the figure is the bookkeeping, not the copy).
+
+On a machine without a GPU, CPU tensors stand in for the device tensors. Every row has a committed prefix of a few
+hundred tokens; trees have random shapes (each node's parent drawn among the earlier nodes and the root) and the
+accepted path is a random root-to-node path. Each configuration is timed ``repeats`` times after a warm-up and the
+median of each part is reported, in milliseconds.
+
+    python -m hf_specdec.bench.host                  # the table, markdown
+    python -m hf_specdec.bench.host --json out.json  # and the raw medians
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..attention.plan import build_plan
+from ..cache.paged import PagedCache
+from ..generation.tree import DraftTree, pack_trees
+from ..kernels.tree_attention import build_tree_attention_metadata
+
+PARTS = ("ancestor", "plan", "metadata", "commit")
+GROUP = 4  # query heads per KV head (Llama-3.2-1B and -8B)
+BLOCK_M = 64  # the kernel's largest work tile for bf16 queries
+
+
+@dataclass
+class StepCase:
+    """One configuration's fixed inputs: the cache with its committed rows, the trees and their accepted paths."""
+
+    cache: PagedCache
+    rows: list[int]
+    lengths: list[int]
+    roots: torch.Tensor  # [B]
+    parents: list[torch.Tensor]  # per row [T]
+    tokens: list[torch.Tensor]  # per row [T]
+    accepted: list[torch.Tensor]  # per row [1 + a] tree positions, root first
+
+
+def random_parents(nodes: int, gen: torch.Generator) -> torch.Tensor:
+    """`[T]` parents of a random tree in topological order: node i hangs under the root or an earlier node."""
+    return torch.tensor([int(torch.randint(-1, i, (1,), generator=gen)) for i in range(nodes)], dtype=torch.long)
+
+
+def random_path(parent: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """`[1 + a]` tree positions of the path from the root to a random node (or the root alone)."""
+    node = int(torch.randint(-1, parent.numel(), (1,), generator=gen))
+    path = []
+    while node >= 0:
+        path.append(node + 1)
+        node = int(parent[node])
+    return torch.tensor([0, *reversed(path)], dtype=torch.long)
+
+
+def make_case(batch: int, nodes: int, seed: int = 0, device: str = "cpu") -> StepCase:
+    gen = torch.Generator().manual_seed(seed)
+    cache = PagedCache(num_layers=1, block_size=16)
+    rows = cache.add_rows(batch)
+    lengths = torch.randint(200, 800, (batch,), generator=gen).tolist()
+    for row, n in zip(rows, lengths):
+        cache.reserve(row, 0, n)
+        cache.commit_chunk(row, n)
+    kv = torch.zeros(1, 2, 64, device=device)  # [1, H_kv, D]: makes the layer's pools
+    cache.layer(0).write(torch.zeros(1, dtype=torch.long, device=device), kv, kv)
+    parents = [random_parents(nodes, gen) for _ in rows]
+    return StepCase(
+        cache=cache,
+        rows=rows,
+        lengths=lengths,
+        roots=torch.randint(0, 32000, (batch,), generator=gen).to(device),
+        parents=[p.to(device) for p in parents],
+        tokens=[torch.randint(0, 32000, (nodes,), generator=gen).to(device) for _ in rows],
+        accepted=[random_path(p, gen) for p in parents],
+    )
+
+
+def fresh_trees(case: StepCase) -> list[DraftTree]:
+    """The rows' trees as a proposer hands them over (nothing derived from them yet)."""
+    trees = []
+    for tokens, parent in zip(case.tokens, case.parents):
+        depth = torch.zeros_like(parent)
+        for i, p in enumerate(parent.tolist()):
+            depth[i] = 1 if p < 0 else depth[p] + 1
+        trees.append(DraftTree(tokens, parent, depth))
+    return trees
+
+
+def time_step(case: StepCase, trees: Sequence[DraftTree], device: str = "cpu") -> dict[str, float]:
+    """Seconds of each part of one step's host work (`PARTS`); the cache is back as it was afterwards."""
+    times = {}
+    t0 = time.perf_counter()
+    masks = [t.ancestor_mask() if t.num_nodes else None for t in trees]
+    t1 = time.perf_counter()
+    packed = pack_trees(case.roots, trees)
+    q_lens = [t.num_nodes + 1 for t in trees]
+    committed = torch.tensor([case.cache.lengths[r] for r in case.rows], device=device)
+    positions = packed.depth + committed.repeat_interleave(torch.tensor(q_lens, device=device))
+    plan = build_plan(case.cache, case.rows, q_lens, positions, masks, device, backend="triton")
+    t2 = time.perf_counter()
+    build_tree_attention_metadata(
+        plan.cu_seqlens.tolist(),
+        plan.prefix_lens,
+        plan.pending_lens,
+        plan.new_token_masks,
+        case.cache.block_tables(plan.rows),
+        torch.device(device),
+        GROUP,
+        BLOCK_M,
+    )
+    case.cache.layer(0).ensure_capacity()  # what the forward's K/V write does
+    t3 = time.perf_counter()
+    case.cache.commit(case.rows, case.accepted)
+    t4 = time.perf_counter()
+    times.update(ancestor=t1 - t0, plan=t2 - t1, metadata=t3 - t2, commit=t4 - t3)
+    for row, n in zip(case.rows, case.lengths):
+        case.cache.rollback(row, n)
+    return times
+
+
+def measure(batch: int, nodes: int, repeats: int = 30, warmup: int = 3, seed: int = 0) -> dict[str, float]:
+    """Median milliseconds of each part and of their sum over ``repeats`` steps."""
+    case = make_case(batch, nodes, seed)
+    samples: dict[str, list[float]] = {p: [] for p in (*PARTS, "total")}
+    for i in range(warmup + repeats):
+        times = time_step(case, fresh_trees(case))
+        if i >= warmup:
+            for part, s in times.items():
+                samples[part].append(s * 1e3)
+            samples["total"].append(sum(times.values()) * 1e3)
+    return {part: statistics.median(v) for part, v in samples.items()}
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def table(results: dict[tuple[int, int], dict[str, float]]) -> str:
+    lines = [
+        "| batch | nodes | " + " | ".join(PARTS) + " | total (ms) |",
+        "|---:|---:|" + "---:|" * (len(PARTS) + 1),
+    ]
+    for (batch, nodes), r in sorted(results.items()):
+        cells = " | ".join(f"{r[p]:.3f}" for p in (*PARTS, "total"))
+        lines.append(f"| {batch} | {nodes} | {cells} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m hf_specdec.bench.host", description=__doc__.split("\n")[0])
+    parser.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
+    parser.add_argument("--nodes", default="1,16,64", help="comma-separated tree sizes (draft nodes per row)")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--json", default=None, help="also write the medians to this JSON file")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    results = {}
+    for batch in (int(b) for b in args.batches.split(",")):
+        for nodes in (int(n) for n in args.nodes.split(",")):
+            results[batch, nodes] = measure(batch, nodes, args.repeats)
+    print(f"host time per verify step (median ms), {cpu_name()}, torch {torch.__version__}, 1 thread\n")
+    print(table(results))
+    out = {"cpu": cpu_name(), "torch": torch.__version__, "results": [
+        {"batch": b, "nodes": n, **r} for (b, n), r in sorted(results.items())
+    ]}  # fmt: skip
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
+if __name__ == "__main__":
+    main()
