@@ -3,9 +3,10 @@
 ``python -m hf_specdec.bench.host`` times, for batch 1/8/32 x trees of 1/16/64 nodes, what the host does around
 one verify forward (nothing of the forward itself):
 
-- **ancestor**: the tree masks of every row (`DraftTree.ancestor_mask`),
-- **plan**: packing the rows' ``[root, nodes...]``, their position ids, reserving their cache slots and building the
-  forward's `AttentionPlan`,
+- **ancestor**: the tree masks of every row, bit-packed for the attention and as booleans for the acceptance walks
+  (`PackedTrees.ancestor_bits` / `ancestor_masks`),
+- **plan**: packing the rows' ``[root, nodes...]`` and their position ids (`pack_trees`), reserving their cache
+  slots and building the forward's `AttentionPlan`,
 - **metadata**: the Triton kernel's per-forward metadata (work tiles, bit-packed masks, block tables) for a
   Llama-shaped forward (4 query heads per KV head, bf16 tiles),
 - **commit**: moving each row's accepted path into place in the paged cache and freeing the rest (one cache layer,
@@ -30,9 +31,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from ..attention.plan import build_plan
+from ..attention.plan import TailMask, build_plan
 from ..cache.paged import PagedCache
 from ..generation.tree import DraftTree, pack_trees
 from ..kernels.tree_attention import build_tree_attention_metadata
@@ -49,7 +51,7 @@ class StepCase:
     cache: PagedCache
     rows: list[int]
     lengths: list[int]
-    roots: torch.Tensor  # [B]
+    roots: list[int]  # [B] (the loop keeps each row's root on the host)
     parents: list[torch.Tensor]  # per row [T]
     tokens: list[torch.Tensor]  # per row [T]
     accepted: list[torch.Tensor]  # per row [1 + a] tree positions, root first
@@ -85,7 +87,7 @@ def make_case(batch: int, nodes: int, seed: int = 0, device: str = "cpu") -> Ste
         cache=cache,
         rows=rows,
         lengths=lengths,
-        roots=torch.randint(0, 32000, (batch,), generator=gen).to(device),
+        roots=torch.randint(0, 32000, (batch,), generator=gen).tolist(),
         parents=[p.to(device) for p in parents],
         tokens=[torch.randint(0, 32000, (nodes,), generator=gen).to(device) for _ in rows],
         accepted=[random_path(p, gen) for p in parents],
@@ -93,45 +95,47 @@ def make_case(batch: int, nodes: int, seed: int = 0, device: str = "cpu") -> Ste
 
 
 def fresh_trees(case: StepCase) -> list[DraftTree]:
-    """The rows' trees as a proposer hands them over (nothing derived from them yet)."""
+    """The rows' trees as a proposer hands them over: nothing derived from them yet, and the depth bound a proposer
+    knows of its own trees (`DraftTree.depth_bound`)."""
     trees = []
     for tokens, parent in zip(case.tokens, case.parents):
-        depth = torch.zeros_like(parent)
-        for i, p in enumerate(parent.tolist()):
-            depth[i] = 1 if p < 0 else depth[p] + 1
-        trees.append(DraftTree(tokens, parent, depth))
+        depth: list[int] = []
+        for p in parent.tolist():
+            depth.append(1 if p < 0 else depth[p] + 1)
+        depth_t = torch.tensor(depth, dtype=torch.long, device=parent.device)
+        trees.append(DraftTree(tokens, parent, depth_t, depth_bound=max(depth, default=0)))
     return trees
 
 
 def time_step(case: StepCase, trees: Sequence[DraftTree], device: str = "cpu") -> dict[str, float]:
     """Seconds of each part of one step's host work (`PARTS`); the cache is back as it was afterwards."""
-    times = {}
+    rows = np.asarray(case.rows)
     t0 = time.perf_counter()
-    masks = [t.ancestor_mask() if t.num_nodes else None for t in trees]
+    packed = pack_trees(case.roots, trees, base=case.cache.lengths_of(rows))
     t1 = time.perf_counter()
-    packed = pack_trees(case.roots, trees)
-    q_lens = [t.num_nodes + 1 for t in trees]
-    committed = torch.tensor([case.cache.lengths[r] for r in case.rows], device=device)
-    positions = packed.depth + committed.repeat_interleave(torch.tensor(q_lens, device=device))
-    plan = build_plan(case.cache, case.rows, q_lens, positions, masks, device, backend="triton")
+    bits = packed.ancestor_bits()  # what the plan and the kernel read
+    packed.ancestor_masks(bits)  # what the rows' acceptance walks read
     t2 = time.perf_counter()
+    mask = TailMask(bits, packed.q_lens == 1)
+    plan = build_plan(case.cache, rows, packed.q_lens, packed.positions, mask, device, backend="triton")
+    t3 = time.perf_counter()
     build_tree_attention_metadata(
-        plan.cu_seqlens.tolist(),
+        plan.q_lens,
         plan.prefix_lens,
         plan.pending_lens,
-        plan.new_token_masks,
+        plan.mask.causal,
+        plan.mask.words,
         case.cache.block_tables(plan.rows),
         torch.device(device),
         GROUP,
         BLOCK_M,
     )
     case.cache.layer(0).ensure_capacity()  # what the forward's K/V write does
-    t3 = time.perf_counter()
-    case.cache.commit(case.rows, case.accepted)
     t4 = time.perf_counter()
-    times.update(ancestor=t1 - t0, plan=t2 - t1, metadata=t3 - t2, commit=t4 - t3)
-    for row, n in zip(case.rows, case.lengths):
-        case.cache.rollback(row, n)
+    case.cache.commit(case.rows, case.accepted)
+    t5 = time.perf_counter()
+    times = dict(ancestor=t2 - t1, plan=(t1 - t0) + (t3 - t2), metadata=t4 - t3, commit=t5 - t4)
+    case.cache.allocator.truncate_rows(rows, np.asarray(case.lengths))  # back as it was (rollback of every row)
     return times
 
 

@@ -33,7 +33,7 @@ from .logits import NodeScorer
 from .proposers import as_proposer
 from .proposers.base import Proposer, ProposerSetup, RowFeedback, RowState
 from .stats import SpecStats
-from .target import PlannedModel, PlannedOutput
+from .target import PlannedModel, PlannedOutput, TailMask
 from .tree import DraftTree, pack_trees
 from .verify import Verdict, sample_from_scores, verify_tree
 
@@ -48,6 +48,7 @@ class _Row:
     length: int  # filled length of buf (padded prompt + generated)
     prompt_width: int  # padded prompt width W
     cache_row: int = -1
+    root: int = -1  # the last token (the next tree's root), kept on the host so no step reads it back
     finished: bool = False
     scores: list[torch.Tensor] = field(default_factory=list)  # per generated token [V] processed scores, if kept
     logits: list[torch.Tensor] = field(default_factory=list)  # per generated token [V] raw logits, if kept
@@ -308,7 +309,7 @@ def _step(call: _Call, active: Sequence[_Row]) -> None:
         nodes = v.accepted[1:] - 1  # [a] accepted nodes of the verified tree
         drafted = tree.tokens[nodes.to(tree.device)].tolist()
         where = v.accepted + int(out.cu_seqlens[b])  # [1 + a] packed positions of root + accepted nodes
-        new_tokens = torch.tensor([int(r.tokens[-1]), *drafted], dtype=torch.long, device=r.buf.device)
+        new_tokens = torch.tensor([r.root, *drafted], dtype=torch.long, device=r.buf.device)
         accepted = nodes if kept[b] is None else kept[b][nodes.to(kept[b].device)]  # in the proposed tree
         feedback = RowFeedback(new_tokens, accepted, v.next_token, proposed[b], _hidden_at(out, where), kept[b])
         sel = where.to(out.logits.device)
@@ -374,6 +375,7 @@ def _emit(call: _Call, res: _RowResult) -> None:
     for i, tok in enumerate(res.tokens):
         row.buf[row.length] = tok
         row.length += 1
+        row.root = tok
         n += 1
         if res.scores is not None:
             row.scores.append(res.scores[i])
@@ -443,18 +445,16 @@ def _verify(
         the forward's output (logits `[N, V]` at every packed position), the processed scores `[N, V]`, and one
         `Verdict` per row.
     """
-    device = active[0].buf.device
-    packed = pack_trees([int(r.tokens[-1]) for r in active], trees)
-    q_lens = [t.num_nodes + 1 for t in trees]
-    committed = torch.tensor([call.target.length(r.cache_row) for r in active], device=device)  # [B]
-    positions = packed.depth + committed.repeat_interleave(torch.tensor(q_lens, device=device))  # [N]
-    masks = [t.ancestor_mask() if t.num_nodes else None for t in trees]
-    out = call.target.forward(
-        [r.cache_row for r in active], packed.tokens, positions, q_lens, masks, hidden_layers=call.layers
-    )
+    rows = [r.cache_row for r in active]
+    packed = pack_trees([r.root for r in active], trees, base=call.target.lengths(rows))
+    bits = packed.ancestor_bits()  # [N, words] int32: every row's tree mask, bit-packed
+    mask = TailMask(bits, packed.q_lens == 1)  # a row that drafted nothing is a one-token causal chunk
+    out = call.target.forward(rows, packed.tokens, packed.positions, packed.q_lens, mask, hidden_layers=call.layers)
+    ancestors = packed.ancestor_masks(bits)  # [N, width] bool, for the rows' acceptance walks
     verdicts, all_scores = [], []
     cu = out.cu_seqlens.tolist()
     for b, (r, tree) in enumerate(zip(active, trees)):
+        tree._ancestors = ancestors[cu[b] : cu[b + 1], : cu[b + 1] - cu[b]]
         scores = call.scorer(r.context, tree, out.logits[cu[b] : cu[b + 1]], r.index)  # [T + 1, V]
         all_scores.append(scores)
         verdicts.append(

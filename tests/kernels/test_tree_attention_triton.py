@@ -10,7 +10,6 @@ Shapes are small on purpose: the interpreter runs each program instance in Pytho
 
 from __future__ import annotations
 
-import heapq
 import os
 
 import pytest
@@ -57,9 +56,7 @@ def _shuffle_pages(cache: PagedCache, gen: torch.Generator) -> None:
                 shuffled = torch.empty_like(pool)
                 shuffled[perm.to(pool.device)] = pool
                 setattr(layer, name, shuffled)
-    alloc.block_tables = [[int(perm[b]) for b in table] for table in alloc.block_tables]
-    alloc._free = [int(perm[b]) for b in alloc._free]
-    heapq.heapify(alloc._free)
+    alloc.relabel_blocks(perm.tolist())
 
 
 def _cache_with_prefixes(prefixes, block_size, hkv, d, dtype, gen):
@@ -98,17 +95,18 @@ def _packed_forward(cache, rows, q_lens, masks, hq, hkv, d, dtype, gen, pending_
     return plan, q
 
 
-def _dense_expected(q, cache, plan, scale):
-    """fp64 oracle: each row's K/V gathered densely, its `[n, L + P + n]` mask spelled out."""
+def _dense_expected(q, cache, plan, scale, masks):
+    """fp64 oracle: each row's K/V gathered densely, its `[n, L + P + n]` mask spelled out from the per-row
+    ``masks`` the forward was planned with (None: causal)."""
     layer = cache.layer(0)
     out = torch.empty_like(q)
     cu = plan.cu_seqlens.tolist()
-    for b, row in enumerate(plan.rows):
+    for b, row in enumerate(plan.rows.tolist()):
         s, e = cu[b], cu[b + 1]
-        n, prefix, pending = e - s, plan.prefix_lens[b], plan.pending_lens[b]
+        n, prefix, pending = e - s, int(plan.prefix_lens[b]), int(plan.pending_lens[b])
         k, v = layer.gather(row, prefix + pending + n)
         mask = torch.ones(n, prefix + pending + n, dtype=torch.bool)
-        own = plan.new_token_masks[b]
+        own = masks[b]
         mask[:, prefix:] = own.cpu() if own is not None else torch.ones(n, n, dtype=torch.bool).tril()
         out[s:e] = dense_tree_attention(q[s:e], k, v, mask, scale)
     return out
@@ -160,7 +158,7 @@ def test_kernel_matches_fp64_oracle_per_dtype_and_head_dim(dtype, hq, hkv, d):
     tree = _random_tree(11, gen)
     plan, q = _packed_forward(cache, rows, [12, 1], [tree.ancestor_mask(), None], hq, hkv, d, dtype, gen)
     layer = cache.layer(0)
-    expected = _dense_expected(q, cache, plan, d**-0.5)
+    expected = _dense_expected(q, cache, plan, d**-0.5, [tree.ancestor_mask(), None])
     out = triton_tree_attention(q, layer.keys, layer.values, plan, d**-0.5, num_splits=2)
     assert out.dtype == dtype and out.shape == q.shape
     _assert_close(out, expected, dtype, f"{dtype} {hq}/{hkv} heads, head_dim {d}")
@@ -194,7 +192,7 @@ def test_tail_tiles_nobody_sees_are_skipped_without_changing_the_result():
     own = torch.zeros(3, pend + 3, dtype=torch.bool)
     own[:, pend - 2 :] = torch.tensor([[1, 0, 1, 0, 0], [0, 1, 0, 1, 0], [1, 1, 1, 0, 1]]).bool()
     plan, q = _packed_forward(cache, [r], [3], [own], 2, hkv, d, torch.float32, gen, pending_lens=[pend])
-    expected = _dense_expected(q, cache, plan, 0.5)
+    expected = _dense_expected(q, cache, plan, 0.5, [own])
     torch.testing.assert_close(paged_attention_reference(q, layer, plan, 0.5), expected, atol=1e-5, rtol=1e-5)
     out = triton_tree_attention(q, layer.keys, layer.values, plan, 0.5, num_splits=2)
     _assert_close(out, expected, torch.float32, "pending tokens behind a tree mask")
@@ -249,7 +247,7 @@ def test_property_random_trees_and_block_tables_match_the_dense_oracle(data, blo
     plan, q = _packed_forward(cache, rows, sizes, masks, hq, hkv, 16, torch.float32, gen)
     layer = cache.layer(0)
     out = triton_tree_attention(q, layer.keys, layer.values, plan, 0.4, num_splits=splits)
-    _assert_close(out, _dense_expected(q, cache, plan, 0.4), torch.float32, f"prefixes={prefixes} sizes={sizes}")
+    _assert_close(out, _dense_expected(q, cache, plan, 0.4, masks), torch.float32, f"prefixes={prefixes} sizes={sizes}")
 
 
 # ------------------------------------------------------------------------------------------------ commit copy
