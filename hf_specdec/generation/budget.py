@@ -277,6 +277,10 @@ class TreeBudgeter:
             proposer, such as prompt lookup, is simply asked every step).
         depth_retry_every: steps a row is not asked for a level the budget cut from its tree (while proposing costs
             something), before that level is drafted once more.
+        cuts: size the trees (the default). False: every tree is verified exactly as its assistant proposed it
+            (``generate(..., tree_budget=False)``) and nothing else changes: no row is paused or capped, while the
+            cost curve still learns from every step and `speedup` still answers (an assistant choosing between two
+            trees asks it either way).
     """
 
     def __init__(
@@ -292,6 +296,7 @@ class TreeBudgeter:
         probe_max: int = 64,
         pause_fraction: float = 0.02,
         depth_retry_every: int = 16,
+        cuts: bool = True,
     ):
         if max_nodes_per_row < 0 or margin < 0 or not 0 < explore_tolerance <= 1:
             raise ValueError(
@@ -304,6 +309,7 @@ class TreeBudgeter:
                 f"got {probe_every}, {probe_max}, {explore_every}, {depth_retry_every}"
             )
         self.cost = cost
+        self.cuts = bool(cuts)
         self.calibration = calibration or AcceptanceCalibration()
         self.max_nodes_per_row = max_nodes_per_row
         self.margin, self.explore_every, self.explore_tolerance = margin, explore_every, explore_tolerance
@@ -329,7 +335,7 @@ class TreeBudgeter:
         not expand levels the budget has been cutting away. A row grows by one level per step while its deepest
         nodes are kept."""
         gate = self._gates.get(row)
-        if gate is None or limit <= 0:
+        if gate is None or limit <= 0 or not self.cuts:
             return limit
         if gate.paused:
             gate.idle += 1
@@ -348,6 +354,11 @@ class TreeBudgeter:
     def cut(self, candidates: Sequence[RowCandidates]) -> list[BudgetCut]:
         """The trees to verify this step, one per row of ``candidates`` (same order)."""
         self._steps += 1
+        if not self.cuts:  # the trees as proposed
+            self._pending = [(c.row, c.source, [], [], []) for c in candidates]
+            for c in candidates:
+                self._nodes[c.tree.num_nodes] += 1
+            return [BudgetCut(c.tree, None, []) for c in candidates]
         probs, raw = zip(*[self._row_probs(c) for c in candidates]) if candidates else ((), ())
         # best first, ties in node order (a stable sort): parents before their children
         order = [sorted(range(len(p)), key=p.__getitem__, reverse=True)[: self.max_nodes_per_row] for p in probs]
@@ -552,7 +563,10 @@ class TreeBudgeter:
             self.propose_seconds = propose_s if prev is None else (1 - _EMA) * prev + _EMA * propose_s
 
     def summary(self) -> dict:
-        """What `spec_stats` reports: the cost curve, nodes per row per step, how often nothing was drafted."""
+        """What `spec_stats` reports: the cost curve, nodes per row per step, how often nothing was drafted (empty
+        when the budget does not cut: the trees were verified as proposed)."""
+        if not self.cuts:
+            return {}
         row_steps = sum(self._nodes.values())
         return {
             "cost": self.cost.summary(),

@@ -30,7 +30,7 @@ import torch
 from ..attention.backend import choose_backend, install_for, planned
 from ..attention.plan import AttentionPlan, TailMask, build_plan
 from ..cache.paged import PagedCache
-from ..kernels.cpu_linear import packed_bytes, packed_linears, tuning_calls
+from .packed_linears import packed_bytes, packed_linears, tuning_calls
 
 
 @dataclass
@@ -60,7 +60,7 @@ class PlannedModel:
         backend: ``"triton"``, ``"torch"`` or None (``HF_SPECDEC_ATTENTION``, else automatic; see `choose_backend`).
         block_size: tokens per cache block.
         pack_linears: run the model's CPU fp32 linears on pre-packed weights in this thread (None: when it pays and
-            memory allows; see ``kernels/cpu_linear.py``).
+            memory allows; see ``generation/packed_linears.py``).
         keep_packed: keep the packed copies after the block (``generate(..., keep_packed=True)``); by default they
             are released when the block exits.
     """
@@ -103,7 +103,7 @@ class PlannedModel:
             stack.close()
 
     def packed_bytes(self) -> int:
-        """Bytes the model's pre-packed CPU weights hold now (0 when none; see ``kernels/cpu_linear.py``)."""
+        """Bytes the model's pre-packed CPU weights hold now (0 when none; see ``generation/packed_linears.py``)."""
         return packed_bytes(self.model)
 
     # ------------------------------------------------------------------ rows

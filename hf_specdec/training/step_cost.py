@@ -116,7 +116,7 @@ def verify_cost_curve(
     """Forward time (µs) of verifying a random ``n``-node tree over ``context`` committed tokens, per backend.
 
     The ``hf_specdec`` backend runs as the speculative loop runs it (on CPU fp32: pre-packed linear weights,
-    `kernels.cpu_linear`); ``sdpa`` is stock transformers.
+    `generation.packed_linears`); ``sdpa`` is stock transformers.
 
     Args:
         model: the target.
