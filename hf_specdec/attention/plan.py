@@ -13,6 +13,7 @@ per-row reads) is built on the first layer and kept in the plan's typed fields f
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -23,6 +24,12 @@ from ..cache.paged import PagedCache
 from ..kernels.mask_bits import num_words, pack_bits, unpack_bits
 
 BACKENDS = ("torch", "triton")
+SDPA_DECODE_ENV = "HF_SPECDEC_SDPA_DECODE_KEYS"
+# One row decoding one token over at most this many keys runs SDPA (the torch path: one call per layer on the row's
+# pages) instead of the Triton kernel on a GPU: the kernel's fixed cost per call (about 48 us on an H100) lost to SDPA
+# at one token (17 ms against 14 ms per forward for the Llama-3.2-1B shape). ``scripts/gpu_check.sh`` measures the
+# crossover; ``HF_SPECDEC_SDPA_DECODE_KEYS`` overrides it (0: never).
+DEFAULT_SDPA_DECODE_KEYS = 1024
 
 
 @dataclass(frozen=True)
@@ -109,7 +116,8 @@ class AttentionPlan:
         slot_mapping: `[N]` int64 pool slot of each new token (on the model's device).
         positions: `[N]` int64 position ids of the new tokens (rotary positions: prefix + depth for trees).
         mask: the `TailMask` of the forward.
-        backend: ``"triton"`` or ``"torch"``: which attention path serves this forward (chosen once per call).
+        backend: ``"triton"`` or ``"torch"``: which attention path serves this forward (the call's backend, or the
+            torch path for a short single-row decode of a Triton call: `sdpa_serves_decode`).
         kernel_metadata: the Triton kernel's metadata per (query heads per KV head, largest work tile), built by the
             first layer that needs it (``backend.py``).
         row_reads: the torch path's `RowRead` per row, built by the first layer that needs them.
@@ -198,6 +206,8 @@ def build_plan(
     if mask.words is not None and mask.words.shape[1] < num_words(int((pending + q_lens).max())):
         raise ValueError(f"a tail mask of {mask.words.shape[1]} words is too narrow for tails of {pending + q_lens}")
     prefix = cache.lengths_of(rows)
+    if backend == "triton" and sdpa_serves_decode(torch.device(device), q_lens, pending, prefix):
+        backend = "torch"
     slots = cache.reserve_rows(rows, prefix + pending, q_lens)
     cu = np.zeros(rows.size + 1, dtype=np.int64)
     np.cumsum(q_lens, out=cu[1:])
@@ -212,3 +222,25 @@ def build_plan(
         mask=mask,
         backend=backend,
     )
+
+
+def sdpa_decode_keys(device: torch.device) -> int:
+    """Most keys a single-row, one-token forward of the Triton backend may attend over and still run SDPA instead:
+    ``HF_SPECDEC_SDPA_DECODE_KEYS`` when set, else `DEFAULT_SDPA_DECODE_KEYS` on a GPU and 0 elsewhere."""
+    value = os.environ.get(SDPA_DECODE_ENV, "").strip()
+    if value:
+        try:
+            keys = int(value)
+        except ValueError:
+            raise ValueError(f"{SDPA_DECODE_ENV}={value!r}: expected a number of keys (0: never)") from None
+        return max(0, keys)
+    return DEFAULT_SDPA_DECODE_KEYS if device.type == "cuda" else 0
+
+
+def sdpa_serves_decode(device: torch.device, q_lens: np.ndarray, pending: np.ndarray, prefix: np.ndarray) -> bool:
+    """Whether SDPA (the torch path) serves this forward of a Triton call: one row, one new token, no pending
+    tokens, at most `sdpa_decode_keys` keys. Its row's pages are one view when they are consecutive, so SDPA runs
+    once per layer without a copy; the output is the same attention either way."""
+    if q_lens.size != 1 or int(q_lens[0]) != 1 or int(pending[0]):
+        return False
+    return int(prefix[0]) + 1 <= sdpa_decode_keys(device)

@@ -139,12 +139,14 @@ def time_step(case: StepCase, trees: Sequence[DraftTree], device: str = "cpu") -
     return times
 
 
-def measure(batch: int, nodes: int, repeats: int = 30, warmup: int = 3, seed: int = 0) -> dict[str, float]:
+def measure(
+    batch: int, nodes: int, repeats: int = 30, warmup: int = 3, seed: int = 0, device: str = "cpu"
+) -> dict[str, float]:
     """Median milliseconds of each part and of their sum over ``repeats`` steps."""
-    case = make_case(batch, nodes, seed)
+    case = make_case(batch, nodes, seed, device)
     samples: dict[str, list[float]] = {p: [] for p in (*PARTS, "total")}
     for i in range(warmup + repeats):
-        times = time_step(case, fresh_trees(case))
+        times = time_step(case, fresh_trees(case), device)
         if i >= warmup:
             for part, s in times.items():
                 samples[part].append(s * 1e3)
@@ -180,15 +182,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--nodes", default="1,16,64", help="comma-separated tree sizes (draft nodes per row)")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--json", default=None, help="also write the medians to this JSON file")
+    parser.add_argument("--device", default="cpu", help="where the trees and the cache live (cuda: device tensors)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     results = {}
     for batch in (int(b) for b in args.batches.split(",")):
         for nodes in (int(n) for n in args.nodes.split(",")):
-            results[batch, nodes] = measure(batch, nodes, args.repeats)
-    print(f"host time per verify step (median ms), {cpu_name()}, torch {torch.__version__}, 1 thread\n")
+            results[batch, nodes] = measure(batch, nodes, args.repeats, device=args.device)
+    where = args.device if args.device == "cpu" else f"{args.device} ({torch.cuda.get_device_name(args.device)})"
+    print(f"host time per verify step (median ms), {cpu_name()}, tensors on {where}, torch {torch.__version__}\n")
     print(table(results))
-    out = {"cpu": cpu_name(), "torch": torch.__version__, "results": [
+    out = {"cpu": cpu_name(), "device": where, "torch": torch.__version__, "results": [
         {"batch": b, "nodes": n, **r} for (b, n), r in sorted(results.items())
     ]}  # fmt: skip
     if args.json:

@@ -538,3 +538,37 @@ def test_the_interpreter_probe_passes_here_and_its_failure_is_a_clear_error(monk
     pool = torch.zeros(4, 4, 1, 16)
     with pytest.raises(RuntimeError, match="numpy<2.4 or a newer triton"):
         triton_tree_attention(torch.zeros(2, 1, 16), pool, pool, plan, 0.25)
+
+
+def test_short_single_row_decodes_fall_back_to_sdpa_and_stay_greedy_exact(monkeypatch):
+    """A Triton call serves one row decoding one token over few keys with SDPA (the torch path); trees and batches
+    keep the kernel; the output is vanilla's either way."""
+    import hf_specdec
+    from hf_specdec.bench.methods import NullAssistant
+
+    model = tiny_causal_lm("llama").to(DEVICE)
+    ids = torch.tensor([[1, 5, 7, 11, 13, 17, 19]], device=DEVICE)
+    expected = model.generate(ids, max_new_tokens=10, do_sample=False)
+    monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
+    kernel_rows = []
+    original = backend.triton_tree_attention
+
+    def counted(query, k_pool, v_pool, plan, scale, **kwargs):
+        kernel_rows.append((plan.num_rows, int(plan.q_lens.max())))
+        return original(query, k_pool, v_pool, plan, scale, **kwargs)
+
+    monkeypatch.setattr(backend, "triton_tree_attention", counted)
+    for keys, decodes_on_kernel in (("0", True), ("4096", False)):
+        monkeypatch.setenv("HF_SPECDEC_SDPA_DECODE_KEYS", keys)
+        kernel_rows.clear()
+        out = model.generate(ids, max_new_tokens=10, do_sample=False, assistant=NullAssistant(), tree_budget=False)
+        assert out[0].tolist() == expected[0].tolist()
+        assert ((1, 1) in kernel_rows) == decodes_on_kernel, (keys, kernel_rows)
+        assert kernel_rows, "the prefill (7 tokens) runs the kernel"
+    tree = hf_specdec.NgramAssistant()
+    kernel_rows.clear()
+    out = model.generate(ids, max_new_tokens=10, do_sample=False, assistant=tree, tree_budget=False)
+    assert out[0].tolist() == expected[0].tolist()
+    monkeypatch.setenv("HF_SPECDEC_SDPA_DECODE_KEYS", "many")
+    with pytest.raises(ValueError, match="HF_SPECDEC_SDPA_DECODE_KEYS"):
+        model.generate(ids, max_new_tokens=2, do_sample=False, assistant=NullAssistant())
