@@ -29,13 +29,14 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from ..assistants import available_assistants, load_default_assistant
 from ..generation.proposers.base import Proposer
+from .kernels import _CudaTimer, _WallTimer
 from .questions import find_questions_file, load_questions, sample_questions
 from .spec_bench import build_prompts, count_new_tokens, left_pad
 
@@ -57,31 +58,6 @@ DEFAULT_METHODS = ("ngram", "ngram+medusa", "medusa", "eagle", "mlp_speculator")
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def cuda_timer(warmup: int, iters: int, device: torch.device) -> Callable[[Callable[[], object]], float]:
-    """Median µs of ``iters`` calls after ``warmup`` (CUDA events on a GPU, wall clock elsewhere)."""
-
-    def timer(fn: Callable[[], object]) -> float:
-        for _ in range(warmup):
-            fn()
-        synchronize(device)
-        times = []
-        for _ in range(iters):
-            if device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(times)
-
-    return timer
 
 
 # ------------------------------------------------------------------------------------------------ generate
@@ -289,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(markdown({**report, "generate": report["generate"][-1:], "curves": []}), flush=True)
         del model
         gc.collect()
-    timer = cuda_timer(3 if device.type == "cuda" else 0, 10 if device.type == "cuda" else 1, device)
+    timer = _CudaTimer(warmup=3, iters=10) if device.type == "cuda" else _WallTimer()
     context = args.curve_context if device.type == "cuda" else 16
     nodes = args.curve_nodes if device.type == "cuda" else [1, 2, 4]
     for shape in args.curve_shapes:

@@ -504,6 +504,19 @@ def test_kernels_compile_for_an_h100_without_a_gpu():
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
 
 
+def _kernel_plans(monkeypatch, what) -> list:
+    """``what(plan)`` of every plan the Triton kernel serves from now on (the kernel still runs)."""
+    seen = []
+    original = backend.triton_tree_attention
+
+    def counted(query, k_pool, v_pool, plan, scale, **kwargs):
+        seen.append(what(plan))
+        return original(query, k_pool, v_pool, plan, scale, **kwargs)
+
+    monkeypatch.setattr(backend, "triton_tree_attention", counted)
+    return seen
+
+
 def test_draft_model_levels_with_pending_tokens_run_on_triton_and_stay_greedy_exact(monkeypatch):
     """A draft model expands its tree one level per forward over *pending* tokens; those forwards use the kernel."""
     import hf_specdec
@@ -512,14 +525,7 @@ def test_draft_model_levels_with_pending_tokens_run_on_triton_and_stay_greedy_ex
     ids = torch.tensor([[1, 5, 7, 11, 13, 17, 19]], device=DEVICE)
     expected = model.generate(ids, max_new_tokens=8, do_sample=False)
     monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
-    pending = []
-    original = backend.triton_tree_attention
-
-    def counted(query, k_pool, v_pool, plan, scale, **kwargs):
-        pending.append(plan.has_pending)
-        return original(query, k_pool, v_pool, plan, scale, **kwargs)
-
-    monkeypatch.setattr(backend, "triton_tree_attention", counted)
+    pending = _kernel_plans(monkeypatch, lambda plan: plan.has_pending)
     assistant = hf_specdec.DraftModelAssistant(model, depth=3, top_k=3, num_nodes=8)
     out = model.generate(ids, max_new_tokens=8, do_sample=False, assistant=assistant)
     assert out[0].tolist() == expected[0].tolist()
@@ -550,14 +556,7 @@ def test_short_single_row_decodes_fall_back_to_sdpa_and_stay_greedy_exact(monkey
     ids = torch.tensor([[1, 5, 7, 11, 13, 17, 19]], device=DEVICE)
     expected = model.generate(ids, max_new_tokens=10, do_sample=False)
     monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
-    kernel_rows = []
-    original = backend.triton_tree_attention
-
-    def counted(query, k_pool, v_pool, plan, scale, **kwargs):
-        kernel_rows.append((plan.num_rows, int(plan.q_lens.max())))
-        return original(query, k_pool, v_pool, plan, scale, **kwargs)
-
-    monkeypatch.setattr(backend, "triton_tree_attention", counted)
+    kernel_rows = _kernel_plans(monkeypatch, lambda plan: (plan.num_rows, int(plan.q_lens.max())))
     for keys, decodes_on_kernel in (("0", True), ("4096", False)):
         monkeypatch.setenv("HF_SPECDEC_SDPA_DECODE_KEYS", keys)
         kernel_rows.clear()
