@@ -249,6 +249,23 @@ class DraftTree:
             self.tokens[keep_t], new_parent, sampling=self.sampling, draft_probs=q, scores=scores, source=self.source
         )
 
+    def subtree_nodes(self, nodes: torch.Tensor, parent: Sequence[int]) -> DraftTree:
+        """The tree restricted to ``nodes`` `[T']` (increasing, on the tree's device), whose parents among them the
+        caller already knows (``parent``: `[T']` new indices, -1 = root; `subset_parents`): nothing is read back."""
+        q = None
+        if self.draft_probs is not None:
+            q = self.draft_probs[torch.cat([nodes.new_zeros(1), nodes + 1])]
+        return DraftTree(
+            self.tokens[nodes],
+            torch.tensor(list(parent), dtype=torch.long).to(self.device, non_blocking=True),
+            self.depth[nodes],
+            self.sampling,
+            q,
+            None if self.scores is None else self.scores[nodes],
+            self.source,
+            depth_bound=self.depth_bound,
+        )
+
     def subtree_keep(self, keep: torch.Tensor) -> DraftTree:
         """The tree restricted to nodes where ``keep`` `[T]` is True; every kept node's parent must be kept."""
         idx = keep.nonzero().flatten()  # [T'] kept nodes, in order

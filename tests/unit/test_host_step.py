@@ -251,3 +251,33 @@ def test_a_step_plans_without_reading_the_device():
     )  # fmt: skip
     assert meta.tile_kv_len.device.type == "meta" and meta.num_tiles == sum(-(-(t.num_nodes + 1) // 16) for t in trees)
     assert plan.slot_mapping.device.type == "meta"
+
+
+def test_the_tree_budget_reads_a_batch_of_trees_once(monkeypatch):
+    """The budget reads every row's parents, depths and scores in one copy (`budget.read_trees`) and nothing else of
+    the trees: here they live on the meta device, which any other read would fail on."""
+    from hf_specdec.generation import budget as budget_module
+    from hf_specdec.generation.budget import TreeBudgeter
+    from hf_specdec.generation.cost_model import StepCostModel
+
+    gen = torch.Generator().manual_seed(3)
+    host_trees = [random_tree(n, gen) for n in (6, 0, 12, 30)]
+    for tree in host_trees:
+        tree.scores = torch.linspace(0.9, 0.1, tree.num_nodes) ** tree.depth.float()
+        tree.source = "test"
+    reads = []
+    real = budget_module.read_trees
+
+    def read(trees, with_scores):
+        reads.append(len(trees))
+        return real([host_trees[[t.num_nodes for t in host_trees].index(t.num_nodes)] for t in trees], with_scores)
+
+    monkeypatch.setattr(budget_module, "read_trees", read)
+    cost = StepCostModel()
+    for n in range(1, 80):
+        cost.record_verify(n, 1, 0.02 * (1 + 0.05 * (n - 1)))
+    budgeter = TreeBudgeter(cost)
+    cuts = budgeter.cut_trees([0, 1, 2, 3], [t.to("meta") for t in host_trees])
+    assert reads == [3]  # one read, of the three trees that have nodes
+    assert all(c.tree.device.type == "meta" for c in cuts if c.num_nodes)
+    assert sum(c.num_nodes for c in cuts) > 0

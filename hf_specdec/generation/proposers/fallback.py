@@ -118,11 +118,14 @@ class FallbackAssistant(Proposer):
         for a, p in enumerate(self.proposers):
             if not waiting:
                 break
-            for i, tree in zip(waiting, p.propose([_row_for(p, rows[i]) for i in waiting])):
+            proposed = p.propose([_row_for(p, rows[i]) for i in waiting])
+            candidates = {i: _candidates(rows[i].row, tree) for i, tree in zip(waiting, proposed) if tree.num_nodes}
+            budget.read_candidates(list(candidates.values()))  # one read of every row's tree
+            for i, tree in zip(waiting, proposed):
                 self._proposed[a, rows[i].row] = tree
-                if not tree.num_nodes:
+                if i not in candidates:
                     continue
-                value = budget.speedup(_candidates(rows[i].row, tree))
+                value = budget.speedup(candidates[i])
                 if value > speedup[i]:
                     trees[i], speedup[i] = tree, value
             # a row whose best tree so far predicts little asks the next assistant too
