@@ -41,8 +41,8 @@ _LAZY = {
     "default_model_dir": ".models",
     "chat_prompt_ids": ".models",
     "draft_model_from_layers": ".models",
-    "packed_weights": ".kernels.cpu_linear",
-    "release_packed_weights": ".kernels.cpu_linear",
+    "packed_weights": ".generation.packed_linears",
+    "release_packed_weights": ".generation.packed_linears",
 }
 
 

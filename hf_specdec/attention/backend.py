@@ -87,19 +87,19 @@ def active_plan() -> AttentionPlan | None:
 
 
 def tree_attention_metadata(plan: AttentionPlan, device: torch.device, group: int, max_block_m: int):
-    """The Triton kernel's metadata of ``plan`` (built on first use, then cached in ``plan.extras``)."""
+    """The Triton kernel's metadata of ``plan`` (built by the first layer, then kept in ``plan.kernel_metadata``)."""
     from ..kernels.tree_attention import build_tree_attention_metadata  # optional dependency
 
-    key = ("triton_tree_attention", device.type, device.index, group, max_block_m)
-    meta = plan.extras.get(key)
+    key = (group, max_block_m)
+    meta = plan.kernel_metadata.get(key)
     if meta is None:
-        block_tables = plan.cache.block_tables(plan.rows)  # [B, max_blocks] int32
-        meta = plan.extras[key] = build_tree_attention_metadata(
-            plan.cu_seqlens.tolist(),
+        meta = plan.kernel_metadata[key] = build_tree_attention_metadata(
+            plan.q_lens,
             plan.prefix_lens,
             plan.pending_lens,
-            plan.new_token_masks,
-            block_tables,
+            plan.mask.causal,
+            plan.mask.words,
+            plan.cache.block_tables(plan.rows),
             device,
             group,
             max_block_m,
@@ -150,7 +150,7 @@ def paged_attention(
         raise NotImplementedError("hf_specdec attention does not support attention sinks (s_aux) yet")
     if dropout and module.training:
         raise NotImplementedError("hf_specdec attention is for inference; dropout is not supported")
-    plan.extras["layers_run"] = plan.extras.get("layers_run", 0) + 1
+    plan.layers_run += 1
     layer = plan.cache.layer(module.layer_idx)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     layer.write(plan.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))  # [N, H_kv, D]
@@ -199,7 +199,7 @@ def _wrap_mask(fallback: Callable) -> Callable:
 
 def _install(name: str) -> None:
     """Wrap the attention and mask functions registered under ``name`` (once; call under the lock)."""
-    current = AttentionInterface._global_mapping.get(name)
+    current = AttentionInterface().get(name)  # a fresh interface: the functions registered for every model
     if current is None and name == "eager":
         current = _module_eager_attention
     if current is None:
@@ -209,7 +209,7 @@ def _install(name: str) -> None:
         )
     if not hasattr(current, "hf_specdec_fallback"):
         AttentionInterface.register(name, _wrap_attention(current))
-    mask = AttentionMaskInterface._global_mapping.get(name)
+    mask = AttentionMaskInterface().get(name)
     if mask is not None and not hasattr(mask, "hf_specdec_fallback"):
         AttentionMaskInterface.register(name, _wrap_mask(mask))
 
@@ -229,6 +229,6 @@ def install_for(model: torch.nn.Module) -> None:
 def register() -> None:
     """Register the ``hf_specdec`` attention name with transformers (idempotent): SDPA outside planned forwards."""
     with _INSTALL_LOCK:
-        if not hasattr(AttentionInterface._global_mapping.get(ATTENTION_NAME), "hf_specdec_fallback"):
+        if not hasattr(AttentionInterface().get(ATTENTION_NAME), "hf_specdec_fallback"):
             AttentionInterface.register(ATTENTION_NAME, _wrap_attention(sdpa_attention_forward))
             AttentionMaskInterface.register(ATTENTION_NAME, _wrap_mask(sdpa_mask))

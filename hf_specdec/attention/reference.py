@@ -2,7 +2,7 @@
 
 For each row of the packed batch it reads the row's `[H_kv, L, D]` K/V through its block table (a zero-copy view when
 the row's pages are contiguous; head-major pools make it one with unit stride between positions, as SDPA reads
-fastest), builds ``[prefix | own-new-tokens mask]`` once per forward (cached on the plan) and calls
+fastest), builds ``[prefix | own-new-tokens mask]`` once per forward (kept on the plan) and calls
 SDPA with GQA. Soft-capping and sliding windows fall back to an explicit softmax.
 """
 
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..cache.paged import PagedLayer
-from .plan import AttentionPlan
+from .plan import AttentionPlan, RowRead
 
 
 def paged_attention_reference(
@@ -37,11 +37,11 @@ def paged_attention_reference(
     """
     if query.dim() == 3:
         return paged_attention_reference(query.transpose(0, 1)[None], layer, plan, scale, sliding_window, softcap)[0]
-    rows = _row_reads(plan, query.device)
     outs = []
-    for b, (s, e, total, where, mask) in enumerate(rows):
+    for b, read in enumerate(_row_reads(plan, query.device)):
+        s, e, total, mask = read.start, read.end, read.total, read.mask
         n = e - s
-        k, v = layer.gather_heads(plan.rows[b], total, where)  # [H_kv, L + P + n, D]
+        k, v = layer.gather_heads(int(plan.rows[b]), total, read.where)  # [H_kv, L + P + n, D]
         q = query[:, :, s:e]  # [1, H_q, n, D]
         k = k.unsqueeze(0).to(q.dtype)  # [1, H_kv, L + P + n, D]
         v = v.unsqueeze(0).to(q.dtype)
@@ -49,7 +49,7 @@ def paged_attention_reference(
             causal = mask is None and n > 1
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         else:
-            prefix, pending = plan.prefix_lens[b], plan.pending_lens[b]
+            prefix, pending = int(plan.prefix_lens[b]), int(plan.pending_lens[b])
             if mask is None:
                 mask = torch.ones(n, total, dtype=torch.bool, device=q.device)
                 if n > 1:
@@ -66,25 +66,25 @@ def paged_attention_reference(
     return out.transpose(1, 2)
 
 
-def _row_reads(plan: AttentionPlan, device: torch.device) -> list[tuple]:
-    """Per row ``(start, end, keys to read, how to read them, mask)``, computed once per forward for all layers."""
-    rows = plan.extras.get("row_reads")
-    if rows is None:
-        cu = plan.cu_seqlens.tolist()
-        rows = []
-        for b, row in enumerate(plan.rows):
+def _row_reads(plan: AttentionPlan, device: torch.device) -> list[RowRead]:
+    """Per row where its tokens are, which keys it reads and how, and its mask: built once per forward (the torch
+    path attends row by row anyway), kept on the plan for every layer."""
+    if plan.row_reads is None:
+        cu, prefix, pending = plan.cu_seqlens.tolist(), plan.prefix_lens.tolist(), plan.pending_lens.tolist()
+        reads = []
+        for b, row in enumerate(plan.rows.tolist()):
             s, e = cu[b], cu[b + 1]
-            total = plan.prefix_lens[b] + plan.pending_lens[b] + (e - s)
+            total = prefix[b] + pending[b] + (e - s)
             where = plan.cache.read_index(row, total, device)
-            rows.append((s, e, total, where, plan.row_mask(b, device)))
-        plan.extras["row_reads"] = rows
-    return rows
+            reads.append(RowRead(s, e, total, where, plan.row_mask(b, device)))
+        plan.row_reads = reads
+    return plan.row_reads
 
 
 def _key_positions(plan: AttentionPlan, b: int, device: torch.device) -> torch.Tensor:
     """Position ids of row b's keys: the committed prefix counts up, new tokens carry their own positions."""
     s, e = int(plan.cu_seqlens[b]), int(plan.cu_seqlens[b + 1])
-    prefix = torch.arange(plan.prefix_lens[b], device=device)
+    prefix = torch.arange(int(plan.prefix_lens[b]), device=device)
     return torch.cat([prefix, plan.positions[s:e].to(device)])
 
 

@@ -162,13 +162,13 @@ def _gathered(cache, plan, query):
     """Contiguous `[B, H_kv, L + T, D]` K/V, `[B, H_q, T, D]` queries and the `[B, 1, T, L + T]` bool mask."""
     layer = cache.layer(0)
     ks, vs, ms = [], [], []
-    for b, row in enumerate(plan.rows):
-        n = plan.q_lens()[b]
-        k, v = layer.gather(row, plan.prefix_lens[b] + n)
+    for b, row in enumerate(plan.rows.tolist()):
+        n = int(plan.q_lens[b])
+        k, v = layer.gather(row, int(plan.prefix_lens[b]) + n)
         ks.append(k.transpose(0, 1))
         vs.append(v.transpose(0, 1))
         ms.append(plan.row_mask(b, query.device))
-    batch = len(plan.rows)
+    batch = plan.num_rows
     q = query.view(batch, -1, *query.shape[1:]).transpose(1, 2)
     return q, torch.stack(ks), torch.stack(vs), torch.stack(ms)[:, None]
 
@@ -213,14 +213,14 @@ def _flashinfer_callable(cache, plan, query, scale):
 
     device = query.device
     layer, block_size = cache.layer(0), cache.block_size
-    q_lens = plan.q_lens()
-    kv_lens = [p + n for p, n in zip(plan.prefix_lens, q_lens)]
+    q_lens = plan.q_lens.tolist()
+    kv_lens = [p + n for p, n in zip(plan.prefix_lens.tolist(), q_lens)]
     tables = cache.block_tables(plan.rows).tolist()  # [B, max_blocks]
     pages = [table[: -(-length // block_size)] for table, length in zip(tables, kv_lens)]
     kv_indptr = torch.tensor([0] + [len(p) for p in pages], dtype=torch.int32).cumsum(0).to(torch.int32)
     kv_indices = torch.tensor([b for p in pages for b in p], dtype=torch.int32)
     last_len = torch.tensor([(length - 1) % block_size + 1 for length in kv_lens], dtype=torch.int32)
-    qo_indptr = plan.cu_seqlens.to(torch.int32)
+    qo_indptr = torch.from_numpy(plan.cu_seqlens).to(torch.int32)
     custom = torch.cat([plan.row_mask(b, "cpu").flatten() for b in range(len(q_lens))])
     workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=device)
     wrapper = BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
@@ -269,15 +269,13 @@ def bench_attention_config(
     meta = tree_attention_metadata(plan, query.device, group, block_m)
     build_times = []
     for _ in range(5):
-        fresh = dict(plan.extras)
-        plan.extras.clear()
+        kept = plan.kernel_metadata.pop((group, block_m))
         t0 = time.perf_counter()
         tree_attention_metadata(plan, query.device, group, block_m)
         if query.is_cuda:
             torch.cuda.synchronize()
         build_times.append((time.perf_counter() - t0) * 1e6)
-        plan.extras.clear()
-        plan.extras.update(fresh)
+        plan.kernel_metadata[group, block_m] = kept
     elt = query.element_size()
     kv_bytes = 2 * batch * (context + tree) * heads_kv * head_dim * elt
     result = AttentionResult(

@@ -38,9 +38,9 @@ from ..cli_args import (
     load_model_argument,
     positive_int,
 )
+from ..generation import draft_dtype
 from ..generation.cost_model import cost_model_for
-from ..kernels import draft_dtype
-from ..kernels.cpu_linear import packed_weights
+from ..generation.packed_linears import packed_weights
 from .methods import BenchContext, Method, available_methods, quick_methods, resolve_methods
 from .questions import find_questions_file, interleave_categories, load_questions, sample_questions
 from .report import budgets_by_method, depth_acceptance_by_method, markdown_report, summarize, write_results

@@ -28,81 +28,157 @@ Two ways to use it:
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 
 class BlockAllocator:
-    """Block tables and lengths of every row; hands out and takes back blocks (lowest id first)."""
+    """Block tables and lengths of every row; hands out and takes back blocks (lowest id first).
+
+    The bookkeeping is host arrays (numpy): ``tables[row, i]`` is the row's i-th block, ``counts[row]`` how many it
+    holds, ``lengths[row]`` its committed tokens, and the free blocks are a sorted array. Every operation takes a
+    batch of rows and runs as array operations over all of them (no loop over rows or blocks), so the host time of
+    reserving, committing and freeing does not grow with the batch or the tree size.
+    """
 
     def __init__(self, block_size: int = 16, initial_blocks: int = 0):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.num_blocks = initial_blocks  # capacity the layer pools must have
-        self._free: list[int] = list(range(initial_blocks))
-        heapq.heapify(self._free)
-        self.block_tables: list[list[int]] = []
-        self.lengths: list[int] = []  # committed tokens per row
-        self.active: list[bool] = []
+        self._free = np.arange(initial_blocks, dtype=np.int64)  # sorted ascending
+        self._tables = np.zeros((0, 1), dtype=np.int64)  # [row capacity, block capacity]
+        self._counts = np.zeros(0, dtype=np.int64)  # blocks held per row
+        self._lengths = np.zeros(0, dtype=np.int64)  # committed tokens per row
+        self._active = np.zeros(0, dtype=bool)
+        self._rows = 0
         self.dense_slots: torch.Tensor | None = None  # slots of the current drop-in forward (set by layer 0)
 
     # rows -------------------------------------------------------------------
     def add_rows(self, n: int) -> list[int]:
-        start = len(self.lengths)
-        for _ in range(n):
-            self.block_tables.append([])
-            self.lengths.append(0)
-            self.active.append(True)
+        start = self._rows
+        if start + n > self._counts.size:
+            cap = max(start + n, 2 * self._counts.size, 4)
+            self._tables = _grown(self._tables, (cap, self._tables.shape[1]))
+            self._counts, self._lengths = _grown(self._counts, (cap,)), _grown(self._lengths, (cap,))
+            self._active = _grown(self._active, (cap,))
+        self._active[start : start + n] = True
+        self._rows = start + n
         return list(range(start, start + n))
 
     @property
     def num_rows(self) -> int:
-        return len(self.lengths)
+        return self._rows
+
+    @property
+    def lengths(self) -> list[int]:
+        """Committed tokens of every row (a copy)."""
+        return self._lengths[: self._rows].tolist()
+
+    @property
+    def active(self) -> list[bool]:
+        return self._active[: self._rows].tolist()
+
+    @property
+    def block_tables(self) -> list[list[int]]:
+        """Every row's blocks, in order (a copy)."""
+        return [self._tables[r, : self._counts[r]].tolist() for r in range(self._rows)]
+
+    def length(self, row: int) -> int:
+        return int(self._lengths[row])
+
+    def lengths_of(self, rows: np.ndarray) -> np.ndarray:
+        """`[B]` committed lengths of ``rows`` `[B]`."""
+        return self._lengths[rows]
+
+    def is_active(self, row: int) -> bool:
+        return bool(self._active[row])
 
     def free_row(self, row: int) -> None:
         """Give every block of ``row`` back; the row keeps its index but holds nothing."""
-        for blk in self.block_tables[row]:
-            heapq.heappush(self._free, blk)
-        self.block_tables[row] = []
-        self.lengths[row] = 0
-        self.active[row] = False
+        self._give(self._tables[row, : self._counts[row]])
+        self._counts[row] = self._lengths[row] = 0
+        self._active[row] = False
 
     # blocks -----------------------------------------------------------------
-    def _take_block(self) -> int:
-        if not self._free:
+    def _give(self, blocks: np.ndarray) -> None:
+        if blocks.size:
+            blocks = np.sort(blocks.astype(np.int64))
+            self._free = np.insert(self._free, np.searchsorted(self._free, blocks), blocks)
+
+    def _take(self, count: int) -> np.ndarray:
+        """The ``count`` lowest free blocks (the pool grows, doubling, when there are not enough)."""
+        while self._free.size < count:
             grow = max(16, self.num_blocks)  # amortised doubling
-            for blk in range(self.num_blocks, self.num_blocks + grow):
-                heapq.heappush(self._free, blk)
+            self._free = np.concatenate([self._free, np.arange(self.num_blocks, self.num_blocks + grow)])
             self.num_blocks += grow
-        return heapq.heappop(self._free)
+        taken, self._free = self._free[:count], self._free[count:]
+        return taken
+
+    def reserve_rows(self, rows: np.ndarray, total_lens: np.ndarray) -> None:
+        """Make sure each of ``rows`` `[B]` (distinct) has blocks for positions ``[0, total_lens[b])``."""
+        need = -(-total_lens // self.block_size)
+        have = self._counts[rows]
+        extra = np.maximum(need - have, 0)
+        count = int(extra.sum())
+        if not count:
+            return
+        width = int(need.max())
+        if width > self._tables.shape[1]:
+            self._tables = _grown(self._tables, (self._tables.shape[0], max(width, 2 * self._tables.shape[1])))
+        first = np.cumsum(extra) - extra  # [B] index of each row's first new block among the taken ones
+        cols = np.arange(count) - np.repeat(first, extra) + np.repeat(have, extra)
+        self._tables[np.repeat(rows, extra), cols] = self._take(count)
+        self._counts[rows] = have + extra
 
     def reserve(self, row: int, total_len: int) -> None:
         """Make sure ``row`` has blocks for positions ``[0, total_len)``."""
-        need = -(-total_len // self.block_size)
-        table = self.block_tables[row]
-        while len(table) < need:
-            table.append(self._take_block())
+        self.reserve_rows(np.array([row]), np.array([total_len]))
+
+    def truncate_rows(self, rows: np.ndarray, lengths: np.ndarray) -> None:
+        """Set the committed lengths of ``rows`` `[B]` (distinct) to ``lengths`` `[B]` and free blocks past them."""
+        held = self._counts[rows]
+        short = lengths > held * self.block_size
+        if short.any():
+            b = int(short.argmax())
+            raise ValueError(
+                f"row {int(rows[b])}: cannot keep {int(lengths[b])} tokens, only blocks for fewer are reserved"
+            )
+        keep = -(-lengths // self.block_size)
+        drop = held - keep  # [B] blocks each row gives back
+        count = int(drop.sum())
+        if count:
+            first = np.cumsum(drop) - drop
+            cols = np.arange(count) - np.repeat(first, drop) + np.repeat(keep, drop)
+            self._give(self._tables[np.repeat(rows, drop), cols])
+        self._counts[rows] = keep
+        self._lengths[rows] = lengths
 
     def truncate(self, row: int, length: int) -> None:
         """Set the row's committed length to ``length`` and free blocks past it."""
-        if length > len(self.block_tables[row]) * self.block_size:
-            raise ValueError(f"row {row}: cannot keep {length} tokens, only blocks for fewer are reserved")
-        keep = -(-length // self.block_size)
-        table = self.block_tables[row]
-        for blk in table[keep:]:
-            heapq.heappush(self._free, blk)
-        del table[keep:]
-        self.lengths[row] = length
+        self.truncate_rows(np.array([row]), np.array([length]))
+
+    def slots_of(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """`[M]` flat slot ids of the (reserved) ``positions`` `[M]` of ``rows`` `[M]`."""
+        bs = self.block_size
+        return self._tables[rows, positions // bs] * bs + positions % bs
+
+    def span_slots(self, rows: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """`[sum(counts)]` slots of positions ``[starts[b], starts[b] + counts[b])`` of each of ``rows``, row after
+        row (reserved)."""
+        bs, width = self.block_size, self._tables.shape[1]
+        first = np.cumsum(counts) - counts
+        table_row, shift = np.repeat(np.stack([rows * width, starts - first]), counts, axis=1)  # [2, M]
+        positions = np.arange(table_row.size) + shift
+        return self._tables.ravel()[table_row + positions // bs] * bs + positions % bs
 
     def slots(self, row: int, positions: torch.Tensor | Sequence[int], device=None) -> torch.Tensor:
         """`[n]` flat slot ids of ``positions`` of ``row`` (the blocks must be reserved)."""
-        pos = torch.as_tensor(positions, dtype=torch.long)
-        table = torch.tensor(self.block_tables[row], dtype=torch.long)
-        out = table[pos // self.block_size] * self.block_size + pos % self.block_size
+        pos = np.asarray(torch.as_tensor(positions, dtype=torch.long).cpu())
+        out = torch.from_numpy(self.slots_of(np.full(pos.size, row), pos))
         return out if device is None else out.to(device)
 
     def slot_range(self, row: int, start: int, stop: int, device=None) -> torch.Tensor:
@@ -110,13 +186,12 @@ class BlockAllocator:
 
     def contiguous_span(self, row: int, length: int) -> int | None:
         """First slot if positions ``[0, length)`` of ``row`` occupy consecutive slots, else None."""
-        table = self.block_tables[row]
         need = -(-length // self.block_size)
         if need == 0:
             return 0
-        first = table[0]
-        if table[need - 1] - first == need - 1 and all(table[i] == first + i for i in range(need)):
-            return first * self.block_size
+        table = self._tables[row, :need].astype(np.int64)
+        if (np.diff(table) == 1).all():
+            return int(table[0]) * self.block_size
         return None
 
     def read_index(self, row: int, length: int, device=None) -> int | torch.Tensor:
@@ -126,18 +201,32 @@ class BlockAllocator:
             return start
         return self.slot_range(row, 0, length, device=device)
 
+    def block_table_array(self, rows: np.ndarray) -> np.ndarray:
+        """`[len(rows), max_blocks]` int64 block tables, padded with 0 (kernels read lengths to stay in bounds)."""
+        width = max(int(self._counts[rows].max()) if len(rows) else 0, 1)
+        return self._tables[rows, :width]
+
     def block_table_tensor(self, rows: Sequence[int], device=None) -> torch.Tensor:
         """`[len(rows), max_blocks]` int32 block tables, padded with 0 (kernels read lengths to stay in bounds)."""
-        width = max((len(self.block_tables[r]) for r in rows), default=0)
-        out = torch.zeros(len(rows), max(width, 1), dtype=torch.int32)
-        for i, r in enumerate(rows):
-            t = self.block_tables[r]
-            if t:
-                out[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+        out = torch.from_numpy(self.block_table_array(np.asarray(rows, dtype=np.int64)).astype(np.int32))
         return out if device is None else out.to(device)
 
+    def relabel_blocks(self, perm: Sequence[int]) -> None:
+        """Rename every block ``b`` to ``perm[b]`` (a permutation of the pool; the caller moves the pages' data)."""
+        perm = np.asarray(perm, dtype=np.int64)
+        held = np.arange(self._tables.shape[1])[None, :] < self._counts[:, None]
+        self._tables[held] = perm[self._tables[held]]
+        self._free = np.sort(perm[self._free])
+
     def blocks_in_use(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - int(self._free.size)
+
+
+def _grown(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``array`` copied into the top-left corner of zeros of ``shape``."""
+    out = np.zeros(shape, dtype=array.dtype)
+    out[tuple(slice(0, n) for n in array.shape)] = array
+    return out
 
 
 class PagedLayer(CacheLayerMixin):
@@ -228,7 +317,7 @@ class PagedLayer(CacheLayerMixin):
         )
         ks, vs = [], []
         for b in range(key_states.shape[0]):
-            k, v = self.gather_heads(b, self.allocator.lengths[b])  # [H_kv, L, D]
+            k, v = self.gather_heads(b, self.allocator.length(b))  # [H_kv, L, D]
             ks.append(k)
             vs.append(v)
         return torch.stack(ks), torch.stack(vs)
@@ -237,7 +326,7 @@ class PagedLayer(CacheLayerMixin):
         return self.get_seq_length() + query_length, 0
 
     def get_seq_length(self) -> int:
-        return self.allocator.lengths[0] if self.allocator.lengths else 0
+        return self.allocator.length(0) if self.allocator.num_rows else 0
 
     def get_max_length(self) -> int:
         return -1
@@ -287,17 +376,15 @@ class PagedCache(Cache):
             bsz, seq = key_states.shape[0], key_states.shape[2]
             if alloc.num_rows < bsz:
                 alloc.add_rows(bsz - alloc.num_rows)
-            slots = []
-            for b in range(bsz):
-                start = alloc.lengths[b]
-                alloc.reserve(b, start + seq)
-                alloc.lengths[b] = start + seq
-                slots.append(alloc.slot_range(b, start, start + seq))
-            alloc.dense_slots = torch.cat(slots)
+            rows = np.arange(bsz)
+            starts = alloc.lengths_of(rows)
+            slots = self.reserve_rows(rows, starts, np.full(bsz, seq))
+            alloc.truncate_rows(rows, starts + seq)
+            alloc.dense_slots = torch.from_numpy(slots)
         return layer.update(key_states, value_states)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.allocator.lengths[0] if self.allocator.lengths else 0
+        return self.allocator.length(0) if self.allocator.num_rows else 0
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
         return self.get_seq_length(layer_idx) + query_length, 0
@@ -313,7 +400,16 @@ class PagedCache(Cache):
 
     @property
     def lengths(self) -> list[int]:
+        """Committed tokens of every row (a copy; `length` / `lengths_of` for one row / a batch)."""
         return self.allocator.lengths
+
+    def length(self, row: int) -> int:
+        """Committed tokens of ``row``."""
+        return self.allocator.length(row)
+
+    def lengths_of(self, rows: np.ndarray) -> np.ndarray:
+        """`[B]` committed tokens of ``rows`` `[B]` (host int64 arrays)."""
+        return self.allocator.lengths_of(rows)
 
     def add_rows(self, n: int) -> list[int]:
         """``n`` new empty rows; returns their indices."""
@@ -326,21 +422,30 @@ class PagedCache(Cache):
 
     def is_active(self, row: int) -> bool:
         """Whether ``row`` still holds blocks (not yet `free` d)."""
-        return self.allocator.active[row]
+        return self.allocator.is_active(row)
 
-    def reserve(self, row: int, start: int, count: int) -> torch.Tensor:
-        """Blocks for positions ``[start, start + count)`` of ``row``; returns their `[count]` int64 pool slots.
+    def reserve_rows(self, rows: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Blocks for positions ``[starts[b], starts[b] + counts[b])`` of each of ``rows`` (distinct; host int64
+        arrays `[B]`); returns the `[sum(counts)]` int64 pool slots, row after row.
 
-        The row's committed length does not change: the slots hold uncommitted tokens until `commit_chunk` or
+        The rows' committed lengths do not change: the slots hold uncommitted tokens until `commit_chunks` or
         `commit` decides what is kept.
         """
-        self.allocator.reserve(row, start + count)
-        return self.allocator.slot_range(row, start, start + count)
+        self.allocator.reserve_rows(rows, starts + counts)
+        return self.allocator.span_slots(rows, starts, counts)
+
+    def reserve(self, row: int, start: int, count: int) -> torch.Tensor:
+        """`reserve_rows` for one row: its `[count]` int64 pool slots as a tensor."""
+        return torch.from_numpy(self.reserve_rows(np.array([row]), np.array([start]), np.array([count])))
+
+    def commit_chunks(self, rows: np.ndarray, counts: np.ndarray) -> None:
+        """Keep the ``counts[b]`` tokens written right after each of ``rows``' committed prefix (prefill chunks) and
+        forget anything past them."""
+        self.allocator.truncate_rows(rows, self.allocator.lengths_of(rows) + counts)
 
     def commit_chunk(self, row: int, count: int) -> None:
-        """Keep the ``count`` tokens written right after ``row``'s committed prefix (a prefill chunk) and forget
-        anything past them."""
-        self.allocator.truncate(row, self.allocator.lengths[row] + count)
+        """`commit_chunks` for one row."""
+        self.commit_chunks(np.array([row]), np.array([count]))
 
     def free(self, row: int) -> None:
         """Give every block of ``row`` back; the row keeps its index but holds nothing."""
@@ -348,16 +453,16 @@ class PagedCache(Cache):
 
     def rollback(self, row: int, length: int) -> None:
         """Forget everything of ``row`` past ``length`` tokens (freeing whole blocks past it)."""
-        if length > self.allocator.lengths[row]:
-            raise ValueError(f"row {row} holds {self.allocator.lengths[row]} tokens; cannot roll back to {length}")
+        if length > self.allocator.length(row):
+            raise ValueError(f"row {row} holds {self.allocator.length(row)} tokens; cannot roll back to {length}")
         self.allocator.truncate(row, length)
 
     def blocks_in_use(self) -> int:
         """Blocks currently held by rows."""
         return self.allocator.blocks_in_use()
 
-    def block_tables(self, rows: Sequence[int]) -> torch.Tensor:
-        """`[len(rows), max_blocks]` int32 block tables of ``rows``, padded with 0."""
+    def block_tables(self, rows: Sequence[int] | np.ndarray) -> torch.Tensor:
+        """`[len(rows), max_blocks]` int32 (CPU) block tables of ``rows``, padded with 0."""
         return self.allocator.block_table_tensor(rows)
 
     def read_index(self, row: int, length: int, device=None) -> int | torch.Tensor:
@@ -378,29 +483,37 @@ class PagedCache(Cache):
         increasing. Their K/V moves to positions ``L, L + 1, ...`` (inside and across blocks), the row's length
         grows by ``len(accepted[i])`` and blocks that only held rejected nodes are freed.
 
+        The verdicts are read to the host once for the whole batch (one concatenation; the only read of a step);
+        the bookkeeping is array operations over every row at once.
+
         Args:
-            rows: cache rows.
+            rows: cache rows (distinct).
             accepted: per row `[1 + a]` accepted tree positions.
             use_triton: move the K/V with the Triton kernel (one launch for every layer) instead of torch copies.
         """
+        rows = np.asarray(rows, dtype=np.int64)
+        acc_t = [a if isinstance(a, torch.Tensor) else torch.as_tensor(a, dtype=torch.long) for a in accepted]
+        counts = np.array([a.shape[0] for a in acc_t], dtype=np.int64)
+        acc = torch.cat(acc_t).cpu().numpy() if acc_t else np.zeros(0, np.int64)  # [M]
+        first = np.cumsum(counts) - counts
+        if counts.min(initial=1) == 0 or (acc[first] != 0).any():
+            b = int(((counts == 0) | (acc[np.minimum(first, max(acc.size - 1, 0))] != 0)).argmax())
+            got = acc[first[b] : first[b] + counts[b]].tolist()
+            raise ValueError(f"row {int(rows[b])}: accepted positions must start with the root (0), got {got}")
         alloc = self.allocator
-        src_all, dst_all = [], []
-        for row, acc in zip(rows, accepted):
-            acc = torch.as_tensor(acc, dtype=torch.long).reshape(-1).cpu()
-            if acc.numel() == 0 or int(acc[0]) != 0:
-                raise ValueError(f"row {row}: accepted positions must start with the root (0), got {acc.tolist()}")
-            base = alloc.lengths[row]
-            n = acc.numel()
-            moved = acc != torch.arange(n)
-            if bool(moved.any()):
-                src_all.append(alloc.slots(row, base + acc[moved]))
-                dst_all.append(alloc.slots(row, base + torch.arange(n)[moved]))
-            alloc.truncate(row, base + n)
-        if src_all:
+        base = alloc.lengths_of(rows)
+        owner = np.repeat(np.arange(rows.size), counts)  # [M] which row each accepted position belongs to
+        index = np.arange(acc.size) - first[owner]  # [M] where each accepted position goes
+        moved = acc != index
+        if moved.any():
             if use_triton and self.head_major:
                 raise ValueError("the Triton KV move reads slot-major pools; this PagedCache is head-major")
+            who = owner[moved]
+            where = base[who]
+            slots = alloc.slots_of(np.tile(rows[who], 2), np.concatenate([where + acc[moved], where + index[moved]]))
             pools = [layer.flat() for layer in self.layers if layer.is_initialized]
-            _move_kv(pools, torch.cat(src_all), torch.cat(dst_all), use_triton)
+            _move_kv(pools, torch.from_numpy(slots), use_triton)
+        alloc.truncate_rows(rows, base + counts)
 
     def memory_bytes(self) -> int:
         """Bytes held by the pools of every layer."""
@@ -413,19 +526,18 @@ class PagedCache(Cache):
         return total
 
 
-def _move_kv(
-    pools: Sequence[tuple[torch.Tensor, torch.Tensor]], src: torch.Tensor, dst: torch.Tensor, use_triton: bool
-) -> None:
-    """Copy the K/V of pool slots ``src`` `[M]` to slots ``dst`` `[M]` in every layer (reads happen before writes).
+def _move_kv(pools: Sequence[tuple[torch.Tensor, torch.Tensor]], src_dst: torch.Tensor, use_triton: bool) -> None:
+    """Copy the K/V of pool slots ``src`` to slots ``dst`` in every layer (reads happen before writes).
 
     Args:
         pools: per layer ``(k_flat, v_flat)``, each `[num_slots, H_kv, D]`.
+        src_dst: `[2 M]` int64 (host) the source slots, then the destination slots.
         use_triton: one Triton launch for all layers (``kernels/move_kv.py``); else torch copies layer by layer.
     """
     if not pools:
         return
     device = pools[0][0].device
-    src, dst = src.to(device), dst.to(device)
+    src, dst = src_dst.to(device, non_blocking=True).chunk(2)  # one host-to-device copy, no wait
     if use_triton:
         from ..kernels.move_kv import move_kv_triton  # optional dependency: triton is imported only when used
 

@@ -49,7 +49,7 @@ import threading
 import weakref
 from collections import Counter
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from operator import itemgetter
 
 import torch
@@ -66,6 +66,51 @@ _EMA = 0.2  # weight of a new sample in the proposing-time mean
 
 
 @dataclass
+class HostTree:
+    """What the budget reads of a tree, on the host: parents, depths and (when it ranks by them) scores."""
+
+    parent: list[int]
+    depth: list[int]
+    sampling: DraftSampling
+    scores: list[float] | None = None
+
+
+def read_trees(trees: Sequence[DraftTree], with_scores: Sequence[bool]) -> list[HostTree]:
+    """Every tree's `HostTree`, read from the device in one copy for the whole batch (not one read per row)."""
+    parts: list[torch.Tensor] = []
+    for tree, scored in zip(trees, with_scores):
+        parts += [tree.parent, tree.depth] + ([tree.scores] if scored else [])
+    if not parts:
+        return [HostTree([], [], t.sampling) for t in trees]
+    device = parts[0].device
+    flat = torch.cat([p.reshape(-1).to(device=device, dtype=torch.float64) for p in parts]).cpu().tolist()
+    out, start = [], 0
+    for tree, scored in zip(trees, with_scores):
+        n = tree.num_nodes
+        parent = [int(x) for x in flat[start : start + n]]
+        depth = [int(x) for x in flat[start + n : start + 2 * n]]
+        start += 2 * n
+        scores = flat[start : start + n] if scored else None
+        start += n if scored else 0
+        out.append(HostTree(parent, depth, tree.sampling, scores))
+    return out
+
+
+def _with_scores(tree: DraftTree, scores) -> DraftTree:
+    """``tree`` carrying ``scores`` (a caller's `RowCandidates.scores` other than the tree's own)."""
+    return replace(tree, scores=torch.as_tensor(scores, dtype=torch.float32, device=tree.device).reshape(-1))
+
+
+def _depth_bound(tree: DraftTree) -> int:
+    """No node of ``tree`` is deeper (its `DraftTree.depth_bound`, else its node count): known without a read."""
+    return tree.depth_bound if tree.depth_bound is not None else tree.num_nodes
+
+
+def _as_list(values) -> list:
+    return values.tolist() if isinstance(values, torch.Tensor) else list(values)
+
+
+@dataclass
 class RowCandidates:
     """One row's candidate nodes.
 
@@ -76,6 +121,7 @@ class RowCandidates:
             structural prior. Ignored for sampled trees (see the module docstring).
         source: which assistant drafted the tree (calibration is kept per source).
         fixed: verify the tree as it is (it counts in the step's cost but is never cut).
+        host: the tree (and its scores) already read to the host (`read_trees`), or None: read when needed.
     """
 
     row: int
@@ -83,6 +129,17 @@ class RowCandidates:
     scores: torch.Tensor | Sequence[float] | None = None
     source: Hashable = "default"
     fixed: bool = False
+    host: HostTree | None = None
+
+    def read(self) -> HostTree:
+        """The candidate tree on the host (read now unless `host` has it)."""
+        if self.host is None:
+            scored = self.scores is not None and self.tree.sampling == DraftSampling.DETERMINISTIC
+            tree = self.tree
+            self.host = HostTree(_as_list(tree.parent), _as_list(tree.depth), tree.sampling)
+            if scored:
+                self.host.scores = [float(x) for x in _as_list(torch.as_tensor(self.scores).reshape(-1))]
+        return self.host
 
 
 @dataclass
@@ -93,11 +150,13 @@ class BudgetCut:
         tree: the tree to verify (the candidate tree, or the subtree of its kept nodes).
         kept: `[T']` int64 the candidate tree's index of each node of ``tree``, or None when all were kept.
         probs: the calibrated acceptance probability of each node of ``tree`` (for reports).
+        depths: the depth of each node of ``tree`` (known on the host; empty when the tree was not ranked).
     """
 
     tree: DraftTree
     kept: torch.Tensor | None
     probs: list[float]
+    depths: list[int] = field(default_factory=list)
 
     @property
     def num_nodes(self) -> int:
@@ -178,10 +237,10 @@ class AcceptanceCalibration:
         return {str(s): [round(c, 3) for c in self.factors(s, -1)] for s in self._source}
 
 
-def structural_scores(tree: DraftTree) -> list[float]:
+def structural_scores(tree: DraftTree | HostTree) -> list[float]:
     """Prior path probability of each node from its position only: the product over its path of
     ``0.5 * 0.5 ** sibling_rank`` (sibling rank = how many earlier siblings it has)."""
-    parents = tree.parent.tolist()
+    parents = _as_list(tree.parent)
     seen_children: Counter[int] = Counter()
     out: list[float] = []
     for p in parents:
@@ -191,21 +250,21 @@ def structural_scores(tree: DraftTree) -> list[float]:
     return out
 
 
-def conditional_scores(tree: DraftTree, scores: Sequence[float]) -> list[float]:
+def conditional_scores(tree: DraftTree | HostTree, scores: Sequence[float]) -> list[float]:
     """Each node's score divided by its parent's (its estimated acceptance once the parent is accepted), in [0, 1]."""
     out = []
-    for p, s in zip(tree.parent.tolist(), scores):
+    for p, s in zip(_as_list(tree.parent), scores):
         base = 1.0 if p < 0 else scores[p]
         c = s / base if base > 0.0 else 0.0
         out.append(1.0 if c > 1.0 else (0.0 if c < 0.0 else c))
     return out
 
 
-def calibrated_probs(tree: DraftTree, cond: Sequence[float], factors: Sequence[float]) -> list[float]:
+def calibrated_probs(tree: DraftTree | HostTree, cond: Sequence[float], factors: Sequence[float]) -> list[float]:
     """Path probability of each node: the product down its path of ``min(1, conditional score * factor[depth])``
     (non-increasing down every path); for sampled trees also non-increasing along each node's children in draw order,
     so that any best-first prefix of the nodes is a tree whose siblings are a prefix of their draws."""
-    parents, depths = tree.parent.tolist(), tree.depth.tolist()
+    parents, depths = _as_list(tree.parent), _as_list(tree.depth)
     sampled = tree.sampling != DraftSampling.DETERMINISTIC
     last = len(factors) - 1
     last_child: dict[int, int] = {}
@@ -277,6 +336,10 @@ class TreeBudgeter:
             proposer, such as prompt lookup, is simply asked every step).
         depth_retry_every: steps a row is not asked for a level the budget cut from its tree (while proposing costs
             something), before that level is drafted once more.
+        cuts: size the trees (the default). False: every tree is verified exactly as its assistant proposed it
+            (``generate(..., tree_budget=False)``) and nothing else changes: no row is paused or capped, while the
+            cost curve still learns from every step and `speedup` still answers (an assistant choosing between two
+            trees asks it either way).
     """
 
     def __init__(
@@ -292,6 +355,7 @@ class TreeBudgeter:
         probe_max: int = 64,
         pause_fraction: float = 0.02,
         depth_retry_every: int = 16,
+        cuts: bool = True,
     ):
         if max_nodes_per_row < 0 or margin < 0 or not 0 < explore_tolerance <= 1:
             raise ValueError(
@@ -304,6 +368,7 @@ class TreeBudgeter:
                 f"got {probe_every}, {probe_max}, {explore_every}, {depth_retry_every}"
             )
         self.cost = cost
+        self.cuts = bool(cuts)
         self.calibration = calibration or AcceptanceCalibration()
         self.max_nodes_per_row = max_nodes_per_row
         self.margin, self.explore_every, self.explore_tolerance = margin, explore_every, explore_tolerance
@@ -329,7 +394,7 @@ class TreeBudgeter:
         not expand levels the budget has been cutting away. A row grows by one level per step while its deepest
         nodes are kept."""
         gate = self._gates.get(row)
-        if gate is None or limit <= 0:
+        if gate is None or limit <= 0 or not self.cuts:
             return limit
         if gate.paused:
             gate.idle += 1
@@ -348,6 +413,12 @@ class TreeBudgeter:
     def cut(self, candidates: Sequence[RowCandidates]) -> list[BudgetCut]:
         """The trees to verify this step, one per row of ``candidates`` (same order)."""
         self._steps += 1
+        if not self.cuts:  # the trees as proposed
+            self._pending = [(c.row, c.source, [], [], []) for c in candidates]
+            for c in candidates:
+                self._nodes[c.tree.num_nodes] += 1
+            return [BudgetCut(c.tree, None, []) for c in candidates]
+        self.read_candidates(candidates)
         probs, raw = zip(*[self._row_probs(c) for c in candidates]) if candidates else ((), ())
         # best first, ties in node order (a stable sort): parents before their children
         order = [sorted(range(len(p)), key=p.__getitem__, reverse=True)[: self.max_nodes_per_row] for p in probs]
@@ -358,19 +429,20 @@ class TreeBudgeter:
             if c.fixed:
                 self._pending.append((c.row, c.source, [], [], []))
                 cut = BudgetCut(c.tree, None, [])
+                offered = kept = _depth_bound(c.tree)  # verified whole, never read
             else:
                 k = self._gate(c.row, k, has_candidates=bool(o))
                 cut = self._cut_row(c, p, r, o[:k])
+                offered, kept = max(c.host.depth, default=0) if c.host else 0, max(cut.depths, default=0)
             self._nodes[cut.num_nodes] += 1
-            self._record_depths(c.row, c.tree.max_depth if c.tree.num_nodes else 0, cut)
+            self._record_depths(c.row, offered, kept)
             cuts.append(cut)
         return cuts
 
-    def _record_depths(self, row: int, offered: int, cut: BudgetCut) -> None:
+    def _record_depths(self, row: int, offered: int, kept: int) -> None:
         """The row's deepest kept node, and its ceiling: the first level the budget cut from a deeper offer (cleared
         once a node at or past the ceiling is kept)."""
         gate = self._gates.setdefault(row, _RowGate())
-        kept = cut.tree.max_depth if cut.num_nodes else 0
         gate.kept_depth = kept
         if gate.ceiling and kept >= gate.ceiling:
             gate.ceiling = gate.ceiling_age = 0
@@ -395,18 +467,31 @@ class TreeBudgeter:
         rates = self.predicted_rates(1, gains, stop_below=0.5)
         return max(rates) / rates[0]
 
+    @staticmethod
+    def read_candidates(candidates: Sequence[RowCandidates]) -> None:
+        """Read every candidate tree that will be ranked to the host (`RowCandidates.host`), in one copy for the
+        batch: the budget's only read of a step."""
+        todo = [c for c in candidates if c.host is None and not c.fixed and c.tree.num_nodes]
+        for c in todo:
+            if c.scores is not None and len(c.scores) != c.tree.num_nodes:
+                raise ValueError(f"row {c.row}: {len(c.scores)} scores for a tree of {c.tree.num_nodes} nodes")
+        scored = [c.scores is not None and c.tree.sampling == DraftSampling.DETERMINISTIC for c in todo]
+        trees = [
+            c.tree if not s or c.tree.scores is c.scores else _with_scores(c.tree, c.scores)
+            for c, s in zip(todo, scored)
+        ]
+        for c, host in zip(todo, read_trees(trees, scored)):
+            c.host = host
+
     def _row_probs(self, c: RowCandidates) -> tuple[list[float], list[float]]:
-        tree = c.tree
-        if tree.num_nodes == 0 or c.fixed:
+        if c.tree.num_nodes == 0 or c.fixed:
             return [], []
-        if c.scores is None or tree.sampling != DraftSampling.DETERMINISTIC:
-            raw = structural_scores(tree)
-        else:
-            raw = torch.as_tensor(c.scores, dtype=torch.float64).reshape(-1).tolist()
-            if len(raw) != tree.num_nodes:
-                raise ValueError(f"row {c.row}: {len(raw)} scores for a tree of {tree.num_nodes} nodes")
-        cond = conditional_scores(tree, raw)
-        return calibrated_probs(tree, cond, self.calibration.factors(c.source, c.row)), cond
+        host = c.read()
+        raw = host.scores if host.scores is not None else structural_scores(host)
+        if len(raw) != c.tree.num_nodes:
+            raise ValueError(f"row {c.row}: {len(raw)} scores for a tree of {c.tree.num_nodes} nodes")
+        cond = conditional_scores(host, raw)
+        return calibrated_probs(host, cond, self.calibration.factors(c.source, c.row)), cond
 
     def _counts(self, probs: Sequence[list[float]], order: Sequence[list[int]], fixed: int = 0) -> list[int]:
         """Nodes per row: the best ``K`` nodes of the batch for the ``K`` with the best predicted rate (``fixed``
@@ -504,20 +589,18 @@ class TreeBudgeter:
         return self.propose_seconds is not None and self.propose_seconds >= self.pause_fraction * self.cost.predict(1)
 
     def _cut_row(self, c: RowCandidates, probs: list[float], raw: list[float], keep: list[int]) -> BudgetCut:
-        tree = c.tree
+        tree, host = c.tree, c.host
         keep = sorted(keep)  # parents before children, as in the candidate tree
-        depths, parents = (tree.depth.tolist(), tree.parent.tolist()) if keep else ([], [])
+        depths = [host.depth[i] for i in keep] if keep else []
         position = {node: j for j, node in enumerate(keep)}
-        kept_parents = [position[parents[i]] if parents[i] >= 0 else -1 for i in keep]
-        self._pending.append((c.row, c.source, [depths[i] for i in keep], [raw[i] for i in keep], kept_parents))
+        kept_parents = [position[host.parent[i]] if host.parent[i] >= 0 else -1 for i in keep]
+        self._pending.append((c.row, c.source, depths, [raw[i] for i in keep], kept_parents))
         if len(keep) == tree.num_nodes:
-            return BudgetCut(tree, None, probs)
-        kept = torch.tensor(keep, dtype=torch.long, device=tree.device)
+            return BudgetCut(tree, None, probs, depths)
+        kept = torch.tensor(keep, dtype=torch.long).to(tree.device, non_blocking=True)
         if not keep:
-            return BudgetCut(DraftTree.empty(tree.device), kept, [])
-        mask = torch.zeros(tree.num_nodes, dtype=torch.bool, device=tree.device)
-        mask[kept] = True
-        return BudgetCut(tree.subtree_keep(mask), kept, [probs[i] for i in keep])
+            return BudgetCut(DraftTree.empty(tree.device), kept, [], [])
+        return BudgetCut(tree.subtree_nodes(kept, kept_parents), kept, [probs[i] for i in keep], depths)
 
     # ------------------------------------------------------------------ after verifying
     def record_verdicts(self, accepted: Sequence[torch.Tensor | Sequence[int]]) -> None:
@@ -552,7 +635,10 @@ class TreeBudgeter:
             self.propose_seconds = propose_s if prev is None else (1 - _EMA) * prev + _EMA * propose_s
 
     def summary(self) -> dict:
-        """What `spec_stats` reports: the cost curve, nodes per row per step, how often nothing was drafted."""
+        """What `spec_stats` reports: the cost curve, nodes per row per step, how often nothing was drafted (empty
+        when the budget does not cut: the trees were verified as proposed)."""
+        if not self.cuts:
+            return {}
         row_steps = sum(self._nodes.values())
         return {
             "cost": self.cost.summary(),

@@ -33,7 +33,7 @@ from .logits import NodeScorer
 from .proposers import as_proposer
 from .proposers.base import Proposer, ProposerSetup, RowFeedback, RowState
 from .stats import SpecStats
-from .target import PlannedModel, PlannedOutput
+from .target import PlannedModel, PlannedOutput, TailMask
 from .tree import DraftTree, pack_trees
 from .verify import Verdict, sample_from_scores, verify_tree
 
@@ -48,6 +48,7 @@ class _Row:
     length: int  # filled length of buf (padded prompt + generated)
     prompt_width: int  # padded prompt width W
     cache_row: int = -1
+    root: int = -1  # the last token (the next tree's root), kept on the host so no step reads it back
     finished: bool = False
     scores: list[torch.Tensor] = field(default_factory=list)  # per generated token [V] processed scores, if kept
     logits: list[torch.Tensor] = field(default_factory=list)  # per generated token [V] raw logits, if kept
@@ -124,7 +125,7 @@ class _Call:
     want_scores: bool
     want_logits: bool
     streamer: object | None
-    budget: TreeBudgeter | None = None
+    budget: TreeBudgeter
     stats: SpecStats = field(default_factory=SpecStats)
 
     @property
@@ -168,9 +169,10 @@ def generate(
         keep_packed: on CPU, keep the target's pre-packed linear weights after the call (until
             ``hf_specdec.release_packed_weights(model)``) instead of releasing them; see `hf_specdec.packed_weights`.
         tree_budget: size every row's tree each step from the verify cost measured on this machine and the
-            assistant's acceptance estimates (a `TreeBudgeter`, the default; drafting nothing is always one of the
-            options); False verifies the trees exactly as the assistant proposes them; a `TreeBudgeter` instance is
-            used as given (its calibration carries over between calls).
+            assistant's acceptance estimates (a `TreeBudgeter`, the default and the one place trees are sized;
+            drafting nothing is always one of the options); False verifies the trees exactly as the assistant
+            proposes them, and changes nothing else; a `TreeBudgeter` instance is used as given (its calibration
+            carries over between calls).
     Returns:
         `[B, W + G]` token ids like vanilla `generate`, or a `GenerateDecoderOnlyOutput` with an extra
         ``spec_stats`` attribute when ``return_dict_in_generate=True``.
@@ -196,7 +198,7 @@ def generate(
             want_scores=returns and bool(generation_config.output_scores),
             want_logits=returns and bool(generation_config.output_logits),
             streamer=hf_specdec_streamer,
-            budget=_tree_budget(tree_budget, model),
+            budget=_tree_budget(tree_budget, model, proposer),
         )
         for row, cache_row in zip(rows, target.add_rows(len(rows))):
             row.cache_row = cache_row
@@ -206,7 +208,7 @@ def generate(
             while active := [r for r in rows if not r.finished]:
                 _step(call, active)
             call.stats.packed_weight_bytes = target.packed_bytes()
-            if call.budget is not None and tree_budget is True:
+            if tree_budget is True:
                 keep_calibration(model, call.budget.calibration)
         finally:
             proposer.finish()
@@ -296,8 +298,7 @@ def _step(call: _Call, active: Sequence[_Row]) -> None:
             f"{type(call.proposer).__name__}.propose returned {len(proposed)} trees for {len(active)} rows"
         )
     trees, kept = zip(*[_sanitize(t, r, call) for t, r in zip(proposed, active)])
-    if call.budget is not None:
-        trees, kept = _budgeted(call.budget, active, trees, kept)
+    trees, kept = _budgeted(call.budget, active, trees, kept)
     t1 = time.perf_counter()
     out, scores, verdicts = _verify(call, active, trees)
     call.target.commit_trees([r.cache_row for r in active], [v.accepted for v in verdicts])
@@ -308,32 +309,34 @@ def _step(call: _Call, active: Sequence[_Row]) -> None:
         nodes = v.accepted[1:] - 1  # [a] accepted nodes of the verified tree
         drafted = tree.tokens[nodes.to(tree.device)].tolist()
         where = v.accepted + int(out.cu_seqlens[b])  # [1 + a] packed positions of root + accepted nodes
-        new_tokens = torch.tensor([int(r.tokens[-1]), *drafted], dtype=torch.long, device=r.buf.device)
+        new_tokens = torch.tensor([r.root, *drafted], dtype=torch.long, device=r.buf.device)
         accepted = nodes if kept[b] is None else kept[b][nodes.to(kept[b].device)]  # in the proposed tree
         feedback = RowFeedback(new_tokens, accepted, v.next_token, proposed[b], _hidden_at(out, where), kept[b])
         sel = where.to(out.logits.device)
         results.append(_kept(call, _RowResult(r, [*drafted, v.next_token], scores[sel], out.logits[sel], feedback)))
-    if call.budget is not None:
-        call.budget.record_verdicts([v.accepted[1:] - 1 for v in verdicts])
+    call.budget.record_verdicts([v.accepted[1:] - 1 for v in verdicts])
     _settle(call, results)
     t_other = time.perf_counter() - t0 - t_verify
     call.stats.time_propose += t_propose
     call.stats.time_verify += t_verify
     call.stats.time_other += t_other
-    if call.budget is not None:
-        tokens = sum(t.num_nodes + 1 for t in trees)
-        call.budget.record_step(tokens, len(active), None if out.tuned else t_verify, t_propose, t_other)
+    tokens = sum(t.num_nodes + 1 for t in trees)
+    call.budget.record_step(tokens, len(active), None if out.tuned else t_verify, t_propose, t_other)
 
 
-def _tree_budget(tree_budget: bool | TreeBudgeter, model) -> TreeBudgeter | None:
-    """The call's budgeter: a fresh one on the model's shared cost curve, the caller's own, or None (no budget)."""
+def _tree_budget(tree_budget: bool | TreeBudgeter, model, proposer: Proposer) -> TreeBudgeter:
+    """The call's budgeter: a fresh one on the model's shared cost curve (cutting the trees, or with
+    ``tree_budget=False`` verifying them as proposed), or the caller's own. The assistant's prior step costs
+    (`Proposer.prior_cost`) stand in for this machine's until it has measured them."""
     if isinstance(tree_budget, TreeBudgeter):
-        return tree_budget
-    if tree_budget is True:
-        return TreeBudgeter(cost_model_for(model), calibration=carried_calibration(model))
-    if tree_budget is False or tree_budget is None:
-        return None
-    raise TypeError(f"tree_budget must be True, False or a TreeBudgeter, got {type(tree_budget).__name__}")
+        budget = tree_budget
+    elif tree_budget in (True, False, None):
+        budget = TreeBudgeter(cost_model_for(model), calibration=carried_calibration(model), cuts=bool(tree_budget))
+    else:
+        raise TypeError(f"tree_budget must be True, False or a TreeBudgeter, got {type(tree_budget).__name__}")
+    if proposer.prior_cost is not None:
+        budget.cost.set_prior(proposer.prior_cost)
+    return budget
 
 
 def _budgeted(
@@ -374,6 +377,7 @@ def _emit(call: _Call, res: _RowResult) -> None:
     for i, tok in enumerate(res.tokens):
         row.buf[row.length] = tok
         row.length += 1
+        row.root = tok
         n += 1
         if res.scores is not None:
             row.scores.append(res.scores[i])
@@ -397,7 +401,8 @@ def _hidden_at(out: PlannedOutput, index: slice | torch.Tensor) -> dict[int, tor
 
 
 def _row_states(rows: Sequence[_Row], max_length: int, budget: TreeBudgeter | None = None) -> list[RowState]:
-    """What the proposer sees of each row; with a ``budget``, its depth cap (0 while the row is paused)."""
+    """What the proposer sees of each row; with the call's ``budget`` (before proposing), its depth cap (0 while the
+    row is paused)."""
     states = []
     for r in rows:
         depth = max(0, max_length - r.length - 1)
@@ -419,19 +424,25 @@ def _sanitize(tree: DraftTree, row: _Row, call: _Call) -> tuple[DraftTree, torch
         tree = tree.to(row.buf.device)
     max_depth = max(0, call.max_length - row.length - 1)
     kept = None
-    if tree.num_nodes and tree.max_depth > max_depth:
+    bound = tree.depth_bound if tree.depth_bound is not None else tree.num_nodes
+    if tree.num_nodes and bound > max_depth and tree.max_depth > max_depth:  # only near the end reads the tree
         keep = tree.depth <= max_depth
         kept = keep.nonzero().flatten()
         tree = tree.subtree_keep(keep)
-    if tree.num_nodes == 0:
-        return tree, kept
-    config = call.model.config
-    vocab = config.get_text_config().vocab_size if hasattr(config, "get_text_config") else None
-    if vocab is not None and (int(tree.tokens.max()) >= vocab or int(tree.tokens.min()) < 0):
-        raise ValueError(
-            f"the assistant drafted token id {int(tree.tokens.max())} outside the target's vocabulary ({vocab})"
-        )
     return tree, kept
+
+
+def _vocab_size(model) -> int | None:
+    config = model.config
+    return config.get_text_config().vocab_size if hasattr(config, "get_text_config") else None
+
+
+def _check_vocabulary(vocab: int | None, tokens: torch.Tensor, outside: torch.Tensor | None) -> None:
+    """Raise if a drafted token was outside the target's vocabulary (``outside``: the flag computed on the device
+    before the forward, read after it, when the device is done anyway)."""
+    if outside is not None and bool(outside):
+        bad = tokens[(tokens >= vocab) | (tokens < 0)]
+        raise ValueError(f"the assistant drafted token id {int(bad[0])} outside the target's vocabulary ({vocab})")
 
 
 def _verify(
@@ -443,18 +454,21 @@ def _verify(
         the forward's output (logits `[N, V]` at every packed position), the processed scores `[N, V]`, and one
         `Verdict` per row.
     """
-    device = active[0].buf.device
-    packed = pack_trees([int(r.tokens[-1]) for r in active], trees)
-    q_lens = [t.num_nodes + 1 for t in trees]
-    committed = torch.tensor([call.target.length(r.cache_row) for r in active], device=device)  # [B]
-    positions = packed.depth + committed.repeat_interleave(torch.tensor(q_lens, device=device))  # [N]
-    masks = [t.ancestor_mask() if t.num_nodes else None for t in trees]
-    out = call.target.forward(
-        [r.cache_row for r in active], packed.tokens, positions, q_lens, masks, hidden_layers=call.layers
-    )
+    rows = [r.cache_row for r in active]
+    packed = pack_trees([r.root for r in active], trees, base=call.target.lengths(rows))
+    bits = packed.ancestor_bits()  # [N, words] int32: every row's tree mask, bit-packed
+    mask = TailMask(bits, packed.q_lens == 1)  # a row that drafted nothing is a one-token causal chunk
+    tokens, vocab, outside = packed.tokens, _vocab_size(call.model), None
+    if vocab is not None and packed.total > len(active):  # drafted ids stay on the device until after the forward
+        outside = ((tokens >= vocab) | (tokens < 0)).any()
+        tokens = tokens.clamp(0, vocab - 1)
+    out = call.target.forward(rows, tokens, packed.positions, packed.q_lens, mask, hidden_layers=call.layers)
+    _check_vocabulary(vocab, packed.tokens, outside)
+    ancestors = packed.ancestor_masks(bits)  # [N, width] bool, for the rows' acceptance walks
     verdicts, all_scores = [], []
     cu = out.cu_seqlens.tolist()
     for b, (r, tree) in enumerate(zip(active, trees)):
+        tree._ancestors = ancestors[cu[b] : cu[b + 1], : cu[b + 1] - cu[b]]
         scores = call.scorer(r.context, tree, out.logits[cu[b] : cu[b + 1]], r.index)  # [T + 1, V]
         all_scores.append(scores)
         verdicts.append(
@@ -479,8 +493,7 @@ def _output(call: _Call, input_ids: torch.Tensor, rows: Sequence[_Row], generati
         scores=_stack_steps([r.scores for r in rows], steps) if call.want_scores else None,
         logits=_stack_steps([r.logits for r in rows], steps) if call.want_logits else None,
     )
-    if call.budget is not None:
-        call.stats.budget = call.budget.summary()
+    call.stats.budget = call.budget.summary()
     result.spec_stats = call.stats
     return result
 

@@ -24,12 +24,13 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..attention.backend import choose_backend, install_for, planned
-from ..attention.plan import AttentionPlan, build_plan
+from ..attention.plan import AttentionPlan, TailMask, build_plan
 from ..cache.paged import PagedCache
-from ..kernels.cpu_linear import packed_bytes, packed_linears, tuning_calls
+from .packed_linears import packed_bytes, packed_linears, tuning_calls
 
 
 @dataclass
@@ -59,7 +60,7 @@ class PlannedModel:
         backend: ``"triton"``, ``"torch"`` or None (``HF_SPECDEC_ATTENTION``, else automatic; see `choose_backend`).
         block_size: tokens per cache block.
         pack_linears: run the model's CPU fp32 linears on pre-packed weights in this thread (None: when it pays and
-            memory allows; see ``kernels/cpu_linear.py``).
+            memory allows; see ``generation/packed_linears.py``).
         keep_packed: keep the packed copies after the block (``generate(..., keep_packed=True)``); by default they
             are released when the block exits.
     """
@@ -102,7 +103,7 @@ class PlannedModel:
             stack.close()
 
     def packed_bytes(self) -> int:
-        """Bytes the model's pre-packed CPU weights hold now (0 when none; see ``kernels/cpu_linear.py``)."""
+        """Bytes the model's pre-packed CPU weights hold now (0 when none; see ``generation/packed_linears.py``)."""
         return packed_bytes(self.model)
 
     # ------------------------------------------------------------------ rows
@@ -112,7 +113,11 @@ class PlannedModel:
 
     def length(self, row: int) -> int:
         """Committed tokens of ``row``."""
-        return self.cache.lengths[row]
+        return self.cache.length(row)
+
+    def lengths(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
+        """`[B]` committed tokens of ``rows`` (host int64)."""
+        return self.cache.lengths_of(np.asarray(rows, dtype=np.int64))
 
     def is_active(self, row: int) -> bool:
         return self.cache.is_active(row)
@@ -124,8 +129,7 @@ class PlannedModel:
 
     def commit_chunks(self, rows: Sequence[int], counts: Sequence[int]) -> None:
         """Keep the ``counts[i]`` tokens the last forward wrote after each row's committed prefix."""
-        for row, n in zip(rows, counts):
-            self.cache.commit_chunk(row, n)
+        self.cache.commit_chunks(np.asarray(rows, dtype=np.int64), np.asarray(counts, dtype=np.int64))
 
     def commit_trees(self, rows: Sequence[int], accepted: Sequence[torch.Tensor]) -> None:
         """Keep the accepted tree positions of each row (per row `[1 + a]`, root first; see `PagedCache.commit`)."""
@@ -141,11 +145,10 @@ class PlannedModel:
         rows: Sequence[int],
         positions: torch.Tensor,
         q_lens: Sequence[int],
-        masks: Sequence[torch.Tensor | None] | None = None,
+        masks: TailMask | Sequence[torch.Tensor | None] | None = None,
         pending_lens: Sequence[int] | None = None,
     ) -> AttentionPlan:
         """The `AttentionPlan` of a forward (reserves its slots; see `build_plan`)."""
-        masks = list(masks) if masks is not None else [None] * len(rows)
         return build_plan(self.cache, rows, q_lens, positions, masks, self.device, pending_lens, self.backend)
 
     def forward(
@@ -154,7 +157,7 @@ class PlannedModel:
         tokens: torch.Tensor,
         positions: torch.Tensor,
         q_lens: Sequence[int],
-        masks: Sequence[torch.Tensor | None] | None = None,
+        masks: TailMask | Sequence[torch.Tensor | None] | None = None,
         *,
         pending_lens: Sequence[int] | None = None,
         logits_to_keep: int | torch.Tensor = 0,
@@ -167,8 +170,8 @@ class PlannedModel:
             tokens: `[N]` int64 packed new tokens (row after row).
             positions: `[N]` int64 their position ids.
             q_lens: `[B]` new tokens per row (sums to N).
-            masks: `[B]` per row `[n, pending + n]` bool visibility of its tail, or None (causal chunk); default all
-                causal.
+            masks: the `TailMask` of the forward (bit-packed, on the model's device: the hot path), or per row a
+                `[n, pending + n]` bool visibility of its tail / None for a causal chunk; default all causal.
             pending_lens: `[B]` uncommitted tokens already written after each row's prefix (a draft model's tree).
             logits_to_keep: 0 for logits at every position, or `[K]` packed positions to keep.
             hidden_layers: indices into transformers' ``hidden_states`` to return (None: none).
@@ -188,7 +191,7 @@ class PlannedModel:
                 logits_to_keep=logits_to_keep,
                 output_hidden_states=bool(hidden_layers),
             )
-        if not plan.extras.get("layers_run"):
+        if not plan.layers_run:
             impl = getattr(self.model.config, "_attn_implementation", None)
             raise RuntimeError(
                 f"{type(self.model).__name__}'s attention ({impl!r}) did not run hf_specdec's planned attention: its "
@@ -198,4 +201,8 @@ class PlannedModel:
         hidden = None
         if hidden_layers:
             hidden = {layer: out.hidden_states[layer][0] for layer in hidden_layers}  # layer -> [N, H]
-        return PlannedOutput(out.logits[0], hidden, plan.cu_seqlens, tuning_calls() != trials)  # logits [K, V]
+        cu = torch.from_numpy(plan.cu_seqlens)
+        return PlannedOutput(out.logits[0], hidden, cu, tuning_calls() != trials)  # logits [K, V]
+
+
+__all__ = ["PlannedModel", "PlannedOutput", "TailMask"]

@@ -1,79 +1,25 @@
-"""Pre-packed MKL GEMM for the target's `nn.Linear` layers on CPU, used while speculative forwards run.
+"""CPU GEMM forms of a linear layer over a few rows: tensors in, tensors out.
 
 Verifying a draft tree multiplies every weight matrix by ``n + 1`` rows instead of one. For one to three rows MKL
 runs a matrix-vector kernel that streams the weights once; from four rows on it runs a GEMM that first *re-packs*
-the weight matrix into its blocked layout on every call, an extra read and write of every weight. On the default
-model (2-core Xeon, fp32) that makes a 4-row forward cost ~1.5x a 1-row forward although the arithmetic is
-negligible; it is what kept trees on this machine at one or two nodes (docs/results.md).
+the weight matrix into its blocked layout on every call. The forms here compute the same ``x @ W.T + b`` three ways:
 
-`packed_linears(model)` removes that cost: inside the block, every plain `nn.Linear` of the model whose input has
-2 to `TUNE_MAX_ROWS` rows runs the GEMM form measured fastest on this machine for its shape and row count
-(`_fastest_gemm`: `F.linear`, weight-major ``W @ x.T``, or, from `MIN_ROWS` rows, ``torch.ops.mkl._mkl_linear`` on a
-copy of its weight packed once with MKL's ``cblas_sgemm_pack``, kept per weight tensor and version until the weight
-is freed or changed). One row keeps `F.linear`, so single-token decoding runs exactly the kernels of stock
-`generate`.
+- ``"linear"``: `F.linear` (stock),
+- ``"weight_major"``: ``W @ x.T``: the big matrix as GEMM's A operand, streamed once without re-packing,
+- ``"packed"``: ``torch.ops.mkl._mkl_linear`` on a copy of the weight packed once with MKL's ``cblas_sgemm_pack``
+  (`pack_weight`).
+
 Same math, same fp32 precision; only the blocking of the sums may differ, as it already does between a 1-row and an
-n-row forward.
-
-Used only when it can help and cannot hurt: CPU, fp32, MKL built in, no autograd, and enough free memory for the
-packed copies (they double the linear weights' memory). ``HF_SPECDEC_PACKED_LINEAR=0`` turns it off. The model is
-left exactly as it was when the last block using it exits, also on errors: the patch is an instance attribute on
-each layer, removed afterwards; layers that already carry an instance-level ``forward`` (accelerate hooks, user
-patches) are left alone.
-
-Thread safety: the patched layers run packed weights only for the thread (context) that entered the block for their
-model (a `contextvars.ContextVar`); any other caller of the same model, a vanilla ``generate`` in another thread
-say, runs stock `F.linear`. Concurrent blocks on one model share the patch (reference-counted under a lock).
-
-Memory and when it runs. MKL's packed buffer is larger than the weight (3.35x allocated for SmolLM2's matrices, of
-which ~2.4x becomes resident), so the copies roughly triple the linear weights' footprint while they are held. They
-are therefore made only where they pay and dropped when they stop paying:
-
-- only forwards of `MIN_ROWS` to `MAX_ROWS` rows (verify forwards of small trees) use them; a prefill of a long
-  prompt runs stock `F.linear` and packs nothing (its GEMM amortises MKL's re-pack over all its rows);
-- a single call packs only from its `PACK_AFTER`-th such forward, so short answers never pay the packing;
-- the copies are released when the call ends, unless the caller keeps them: ``generate(..., keep_packed=True)``
-  (kept until `release_packed_weights`) or the ``with packed_weights(model):`` block, which packs at once (the
-  warm-up) and keeps the copies for every call inside it.
-
-`packed_bytes(model)` says how many bytes the copies of ``model`` hold (allocated; ``spec_stats.packed_weight_bytes``
-reports it at the end of a call).
+n-row forward. Which form runs where, when weights are packed and how modules use them is policy
+(``generation/packed_linears.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import os
-import statistics
-import threading
-import time
-import weakref
-
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.utils.weak import WeakIdKeyDictionary
 
-MIN_ROWS = 4  # below this MKL's matrix-vector path is as fast as the packed GEMM (measured; docs/results.md)
-MAX_ROWS = 256  # above this (prefill) the GEMM amortises its own re-pack: stock kernels, nothing packed
-PACK_AFTER = 32  # a call that does not keep its copies packs from its 32nd verify forward (short calls never pack)
-# MKL's packed buffer over the weight's own size (measured on SmolLM2-135M's matrices: 3.35x allocated)
-PACKED_SIZE_FACTOR = 3.4
-ENV_FLAG = "HF_SPECDEC_PACKED_LINEAR"
-# Fraction of the machine's available memory the packed copies may take.
-MEMORY_FRACTION = 0.5
-
-# weight tensor -> (weight._version when packed, packed weight)
-_PACKED = WeakIdKeyDictionary()
-# ids of the models whose packed linears this context (thread) entered
-_ENTERED: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("hf_specdec_packed", default=frozenset())
-# model id -> [number of open blocks, the layers patched]
-_USERS: dict[int, list] = {}
-_USERS_LOCK = threading.Lock()
-# models whose copies outlive a call: open `packed_weights` blocks per model, and models pinned by keep_packed=True
-_KEEP_BLOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_PINNED: weakref.WeakSet = weakref.WeakSet()
+GEMM_FORMS = ("packed", "linear", "weight_major")
 
 
 def available() -> bool:
@@ -81,252 +27,26 @@ def available() -> bool:
     return bool(torch.backends.mkl.is_available()) and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
-def _enabled_by_env() -> bool:
-    return os.environ.get(ENV_FLAG, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def _available_memory_bytes() -> int | None:
-    """Memory the OS can give without swapping (Linux ``MemAvailable``: free + reclaimable page cache)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _eligible(module: nn.Module) -> bool:
-    own = module.__dict__.get("forward")
-    return (
-        type(module) is nn.Linear
-        and (own is None or getattr(own, "hf_specdec_packed", False))
-        and module.weight.device.type == "cpu"
-        and module.weight.dtype == torch.float32
-        and (module.bias is None or module.bias.dtype == torch.float32)
-    )
-
-
-def _version(weight: torch.Tensor) -> int:
-    try:
-        return weight._version
-    except RuntimeError:  # an inference-mode tensor: no version counter, and it cannot be changed in place later
-        return 0
-
-
-def packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """MKL-packed copy of ``weight`` (`[out, in]` fp32), cached until the weight changes or is freed."""
-    entry = _PACKED.get(weight)
-    version = _version(weight)
-    if entry is not None and entry[0] == version:
-        return entry[1]
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """MKL-packed copy of the `[out, in]` fp32 ``weight`` (the ``"packed"`` form's operand)."""
     with torch.no_grad():
-        packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), 64)
-    _PACKED[weight] = (version, packed)
-    return packed
+        return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), 64)
 
 
-def _kept(model: nn.Module) -> bool:
-    """Whether ``model``'s copies outlive the call (an open `packed_weights` block, or ``keep_packed=True``)."""
-    return model in _PINNED or _KEEP_BLOCKS.get(model, 0) > 0
-
-
-def _packed_forward(module: nn.Linear, model: nn.Module):
-    """``module``'s instance-level forward: for this thread's verify forwards of 2 to `TUNE_MAX_ROWS` rows, the
-    fastest GEMM form measured on this machine (`_fastest_gemm`); up to `MAX_ROWS` the packed GEMM once packing is
-    allowed; `F.linear` otherwise (one row: exactly stock decoding)."""
-    weight, bias, key = module.weight, module.bias, id(model)
-    seen = [0]  # eligible forwards of this layer since it was patched (shared by the calls open on the model)
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1] if x.dim() else 0
-        if not 2 <= rows <= MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu":
-            return F.linear(x, weight, bias)
-        if torch.is_grad_enabled() or key not in _ENTERED.get():  # another thread's call of the model: stock kernels
-            return F.linear(x, weight, bias)
-        can_pack = False
-        if rows >= MIN_ROWS:
-            seen[0] += 1
-            can_pack = seen[0] >= PACK_AFTER or weight in _PACKED or _kept(model)
-        x2 = x.reshape(rows, x.shape[-1]).contiguous()  # [rows, in]
-        if rows > TUNE_MAX_ROWS:  # a prompt's prefill: every length would be a new shape to time
-            y = _gemm("packed" if can_pack else "linear", x2, weight, bias)
-        else:
-            y = _fastest_gemm(x2, weight, bias, can_pack)
-        return y.reshape(*x.shape[:-1], weight.shape[0])
-
-    forward.hf_specdec_packed = True
-    return forward
-
-
-# The GEMM forms of a linear layer over a few rows, and which one is fastest here, measured per
-# (out, in, rows, bias, threads, packing allowed): the first `TUNE_TRIALS` calls of each form are timed, then the
-# one with the lowest median is kept for the process. On a 2-core AMD EPYC VM, `W @ x.T` ran SmolLM2's lm_head
-# (49152 x 576) over 2-4 rows in 6-8 ms against 21-38 ms for `F.linear`; on other CPUs the packed GEMM wins.
-TUNE_TRIALS = 3
-TUNE_MAX_ROWS = 64  # verify forwards of draft trees; above, MKL-packed when allowed, else F.linear
-_GEMM_CHOICE: dict[tuple, str] = {}
-_GEMM_TRIALS: dict[tuple, dict[str, list[float]]] = {}
-_TUNING_CALLS = [0]  # GEMMs run as timed trials so far (a forward that ran one is not a fair sample of its cost)
-
-
-def tuning_calls() -> int:
-    """How many GEMMs ran as timed trials of a form so far, in this process: a caller timing a forward compares the
-    count before and after it to know whether the forward also tried slower forms."""
-    return _TUNING_CALLS[0]
-
-
-def _gemm(form: str, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`[rows, out]` = ``x2`` `[rows, in]` times ``weight`` `[out, in]` transposed (+ ``bias``), computed as ``form``."""
+def gemm(
+    form: str,
+    x2: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    packed: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`[rows, out]` = ``x2`` `[rows, in]` times ``weight`` `[out, in]` transposed (+ ``bias``), computed as ``form``
+    (``packed``: `pack_weight` of ``weight``, for the ``"packed"`` form)."""
     if form == "linear":
         return F.linear(x2, weight, bias)
-    if form == "weight_major":  # the big matrix as GEMM's A operand: MKL streams it once without re-packing it
+    if form == "weight_major":
         y = torch.mm(weight, x2.t()).t()
         return y if bias is None else y + bias
-    return torch.ops.mkl._mkl_linear(x2, packed_weight(weight), weight, bias, x2.shape[0])
-
-
-def _fastest_gemm(x2: torch.Tensor, weight: torch.Tensor, bias, can_pack: bool) -> torch.Tensor:
-    """`[rows, out]` ``F.linear(x2, weight, bias)`` of `[rows, in]` ``x2`` through the form measured fastest for this
-    shape and row count (see above)."""
-    forms = ("packed", "linear", "weight_major") if can_pack else ("linear", "weight_major")
-    key = (weight.shape[0], weight.shape[1], x2.shape[0], bias is not None, torch.get_num_threads(), can_pack)
-    form = _GEMM_CHOICE.get(key)
-    if form is not None:
-        return _gemm(form, x2, weight, bias)
-    trials = _GEMM_TRIALS.setdefault(key, {f: [] for f in forms})
-    form = min(forms, key=lambda f: len(trials[f]))
-    _TUNING_CALLS[0] += 1
-    start = time.perf_counter()
-    out = _gemm(form, x2, weight, bias)
-    trials[form].append(time.perf_counter() - start)
-    if all(len(trials[f]) >= TUNE_TRIALS for f in forms):
-        _GEMM_CHOICE[key] = min(forms, key=lambda f: statistics.median(trials[f]))
-        _GEMM_TRIALS.pop(key, None)
-    return out
-
-
-def gemm_choices() -> dict[str, str]:
-    """The GEMM form chosen so far per ``"out x in, rows[, bias][, packable]"`` (for reports)."""
-    out = {}
-    for (o, i, rows, has_bias, threads, can_pack), form in sorted(_GEMM_CHOICE.items()):
-        name = (
-            f"{o}x{i}, {rows} rows, {threads} threads"
-            + (", bias" if has_bias else "")
-            + (", packable" if can_pack else "")
-        )
-        out[name] = form
-    return out
-
-
-def _layers_to_pack(model: nn.Module, enabled: bool | None) -> list[nn.Linear]:
-    """The layers to patch: none when switched off, unavailable, or when the copies would not fit in memory."""
-    if enabled is False or not available() or (enabled is None and not _enabled_by_env()):
-        return []
-    layers = [m for m in model.modules() if _eligible(m)]
-    if enabled is None and layers:
-        weights = {id(m.weight): m.weight for m in layers}.values()
-        need = PACKED_SIZE_FACTOR * sum(w.numel() * w.element_size() for w in weights if w not in _PACKED)
-        free = _available_memory_bytes()
-        if free is not None and need > MEMORY_FRACTION * free:
-            return []
-    return layers
-
-
-@contextlib.contextmanager
-def packed_linears(model: nn.Module, enabled: bool | None = None, keep: bool = False):
-    """Run ``model``'s fp32 CPU `nn.Linear` layers on pre-packed weights inside the block (see the module doc).
-
-    Args:
-        model: the model whose linears are patched for this thread.
-        enabled: None decides by itself (CPU fp32 layers, MKL, ``HF_SPECDEC_PACKED_LINEAR``, free memory); False
-            makes this a no-op; True skips the memory check.
-        keep: keep the copies after the block (until `release_packed_weights`), and pack from the first verify
-            forward instead of the `PACK_AFTER`-th.
-    Yields:
-        the number of layers patched.
-    """
-    layers = _layers_to_pack(model, enabled)
-    if not layers:
-        yield 0
-        return
-    key = id(model)
-    with _USERS_LOCK:
-        if keep:
-            _PINNED.add(model)
-        entry = _USERS.get(key)
-        if entry is None:
-            patched = [m for m in layers if "forward" not in m.__dict__]
-            for m in patched:
-                m.forward = _packed_forward(m, model)
-            entry = _USERS[key] = [0, patched]
-        entry[0] += 1
-    token = _ENTERED.set(_ENTERED.get() | {key})
-    try:
-        yield len(entry[1])
-    finally:
-        _ENTERED.reset(token)
-        with _USERS_LOCK:
-            entry[0] -= 1
-            if entry[0] == 0:
-                for m in entry[1]:
-                    m.__dict__.pop("forward", None)
-                del _USERS[key]
-                if not _kept(model):
-                    release_packed_weights(model)
-
-
-@contextlib.contextmanager
-def packed_weights(model: nn.Module, enabled: bool | None = None):
-    """Pack ``model``'s CPU fp32 linear weights now and keep the copies for every ``generate`` call in the block.
-
-    The explicit warm-up: the first speculative call inside the block does not pay the packing, and no call inside
-    re-packs. The copies are released when the block exits (unless a ``keep_packed=True`` call pinned them). Does
-    nothing where packing does not apply (no MKL, not CPU fp32, ``HF_SPECDEC_PACKED_LINEAR=0``, not enough memory).
-
-    Args:
-        model: the target (or draft) model.
-        enabled: as in `packed_linears`.
-    Yields:
-        the bytes the packed copies hold (0 when nothing was packed).
-    """
-    layers = _layers_to_pack(model, enabled)
-    with _USERS_LOCK:
-        _KEEP_BLOCKS[model] = _KEEP_BLOCKS.get(model, 0) + 1
-    try:
-        with torch.no_grad():
-            for m in layers:
-                packed_weight(m.weight)
-        yield packed_bytes(model)
-    finally:
-        with _USERS_LOCK:
-            _KEEP_BLOCKS[model] -= 1
-            if _KEEP_BLOCKS[model] == 0:
-                del _KEEP_BLOCKS[model]
-            if not _kept(model) and id(model) not in _USERS:
-                release_packed_weights(model)
-
-
-def packed_bytes(model: nn.Module) -> int:
-    """Bytes allocated by the packed copies of ``model``'s weights now held (0 when none)."""
-    total = 0
-    for p in model.parameters():
-        entry = _PACKED.get(p)
-        if entry is not None:
-            total += entry[1].numel() * entry[1].element_size()
-    return total
-
-
-def release_packed_weights(model: nn.Module | None = None) -> None:
-    """Free the packed copies of ``model``'s weights (of every model when None) and undo ``keep_packed=True``."""
-    if model is None:
-        _PACKED.clear()
-        _PINNED.clear()
-        return
-    _PINNED.discard(model)
-    for p in model.parameters():
-        _PACKED.pop(p, None)
+    if form != "packed" or packed is None:
+        raise ValueError(f"GEMM form {form!r}: expected one of {GEMM_FORMS} (and the packed weight for 'packed')")
+    return torch.ops.mkl._mkl_linear(x2, packed, weight, bias, x2.shape[0])

@@ -33,6 +33,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -289,17 +290,6 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, x))))
 
 
-def _pack_bits(visible: torch.Tensor, words: int) -> torch.Tensor:
-    """`[n, L]` bool -> `[n, words]` int32; bit ``j % 32`` of word ``j // 32`` is ``visible[:, j]``."""
-    n, length = visible.shape
-    padded = torch.zeros(n, words * 32, dtype=torch.int64)
-    padded[:, :length] = visible.to(torch.int64)
-    weights = torch.ones(32, dtype=torch.int64) << torch.arange(32)  # [32]
-    packed = (padded.view(n, words, 32) * weights).sum(-1)  # [n, words] in [0, 2^32)
-    packed = torch.where(packed >= 2**31, packed - 2**32, packed)  # reinterpret as signed int32
-    return packed.to(torch.int32)
-
-
 def max_block_m(dtype: torch.dtype) -> int:
     """Largest work tile for queries of ``dtype``: fp32 dots run on FMA units in "ieee" precision, where big tiles
     spill registers, so fp32 keeps them small."""
@@ -307,11 +297,12 @@ def max_block_m(dtype: torch.dtype) -> int:
 
 
 def build_tree_attention_metadata(
-    cu_seqlens: Sequence[int],
-    prefix_lens: Sequence[int],
-    pending_lens: Sequence[int],
-    new_token_masks: Sequence[torch.Tensor | None],
-    block_tables: torch.Tensor,
+    q_lens: Sequence[int] | np.ndarray,
+    prefix_lens: Sequence[int] | np.ndarray,
+    pending_lens: Sequence[int] | np.ndarray,
+    causal: Sequence[bool] | np.ndarray,
+    mask_words: torch.Tensor | None,
+    block_tables: np.ndarray | torch.Tensor,
     device: torch.device,
     group: int,
     max_block_m: int = 64,
@@ -319,109 +310,76 @@ def build_tree_attention_metadata(
     """Kernel metadata of one forward for ``group`` query heads per KV head.
 
     A work tile stacks ``tokens_per_tile`` tokens x ``group`` heads on ``block_m`` rows (16 to ``max_block_m``, at
-    least the group), so a decode token gets one small tile and a tree or a chunk a few full ones.
+    least the group), so a decode token gets one small tile and a tree or a chunk a few full ones. A tile reads keys
+    up to its last token's own position: within its row's tail a token sees itself and never a later token.
 
-    Built on the host once per forward (a loop over rows, vectorised within a row) and moved to ``device`` in one
-    copy; every layer of the forward reuses it.
+    Built on the host from the rows' sizes alone, with array operations over every row and tile at once (no loop
+    over rows, nothing read from the device), and moved to ``device`` in one copy; the bit-packed mask stays where
+    the caller made it. Every layer of the forward reuses the result.
 
     Args:
-        cu_seqlens: `[B + 1]` offsets of each row's new tokens in the packed batch.
-        prefix_lens: `[B]` committed tokens of each row (seen by every new token of the row).
-        pending_lens: `[B]` uncommitted tokens between the prefix and the new tokens.
-        new_token_masks: per row `[n, pending + n]` bool visibility of the row's tail, or None for a causal chunk.
-        block_tables: `[B, max_blocks]` int32 block table of each row.
+        q_lens: `[B]` (host) new tokens of each row, packed back to back.
+        prefix_lens: `[B]` (host) committed tokens of each row (seen by every new token of the row).
+        pending_lens: `[B]` (host) uncommitted tokens between the prefix and the new tokens.
+        causal: `[B]` (host) rows that are causal chunks (no pending tokens; their mask words are not read).
+        mask_words: `[N, words]` int32 on ``device``: bit j of token i = tail token j visible (`kernels.mask_bits`),
+            or None when every row is causal.
+        block_tables: `[B, max_blocks]` int32 (host) block table of each row.
     """
-    cu = [int(x) for x in cu_seqlens]
-    q_lens = [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
-    block_m, tokens_per_tile = _tile_shape(q_lens, group, max_block_m)
-    tails = [p + n for p, n in zip(pending_lens, q_lens)]
-    tree_tails = [t for t, m in zip(tails, new_token_masks) if m is not None]
-    words = max(1, -(-max(tree_tails, default=1) // 32))
-    mask_words = torch.zeros(max(cu[-1], 1), words, dtype=torch.int32)  # [N, words]
-    is_causal, tiles = [], []
-    for b, n in enumerate(q_lens):
-        last_visible, packed = _row_visibility(b, n, int(pending_lens[b]), tails[b], new_token_masks[b], words)
-        is_causal.append(int(packed is None))
-        if packed is not None:
-            mask_words[cu[b] : cu[b + 1]] = packed
-        tiles.append(_row_tiles(b, int(prefix_lens[b]), last_visible, tokens_per_tile))
-    tile_row, tile_q_start, tile_kv_len = (_cat_long([t[i] for t in tiles]) for i in range(3))  # [tiles] each
-    small = [torch.tensor(x) for x in (cu, list(prefix_lens), is_causal)] + [tile_row, tile_q_start, tile_kv_len]
-    parts = _to_device_once([block_tables, mask_words] + small, device)
+    q = np.asarray(q_lens, dtype=np.int64)
+    pending = np.asarray(pending_lens, dtype=np.int64)
+    causal = np.asarray(causal, dtype=bool)
+    if (causal & (pending > 0)).any():
+        raise ValueError(f"row {int((causal & (pending > 0)).argmax())}: a row with pending tokens needs a mask")
+    if mask_words is None and not causal.all():
+        raise ValueError("tree rows need mask words")
+    block_m, tokens_per_tile = _tile_shape(q, group, max_block_m)
+    tiles = -(-q // tokens_per_tile)  # [B] work tiles per row
+    num_tiles = int(tiles.sum())
+    tile_row = np.repeat(np.arange(q.size), tiles)  # [tiles]
+    tile_q_start = (np.arange(num_tiles) - np.repeat(np.cumsum(tiles) - tiles, tiles)) * tokens_per_tile
+    last_token = np.minimum(tile_q_start + tokens_per_tile, q[tile_row]) - 1  # the tile's last token sees the most
+    tile_kv_len = np.asarray(prefix_lens, dtype=np.int64)[tile_row] + pending[tile_row] + last_token + 1
+    cu = np.zeros(q.size + 1, dtype=np.int64)
+    np.cumsum(q, out=cu[1:])
+    tables = np.asarray(block_tables)
+    host = [tables.reshape(-1), cu, np.asarray(prefix_lens), causal, tile_row, tile_q_start, tile_kv_len]
+    parts = _to_device_once(host, device)
+    if mask_words is None:
+        mask_words = torch.zeros(1, 1, dtype=torch.int32, device=device)
     return TreeAttentionMetadata(
-        block_tables=parts[0],
-        mask_words=parts[1],
-        cu_seqlens=parts[2],
-        prefix_lens=parts[3],
-        is_causal=parts[4],
-        tile_row=parts[5],
-        tile_q_start=parts[6],
-        tile_kv_len=parts[7],
-        num_queries=cu[-1],
-        num_tiles=tile_row.numel(),
-        words=words,
+        block_tables=parts[0].view(tables.shape),
+        mask_words=mask_words.contiguous(),
+        cu_seqlens=parts[1],
+        prefix_lens=parts[2],
+        is_causal=parts[3],
+        tile_row=parts[4],
+        tile_q_start=parts[5],
+        tile_kv_len=parts[6],
+        num_queries=int(cu[-1]),
+        num_tiles=num_tiles,
+        words=int(mask_words.shape[1]),
         block_m=block_m,
         tokens_per_tile=tokens_per_tile,
-        max_kv_len=int(tile_kv_len.max()) if tile_kv_len.numel() else 0,
-        tree_rows=len(tree_tails),
+        max_kv_len=int(tile_kv_len.max()) if num_tiles else 0,
+        tree_rows=int((~causal).sum()),
     )
 
 
-def _tile_shape(q_lens: Sequence[int], group: int, max_block_m: int) -> tuple[int, int]:
+def _tile_shape(q_lens: np.ndarray, group: int, max_block_m: int) -> tuple[int, int]:
     """``(block_m, tokens_per_tile)``: rows of a work tile (a power of two from 16 to ``max_block_m``, at least the
     group) and the tokens it stacks (``group`` heads each)."""
-    block_m = min(max_block_m, max(16, _next_pow2(max(q_lens, default=1) * group)))
+    block_m = min(max_block_m, max(16, _next_pow2(int(q_lens.max(initial=1)) * group)))
     block_m = max(block_m, _next_pow2(group))
     return block_m, block_m // group
 
 
-def _row_visibility(
-    b: int, n: int, pending: int, tail: int, own: torch.Tensor | None, words: int
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """What row ``b``'s ``n`` new tokens see of its tail (``pending`` uncommitted + ``n`` new tokens).
-
-    Args:
-        own: `[n, tail]` bool visibility, or None for a causal chunk (which may not follow pending tokens).
-    Returns:
-        ``(last_visible, packed)``: `[n]` index of the last tail token each new token sees (-1: none), and the
-        mask bit-packed into `[n, words]` int32 (None for a causal chunk).
-    """
-    if own is None:
-        if pending:
-            raise ValueError(f"row {b}: a row with pending tokens needs an explicit mask")
-        return torch.arange(n), None  # query i sees tail tokens 0..i
-    own = own.to("cpu", torch.bool)
-    if own.shape != (n, tail):
-        raise ValueError(f"row {b}: mask of shape {tuple(own.shape)}, expected {(n, tail)}")
-    last_visible = torch.where(own, torch.arange(tail), -1).amax(1) if tail else torch.full((n,), -1)
-    return last_visible, _pack_bits(own, words)
-
-
-def _row_tiles(
-    b: int, prefix: int, last_visible: torch.Tensor, tokens_per_tile: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Row ``b``'s work tiles of ``tokens_per_tile`` tokens; each reads keys up to the last one any of its tokens
-    sees (``last_visible``: `[n]`).
-
-    Returns:
-        ``(tile_row, tile_q_start, tile_kv_len)``, each `[tiles of row b]`.
-    """
-    n = last_visible.numel()
-    padded = torch.full((-(-n // tokens_per_tile) * tokens_per_tile,), -1, dtype=torch.long)
-    padded[:n] = last_visible
-    q_start = torch.arange(0, n, tokens_per_tile)
-    return torch.full((q_start.numel(),), b), q_start, prefix + 1 + padded.view(-1, tokens_per_tile).amax(1)
-
-
-def _cat_long(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
-
-
-def _to_device_once(tensors: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """``tensors`` as int32 on ``device``, same shapes, moved in one host-to-device copy."""
-    host = torch.cat([t.flatten().to(torch.int32) for t in tensors])
-    parts = torch.split(host.to(device), [t.numel() for t in tensors])
-    return [part.view(t.shape) for part, t in zip(parts, tensors)]
+def _to_device_once(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """``arrays`` (flat host arrays) as int32 tensors on ``device``, moved in one host-to-device copy that does not
+    wait for the device."""
+    sizes = [a.size for a in arrays]
+    host = torch.from_numpy(np.concatenate(arrays).astype(np.int32))
+    return list(torch.split(host.to(device, non_blocking=True), sizes))
 
 
 _SM_COUNT: dict[int, int] = {}

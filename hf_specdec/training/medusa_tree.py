@@ -98,7 +98,7 @@ def tree_tau(choices: Sequence[Sequence[int]], match: torch.Tensor) -> float:
 
 def depth_acceptance(choices: Sequence[Sequence[int]], match: torch.Tensor) -> list[float]:
     """``q[k]``: for the static tree ``choices``, the fraction of positions whose accepted depth reaches k + 1 among
-    those where it reaches k (the prior `AdaptiveDepth` starts from), over ``match`` `[P, D, k]`."""
+    those where it reaches k (reported with the chosen tree), over ``match`` `[P, D, k]`."""
     accepted = accepted_depths(choices, match)
     depth = max((len(c) for c in choices), default=0)
     return [float((accepted > k).sum()) / max(1, int((accepted >= k).sum())) for k in range(depth)]
@@ -133,7 +133,7 @@ class TreeTuning:
 
     @property
     def step_cost(self) -> dict[int, float]:
-        """``{nodes: measured step cost}`` of every tree considered (what `AdaptiveDepth` needs)."""
+        """``{nodes: measured step cost}`` of every tree considered (reported with the chosen tree)."""
         return {r["nodes"]: r["cost"] for r in self.rows}
 
     def markdown(self) -> str:

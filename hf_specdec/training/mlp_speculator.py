@@ -49,7 +49,7 @@ from .run import (
 )
 from .step_cost import step_cost_curve
 
-# level widths tried by `tune_speculator_tree` (each also cut at every depth by AdaptiveDepth at run time)
+# level widths tried by `tune_speculator_tree` (each also cut at every depth by the tree budget at run time)
 DEFAULT_WIDTH_CANDIDATES = ((1, 1, 1, 1), (2, 2, 2, 2), (3, 2, 2, 2), (3, 3, 3, 3), (4, 4, 4, 4), (4, 6, 6, 6))
 
 
@@ -190,7 +190,7 @@ def tree_accepted_depths(
 
 
 def _conditional_acceptance(accepted: torch.Tensor, depth: int) -> list[float]:
-    """``q[k]`` = P(accepted depth > k | accepted depth >= k): the prior `AdaptiveDepth` starts from."""
+    """``q[k]`` = P(accepted depth > k | accepted depth >= k), reported with the chosen widths."""
     return [round(float((accepted > k).sum()) / max(1, int((accepted >= k).sum())), 4) for k in range(depth)]
 
 
@@ -213,7 +213,7 @@ def tune_speculator_tree(
 ) -> list[dict]:
     """Pick the level widths with the best predicted speedup ``tau / cost`` and store them in ``spec.tree``.
 
-    Every candidate is cut at every depth too (AdaptiveDepth does so at run time): a cut at depth c accepts
+    Every candidate is cut at every depth too (the loop's tree budget may cut it so at run time): a cut at depth c accepts
     ``min(accepted, c)``. ``cost[n]`` is measured with `step_cost_curve` on ``model`` (the speculator drafting the
     widest candidate after every verify forward) unless given.
 

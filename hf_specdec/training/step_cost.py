@@ -4,7 +4,7 @@ Tree sizing (Sequoia-style: the tree with the best ``tau(n) / cost(n)``) needs `
 ``n``-node tree (plus drafting the next one) over the time of a plain one-token forward. `verify_cost_curve` times
 the target's forward over a random ``n``-node tree above a committed context, through the hf_specdec backend (as the
 speculative loop runs it) and optionally through transformers' ``sdpa``; `step_cost_curve` turns it into the
-relative cost table the tuners and `AdaptiveDepth` use. The GPU kernel benchmark (``hf_specdec.bench.kernels``)
+relative cost table the tuners use. The GPU kernel benchmark (``hf_specdec.bench.kernels``)
 reports the same curve on real-shape models.
 
     cost = step_cost_curve(model, sizes=(1, 4, 16), draft_step=lambda: heads.topk_tokens(hidden, 8))
@@ -116,7 +116,7 @@ def verify_cost_curve(
     """Forward time (µs) of verifying a random ``n``-node tree over ``context`` committed tokens, per backend.
 
     The ``hf_specdec`` backend runs as the speculative loop runs it (on CPU fp32: pre-packed linear weights,
-    `kernels.cpu_linear`); ``sdpa`` is stock transformers.
+    `generation.packed_linears`); ``sdpa`` is stock transformers.
 
     Args:
         model: the target.

@@ -1,4 +1,4 @@
-"""Draft heads computing in the dtype this CPU multiplies fastest (`kernels/draft_dtype.py`, `heads/derived.py`).
+"""Draft heads computing in the dtype this CPU multiplies fastest (`generation/draft_dtype.py`, `heads/derived.py`).
 
 - `draft_dtype`: ``HF_SPECDEC_DRAFT_DTYPE`` overrides the measurement, a bad value is refused naming the variable,
   non-fp32 or non-CPU weights keep their dtype, ``auto`` picks one of fp32 / bf16 and says what it measured.
@@ -14,13 +14,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_specdec.generation import draft_dtype as dd
 from hf_specdec.generation.proposers.eagle import EagleAssistant
 from hf_specdec.generation.proposers.medusa import MedusaAssistant
 from hf_specdec.generation.proposers.mlp_speculator import MLPSpeculatorAssistant
 from hf_specdec.heads.derived import DERIVED_ATTR
 from hf_specdec.heads.eagle import EagleHead
 from hf_specdec.heads.mlp_speculator import MLPSpeculator
-from hf_specdec.kernels import draft_dtype as dd
 from hf_specdec.testing import assert_same_tokens, left_pad, random_medusa_heads, tiny_causal_lm
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 5], [9, 9, 8, 7, 6, 5, 4], [12, 13, 12, 13, 12, 13, 12, 13, 12]]

@@ -106,7 +106,9 @@ def test_greedy_matches_vanilla(tiny_models, arch, batch):
         "untied": random_speculator(model),
         "tied-truncated": random_speculator(model, seed=1, token_map=token_map, tie_weights=True),
         "wide-tree": MLPSpeculatorAssistant(random_speculator(model, seed=2), widths=[3, 6, 6]),
-        "adaptive": MLPSpeculatorAssistant(random_speculator(model), step_cost={n: 1.0 + 0.05 * n for n in range(16)}),
+        "step-cost prior": MLPSpeculatorAssistant(
+            random_speculator(model), step_cost={n: 1.0 + 0.05 * n for n in range(16)}
+        ),
     }
     for name, assistant in cases.items():
         for budget in (False, True):  # the trees as proposed; cut by the loop's tree budget (the default)

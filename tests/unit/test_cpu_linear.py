@@ -1,4 +1,5 @@
-"""Pre-packed MKL linears (`kernels.cpu_linear`): same results as `F.linear`, model restored, used by the loop."""
+"""Pre-packed MKL linears (`generation.packed_linears`, over the GEMM forms of `kernels.cpu_linear`): same results
+as `F.linear`, model restored, used by the loop."""
 
 import pytest
 import torch
@@ -6,8 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import hf_specdec
-from hf_specdec.kernels import cpu_linear
-from hf_specdec.kernels.cpu_linear import packed_linears, release_packed_weights
+from hf_specdec.generation import packed_linears as cpu_linear
+from hf_specdec.generation.packed_linears import packed_linears, release_packed_weights
 from hf_specdec.testing import OracleProposer, RandomTreeProposer, assert_same_tokens, left_pad, tiny_causal_lm
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="this torch build has no MKL packed linear")

@@ -112,3 +112,107 @@ def test_the_check_sees_imports_inside_functions_and_relative_ones(tmp_path):
     deps = _imports("hf_specdec.heads.mod", source, modules)
     assert deps == {"hf_specdec.generation.loop", "hf_specdec.training.data"}
     assert all(_layer(d) > _layer("hf_specdec.heads.mod") for d in deps)
+
+
+# ------------------------------------------------------------------------------------ kernels are tensor operations
+def _attribute_chain(node: ast.AST) -> list[str]:
+    """``torch.nn.Linear`` -> ["torch", "nn", "Linear"] (empty when the chain does not start at a name)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else []
+
+
+def _module_patching(path: Path) -> list[str]:
+    """What in ``path`` reaches for torch.nn modules (anything of torch.nn but its functional ops) or replaces a
+    module's ``forward``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            if name.startswith("torch.nn") and not name.startswith("torch.nn.functional"):
+                found.append(f"line {node.lineno}: imports {name}")
+        chain = _attribute_chain(node) if isinstance(node, ast.Attribute) else []
+        if chain[:2] == ["torch", "nn"] and len(chain) > 2 and chain[2] != "functional":
+            found.append(f"line {node.lineno}: uses {'.'.join(chain)}")
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Attribute) and t.attr == "forward" for t in targets):
+                found.append(f"line {node.lineno}: replaces a forward")
+    return found
+
+
+def test_kernels_hold_tensor_operations_only():
+    found = {p.name: _module_patching(p) for p in (ROOT / "kernels").glob("*.py")}
+    assert not {k: v for k, v in found.items() if v}, f"kernels/ reaching for torch.nn modules: {found}"
+
+
+def test_the_kernel_check_sees_module_patching(tmp_path):
+    source = tmp_path / "mod.py"
+    source.write_text(
+        "from torch import nn\nimport torch.nn.functional as F\n\ndef f(m):\n    m.forward = torch.nn.Linear\n"
+    )
+    assert len(_module_patching(source)) == 3  # the nn import, torch.nn.Linear, the forward replaced; F is fine
+
+
+# ------------------------------------------------------------------------------------ the attention plan is typed
+def _string_keyed_plan_reads(path: Path) -> list[str]:
+    """Subscripts and ``.get`` calls with a string key on anything reached through a ``plan`` attribute or name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Subscript):
+            target, key = node.value, node.slice
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            target, key = node.func.value, node.args[0] if node.args else None
+        else:
+            continue
+        chain = _attribute_chain(target)
+        keyed = isinstance(key, ast.Constant) and isinstance(key.value, str)
+        if keyed and any("plan" in part.lower() for part in chain):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {'.'.join(chain)}[{key.value!r}]")
+    return found
+
+
+def test_nothing_reads_the_attention_plan_through_a_string_key():
+    import dataclasses
+
+    from hf_specdec.attention.plan import AttentionPlan
+
+    names = {f.name for f in dataclasses.fields(AttentionPlan)}
+    assert "extras" not in names, "AttentionPlan carries typed fields, not a catch-all dict"
+    for f in dataclasses.fields(AttentionPlan):
+        assert not str(f.type).replace(" ", "").startswith(("dict[str", "dict|", "dict=")) and str(f.type) != "dict"
+    found = [hit for path in ROOT.rglob("*.py") for hit in _string_keyed_plan_reads(path)]
+    assert not found, "string-keyed reads of the attention plan:\n" + "\n".join(found)
+
+
+def test_the_plan_check_sees_string_keys(tmp_path):
+    source = tmp_path / "mod.py"
+    source.write_text(
+        "def f(plan):\n    return plan.extras['mask'], plan.extras.get('n'), plan.kernel_metadata[4, 64]\n"
+    )
+    assert len(_string_keyed_plan_reads_in(source)) == 2
+
+
+def _string_keyed_plan_reads_in(path: Path) -> list[str]:
+    global ROOT
+    saved, ROOT = ROOT, path.parent
+    try:
+        return _string_keyed_plan_reads(path)
+    finally:
+        ROOT = saved
+
+
+def test_no_private_transformers_attribute_is_read():
+    """Registries are read through their public mapping interface (``AttentionInterface().get(name)``)."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in ("_global_mapping", "_local_mapping"):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
+    assert not found, found

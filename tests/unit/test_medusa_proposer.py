@@ -13,7 +13,7 @@ import hf_specdec
 from hf_specdec.generation.proposers import as_proposer
 from hf_specdec.generation.proposers.base import ProposerSetup, RowFeedback, RowState
 from hf_specdec.generation.proposers.medusa import (
-    AdaptiveDepth,
+    DEFAULT_NUM_NODES,
     MedusaAssistant,
     StaticTreeTemplate,
     default_tree_choices,
@@ -100,7 +100,7 @@ def test_optimal_tree_rejects_non_probabilities():
 def test_default_tree_is_small_prefix_closed_and_as_deep_as_the_heads():
     for heads in (1, 2, 3, 4, 5):
         choices = default_tree_choices(heads)
-        assert len(choices) == (20 if heads > 1 else 8)  # one head: its 8 ranks of the prior
+        assert len(choices) == (DEFAULT_NUM_NODES if heads > 1 else 8)  # one head: its 8 ranks of the prior
         assert max(len(c) for c in choices) == heads
         assert all(tuple(c[:-1]) in {tuple(x) for x in choices} for c in choices if len(c) > 1)
 
@@ -314,44 +314,17 @@ def test_medusa_heads_are_exposed_at_package_level():
     assert hf_specdec.MedusaHeads is MedusaHeads
 
 
-# ----------------------------------------------------------------------------------------- run-time depth choice
-def test_adaptive_depth_counts_reach_and_hits_per_depth():
-    ad = AdaptiveDepth([0, 1, 3, 4], {1: 1.1, 3: 1.2, 4: 1.3}, prior=[0.5, 0.5, 0.5])
-    ad.record(0, tree_depth=3, accepted_depth=1)  # depth 1 accepted, depth 2 reached and missed, depth 3 not reached
-    ad.record(0, tree_depth=1, accepted_depth=1)  # a cut tree: depth 2 was not offered
-    assert ad._reach[0] == [2, 1, 0] and ad._hit[0] == [2, 0, 0]
-    assert ad.cost == [1.0, 1.1, 1.2, 1.3]
-
-
-def test_adaptive_depth_stops_drafting_when_it_does_not_pay_and_probes():
-    ad = AdaptiveDepth([0, 1, 2], {1: 1.2, 2: 1.4}, prior=[0.6, 0.6], prior_weight=2.0, probe_every=4)
-    # prior: tau(1) = 1.6 / 1.2, tau(2) = 1.96 / 1.4: the full depth pays
-    assert ad.depth(0, limit=5) == 2 and ad.depth(0, limit=1) == 1 and ad.depth(0, limit=0) == 0
-    for _ in range(30):
-        ad.record(0, tree_depth=2, accepted_depth=0)
-    picks = [ad.depth(0, limit=5) for _ in range(8)]
-    assert picks == [0, 0, 0, 1, 0, 0, 0, 1]  # nothing pays: draft nothing, probe depth 1 every 4th step
-    assert ad.depth(1, limit=5) == 2  # rows are independent
-    for _ in range(40):
-        ad.record(0, tree_depth=2, accepted_depth=2)
-    assert ad.depth(0, limit=5) == 2  # acceptance came back
-    ad.reset()
-    assert ad.depth(0, limit=5) == 2
-
-
-def test_adaptive_medusa_needs_a_cost_table_and_keeps_greedy_output():
+# ----------------------------------------------------------------------------------------- tuned trees and costs
+def test_tuned_costs_are_the_budgets_prior_and_tuned_choices_are_verified_as_given():
     model = tiny_causal_lm("llama")
     heads = random_medusa_heads(model, seed=3)
-    assert MedusaAssistant(heads).adaptive is None  # untuned heads: no cost table, static tree
-    with pytest.raises(ValueError, match="step_cost"):
-        MedusaAssistant(heads, adaptive=True)
+    assert MedusaAssistant(heads).prior_cost is None  # untuned heads: the budget starts from its generic prior
     heads.tree_choices = [[0], [1], [0, 0], [0, 0, 0]]
     heads.model_card = {"tree": {"step_cost": {"1": 1.1, "2": 1.2, "3": 1.3, "4": 1.4}, "depth_acceptance": [0.9, 0.9]}}
-    assistant = MedusaAssistant(heads)  # the heads' tuned tree and costs: adaptive by default
-    assert assistant.adaptive is not None and assistant.adaptive.nodes == [0, 2, 3, 4]
-    assert assistant.adaptive.prior == [0.9, 0.9, 0.0]
-    assert MedusaAssistant(heads, adaptive=False).adaptive is None
-    assert MedusaAssistant(heads, tree_choices=[[0]]).adaptive is None  # another tree: the tuned costs do not apply
+    default = MedusaAssistant(heads)  # the candidate tree, whatever the heads were tuned to: the budget sizes it
+    assert default.template.num_nodes == len(default_tree_choices(heads.num_heads)) and default.prior_cost(5) == 1.4
+    assistant = MedusaAssistant(heads, tree_choices=heads.tree_choices)
+    assert assistant.tree_choices == heads.tree_choices
     prompts = [[1, 17, 33, 8], [1, 5], [1, 90, 91, 92, 93, 40], [1, 64, 3]]
     width = max(map(len, prompts))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
@@ -361,5 +334,3 @@ def test_adaptive_medusa_needs_a_cost_table_and_keeps_greedy_output():
         ids, attention_mask=mask, max_new_tokens=24, do_sample=False, assistant=assistant, return_dict_in_generate=True
     )
     assert torch.equal(out.sequences, want), first_difference(out.sequences, want)
-    # random heads are almost never right: after a few steps most rows stop drafting
-    assert out.spec_stats.drafted_tokens < out.spec_stats.steps * 4 * 4 / 2

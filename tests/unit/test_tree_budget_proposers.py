@@ -9,7 +9,7 @@ from hf_specdec import FallbackAssistant, NgramAssistant
 from hf_specdec.generation.budget import TreeBudgeter
 from hf_specdec.generation.cost_model import StepCostModel
 from hf_specdec.generation.proposers.base import Proposer, ProposerSetup, RowFeedback, RowState
-from hf_specdec.generation.proposers.medusa import BUDGET_CANDIDATES, MedusaAssistant
+from hf_specdec.generation.proposers.medusa import DEFAULT_NUM_NODES, MedusaAssistant
 from hf_specdec.generation.tree import DraftTree
 from hf_specdec.testing import random_medusa_heads, tiny_causal_lm
 
@@ -22,7 +22,7 @@ def cpu_like_cost() -> StepCostModel:
     return cost
 
 
-def setup_for(model, budget: TreeBudgeter | None) -> ProposerSetup:
+def setup_for(model, budget: TreeBudgeter) -> ProposerSetup:
     return ProposerSetup(target=model, generation_config=model.generation_config, budget=budget)
 
 
@@ -38,21 +38,21 @@ def assert_path_probabilities(tree: DraftTree) -> None:
     assert all(p < 0 or scores[i] <= scores[p] + 1e-6 for i, p in enumerate(parents)), "a child outscores its parent"
 
 
-def test_ngram_scores_its_candidates_and_proposes_more_of_them_under_a_budget():
+def test_ngram_proposes_the_same_scored_candidates_whether_or_not_the_budget_cuts():
     # three earlier continuations of the suffix [7, 8, 9]: a trie with weak siblings
     tokens = [1, 7, 8, 9, 20, 21, 22, 2, 7, 8, 9, 30, 31, 32, 3, 7, 8, 9, 40, 41, 4, 7, 8, 9]
-    trees = {}
-    for budget in (None, TreeBudgeter(cpu_like_cost())):
+    trees = []
+    for cuts in (True, False):
         ngram = NgramAssistant()
-        ngram.start(setup_for(tiny_causal_lm("llama"), budget))
+        ngram.start(setup_for(tiny_causal_lm("llama"), TreeBudgeter(cpu_like_cost(), cuts=cuts)))
         st = state(tokens)
         ngram.observe([st], [RowFeedback(st.tokens[:-1], torch.zeros(0, dtype=torch.long), int(st.tokens[-1]))])
-        trees[budget is None] = ngram.propose([st])[0]
-    unbudgeted, budgeted = trees[True], trees[False]
-    assert budgeted.source == "ngram"
-    assert_path_probabilities(budgeted)
-    assert budgeted.num_nodes > unbudgeted.num_nodes > 0
-    assert min(budgeted.scores.tolist()) < 0.1 <= min(unbudgeted.scores.tolist())
+        trees.append(ngram.propose([st])[0])
+    cut, whole = trees
+    assert cut.source == "ngram" and cut.num_nodes > 3
+    assert_path_probabilities(cut)
+    assert cut.tokens.tolist() == whole.tokens.tolist() and cut.parent.tolist() == whole.parent.tolist()
+    assert min(cut.scores.tolist()) < 0.1  # weak siblings are candidates too: the budget decides
 
 
 def test_ngram_does_not_count_levels_the_budget_cut_as_misses():
@@ -77,7 +77,7 @@ def test_ngram_does_not_count_levels_the_budget_cut_as_misses():
     assert sum(all_verified) > sum(only_first), "the level below the cut must not count as a trial"
 
 
-def test_medusa_proposes_scored_candidates_under_a_budget():
+def test_medusa_proposes_scored_candidates():
     model = tiny_causal_lm("llama")
     heads = random_medusa_heads(model, num_heads=3)
     proposer = MedusaAssistant(heads)
@@ -87,12 +87,12 @@ def test_medusa_proposes_scored_candidates_under_a_budget():
     hidden = torch.randn(2, model.config.hidden_size)
     proposer.observe([st], [RowFeedback(st.tokens[:-1], torch.zeros(0, dtype=torch.long), 3, None, {-1: hidden})])
     tree = proposer.propose([st])[0]
-    assert tree.source == "medusa" and tree.num_nodes == proposer.candidates.num_nodes <= BUDGET_CANDIDATES
+    assert tree.source == "medusa" and tree.num_nodes == proposer.template.num_nodes <= DEFAULT_NUM_NODES
     assert_path_probabilities(tree)
-    # the same tokens as without the budget, for the same choices
-    plain = MedusaAssistant(heads, tree_choices=proposer.candidates.choices)
+    # the same tokens when the budget does not cut, for the same choices
+    plain = MedusaAssistant(heads, tree_choices=proposer.tree_choices)
     plain.validate(model)
-    plain.start(setup_for(model, None))
+    plain.start(setup_for(model, TreeBudgeter(cpu_like_cost(), cuts=False)))
     plain.observe([st], [RowFeedback(st.tokens[:-1], torch.zeros(0, dtype=torch.long), 3, None, {-1: hidden})])
     assert plain.propose([st])[0].tokens.tolist() == tree.tokens.tolist()
 
@@ -108,15 +108,14 @@ class FixedChain(Proposer):
         return [DraftTree.chain(self.tokens, scores=scores, source=self.source) for _ in rows]
 
 
-def test_fallback_takes_the_tree_that_predicts_more_under_a_budget():
+def test_fallback_takes_the_tree_that_predicts_more():
     model = tiny_causal_lm("llama")
     weak, strong = FixedChain([5, 6, 7], 0.05, "weak"), FixedChain([8, 9, 10], 0.9, "strong")
     fallback = FallbackAssistant(weak, strong)
     fallback.validate(model)
-    fallback.start(setup_for(model, TreeBudgeter(cpu_like_cost())))
-    assert fallback.propose([state([1, 2])])[0].source == "strong"
-    fallback.start(setup_for(model, None))  # without a budget: the first assistant with a draft, as before
-    assert fallback.propose([state([1, 2])])[0].source == "weak"
+    for cuts in (True, False):  # the same choice whether or not the budget then cuts the tree
+        fallback.start(setup_for(model, TreeBudgeter(cpu_like_cost(), cuts=cuts)))
+        assert fallback.propose([state([1, 2])])[0].source == "strong"
     # a strong first tree is not second-guessed (the second assistant is not even asked)
     fallback = FallbackAssistant(strong, weak)
     fallback.validate(model)

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...kernels.draft_dtype import draft_dtype
 from ..budget import TreeBudgeter
-from ..cost_model import PriorCurve
+from ..cost_model import PriorCurve, StepCostModel
+from ..draft_dtype import draft_dtype
 from ..tree import DraftSampling, DraftTree
 
 
@@ -99,9 +99,11 @@ class ProposerSetup:
         logits_processor: the call's `LogitsProcessorList` (apply it to draft logits that enter a ratio p/q).
         generator: the call's torch.Generator for draft sampling, if any.
         batch_size: number of rows in the call.
-        budget: the call's `TreeBudgeter` when the loop sizes the trees (the default): propose every candidate
-            worth scoring and set ``DraftTree.scores``; the budget keeps the nodes that pay. None: trees are verified
-            as proposed.
+        budget: the call's `TreeBudgeter`, the one place trees are sized: a proposer proposes the same tree whether
+            or not it cuts (``tree_budget=False`` verifies the trees as proposed), scoring its nodes
+            (``DraftTree.scores``) so that the budget can keep those that pay; an assistant choosing between trees
+            may ask it what each is worth (`TreeBudgeter.speedup`). Default: one that never cuts, over a fresh
+            cost curve (a proposer driven outside ``generate``).
     """
 
     target: torch.nn.Module
@@ -111,7 +113,7 @@ class ProposerSetup:
     generator: torch.Generator | None = None
     batch_size: int = 1
     extras: dict = field(default_factory=dict)
-    budget: TreeBudgeter | None = None
+    budget: TreeBudgeter = field(default_factory=lambda: TreeBudgeter(StepCostModel(), cuts=False))
 
 
 class Proposer:
@@ -128,7 +130,7 @@ class Proposer:
             (``RowState.free_depth``).
 
     Instance attribute:
-        prior_cost: step costs measured where the proposer's head was trained (a `PriorCurve`), or None: `start`
+        prior_cost: step costs measured where the proposer's head was trained (a `PriorCurve`), or None: the loop
             hands them to the call's tree budget as its prior cost curve until it has measured this machine.
     """
 
@@ -139,8 +141,7 @@ class Proposer:
 
     @property
     def budget(self) -> TreeBudgeter | None:
-        """The call's tree budget (`ProposerSetup.budget`); None outside a call or when trees are verified as
-        proposed."""
+        """The call's tree budget (`ProposerSetup.budget`); None before `start`."""
         return getattr(getattr(self, "setup", None), "budget", None)
 
     def validate(self, target: torch.nn.Module) -> None:
@@ -149,8 +150,6 @@ class Proposer:
     def start(self, setup: ProposerSetup) -> None:
         """Called once per generate() call, before the prefill's `observe` (subclasses call it first)."""
         self.setup = setup
-        if self.budget is not None and self.prior_cost is not None:  # the budget's prior until it measures
-            self.budget.cost.set_prior(self.prior_cost)
 
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
         """One `DraftTree` per row (an empty tree drafts nothing and costs nothing)."""
@@ -184,7 +183,7 @@ class Proposer:
 
 
 def drafting_head(head: torch.nn.Module) -> torch.nn.Module:
-    """``head`` as it drafts on this machine: in the dtype `kernels.draft_dtype` finds fastest for its weights (a
+    """``head`` as it drafts on this machine: in the dtype `draft_dtype` finds fastest for its weights (a
     cached bf16 copy where this CPU multiplies bf16 faster than fp32, else the head itself; ``head.drafting_copy``).
     Verification is the target's, in its own dtype, so the output does not depend on this choice."""
     param = next((p for p in head.parameters() if p.is_floating_point()), None)

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
-from ..target import PlannedModel
-from ..tree import DraftSampling, DraftTree, subset_parents
+from ...kernels.mask_bits import pack_bits
+from ..target import PlannedModel, TailMask
+from ..tree import DraftSampling, DraftTree
 from .base import Proposer, ProposerSetup, RowState
 
 
@@ -85,10 +87,16 @@ class DraftModelAssistant(Proposer):
         out = self.draft.forward(rows, tokens, positions, q_lens, masks, pending_lens=pending, logits_to_keep=keep)
         return out.logits.float()
 
-    def _children(self, logits: torch.Tensor, contexts: list[torch.Tensor]):
-        """Top-k (greedy) or Gumbel-top-k (sampling) children of each expanded node: (tokens, log q, q)."""
+    def _children(self, logits: torch.Tensor, contexts: list[torch.Tensor] | None):
+        """Top-k (greedy) or Gumbel-top-k (sampling) children of each expanded node of `[n, V]` ``logits``:
+        ``(tokens [n, k], log q [n, k], q [n, V] or None)``; ``contexts``: per expanding row the `[F, L]` token
+        contexts of its F nodes, for the call's logits processors (sampling only)."""
         if self.processors:
-            logits = torch.stack([self.processors(c[None], row[None].clone())[0] for c, row in zip(contexts, logits)])
+            rows, start = [], 0
+            for ctx in contexts:
+                rows.append(self.processors(ctx, logits[start : start + ctx.shape[0]].clone()))
+                start += ctx.shape[0]
+            logits = torch.cat(rows)
         logq = torch.log_softmax(logits, dim=-1)  # [n, V]
         k = min(self.top_k, logq.shape[-1])
         if self.sample:
@@ -115,7 +123,7 @@ class DraftModelAssistant(Proposer):
         positions = torch.cat([torch.arange(self.cached[r.row], r.tokens.numel(), device=device) for r in rows])
         cache_rows = [self.cache_rows[r.row] for r in rows]
         last = torch.tensor(q_lens, device=device).cumsum(0) - 1  # [B] each row's root in the packed batch
-        logits = self._forward(torch.cat(feed), positions, cache_rows, q_lens, [None] * len(rows), None, last)
+        logits = self._forward(torch.cat(feed), positions, cache_rows, q_lens, None, None, last)
         self.draft.commit_chunks(cache_rows, q_lens)  # the fed tokens stay; last step's tree is forgotten
         for r in rows:
             self.cached[r.row] = r.tokens.numel()
@@ -124,124 +132,206 @@ class DraftModelAssistant(Proposer):
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
         device = rows[0].tokens.device
         cache_rows, logits = self._feed_new_tokens(rows)
-
-        depth_cap = [min(self.depth, r.max_depth) for r in rows]
-        # Per row: node lists (token, parent, depth, score); q rows per expanded position (sampling).
-        nodes = [dict(tok=[], par=[], dep=[], score=[], fed=[]) for _ in rows]
-        q_rows: list[dict[int, torch.Tensor]] = [dict() for _ in rows]
-        frontier: list[list[int]] = [[-1] for _ in rows]  # node indices to expand (-1 = root)
-        scores_parent = [[0.0] for _ in rows]
-        contexts = [[r.tokens] for r in rows]
-        for level in range(1, max(depth_cap, default=0) + 1):
-            toks, lq, q = self._children(logits, [c for cs in contexts for c in cs])
-            i = 0
-            new_frontier: list[list[int]] = []
-            for b in range(len(rows)):
-                nb = nodes[b]
-                cand = []
-                for parent, pscore in zip(frontier[b], scores_parent[b]):
-                    if q is not None:
-                        q_rows[b][parent] = q[i]
-                    if level <= depth_cap[b]:
-                        for t, s in zip(toks[i].tolist(), lq[i].tolist()):
-                            nb["tok"].append(t)
-                            nb["par"].append(parent)
-                            nb["dep"].append(level)
-                            nb["score"].append(pscore + s)
-                            nb["fed"].append(-1)
-                            cand.append(len(nb["tok"]) - 1)
-                    i += 1
-                cand.sort(key=lambda j: -nb["score"][j])
-                new_frontier.append(cand[: self.top_k] if level < depth_cap[b] else [])
-            frontier = new_frontier
-            if not any(frontier):
+        table = _NodeTable(len(rows), [min(self.depth, r.max_depth) for r in rows], device)
+        frontier = _Frontier.at_roots(len(rows), device)
+        for level in range(1, table.levels + 1):
+            expanding = table.expanding(level)  # [E] rows whose frontier was fed (all rows at level 1)
+            contexts = frontier.contexts(rows, expanding) if self.processors else None
+            toks, logq, q = self._children(logits, contexts)  # [E * F, k] each, q [E * F, V]
+            table.add_level(level, expanding, frontier, toks, logq, q)
+            going = table.expanding(level + 1)  # rows that expand this level's best children
+            if not going.size:
                 break
-            # Expand the frontier: one packed forward of every row's frontier nodes.
-            feed_toks, feed_pos, masks, q_lens, pend = [], [], [], [], []
-            exp_rows = [b for b in range(len(rows)) if frontier[b]]
-            contexts, scores_parent = [[] for _ in rows], [[] for _ in rows]
-            for b in exp_rows:
-                nb, r = nodes[b], rows[b]
-                n_fed = sum(1 for f in nb["fed"] if f >= 0)
-                fr = frontier[b]
-                mask = torch.zeros(len(fr), n_fed + len(fr), dtype=torch.bool)
-                for j, node in enumerate(fr):
-                    path, a = [], node
-                    while a >= 0:
-                        path.append(a)
-                        if nb["fed"][a] >= 0:
-                            mask[j, nb["fed"][a]] = True
-                        a = nb["par"][a]
-                    mask[j, n_fed + j] = True
-                    contexts[b].append(
-                        torch.cat([r.tokens, torch.tensor([nb["tok"][x] for x in reversed(path)], device=device)])
-                    )
-                    scores_parent[b].append(nb["score"][node])
-                for j, node in enumerate(fr):
-                    nb["fed"][node] = n_fed + j
-                feed_toks += [nb["tok"][x] for x in fr]
-                feed_pos += [r.tokens.numel() - 1 + nb["dep"][x] for x in fr]
-                masks.append(mask)
-                q_lens.append(len(fr))
-                pend.append(n_fed)
+            frontier = frontier.next(table, level, min(self.top_k, table.widths[-1]))
+            mask = frontier.feed_mask(going)  # [E' * F', pending + F'] bool
+            feed = frontier.tokens[going].flatten()  # [E' * F']
+            width = frontier.tokens.shape[1]
+            positions = np.repeat([rows[b].tokens.numel() - 1 + level for b in going], width)
+            pending = mask.shape[1] - width
             logits = self._forward(
-                torch.tensor(feed_toks, device=device),
-                torch.tensor(feed_pos, device=device),
-                [cache_rows[b] for b in exp_rows],
-                q_lens,
-                masks,
-                pend,
+                feed,
+                torch.from_numpy(positions).to(device),
+                [cache_rows[b] for b in going],
+                [width] * going.size,
+                TailMask(pack_bits(mask), np.zeros(going.size, dtype=bool)),
+                [pending] * going.size,
                 0,
             )
-        return [self._build_tree(nodes[b], q_rows[b], device) for b in range(len(rows))]
+        return table.trees(self.num_nodes, self.sample, device)
 
-    def _build_tree(self, nb: dict, q_rows: dict[int, torch.Tensor], device) -> DraftTree:
-        n = len(nb["tok"])
-        if n == 0:
-            return DraftTree.empty(device)
-        # keep the best num_nodes by score (ties: shallower first, so a parent is never dropped before its child)
-        order = sorted(range(n), key=lambda j: (-nb["score"][j], nb["dep"][j], j))[: self.num_nodes]
-        keep = set(order)
-        if self.sample:
-            keep = self._prefix_closed(nb, keep)
-        kept = sorted(keep, key=lambda j: (nb["dep"][j], j))  # parents first
-        tokens = [nb["tok"][j] for j in kept]
-        parent = subset_parents(nb["par"], kept)
-        if not self.sample:  # scores: the draft's own probability of each path, for the loop's tree budget
-            scores = torch.tensor([nb["score"][j] for j in kept], device=device).exp()
-            return DraftTree.from_parents(torch.tensor(tokens, device=device), parent, scores=scores, source="draft")
-        vocab = next(iter(q_rows.values())).numel()
-        q = torch.zeros(len(kept) + 1, vocab, device=device)
-        q[0] = q_rows[-1]
-        for i, j in enumerate(kept):
-            if j in q_rows:
-                q[i + 1] = q_rows[j]
-        return DraftTree.from_parents(
-            torch.tensor(tokens, device=device),
-            parent,
-            sampling=DraftSampling.WITHOUT_REPLACEMENT,
-            draft_probs=q,
-            scores=torch.tensor([nb["score"][j] for j in kept], device=device).exp(),
-            source="draft",
-        )
 
-    @staticmethod
-    def _prefix_closed(nb: dict, keep: set[int]) -> set[int]:
-        """Children sampled without replacement must stay a prefix of their draw order: drop any later sibling."""
-        by_parent: dict[int, list[int]] = {}
-        for j in range(len(nb["tok"])):
-            by_parent.setdefault(nb["par"][j], []).append(j)  # draw order = creation order
-        out: set[int] = set()
+class _Frontier:
+    """The nodes each row expands next, as `[B, F]` tensors (every expanding row has the same F).
 
-        def visit(parent: int) -> None:
-            for child in by_parent.get(parent, []):
-                if child not in keep:
-                    break
-                out.add(child)
-                visit(child)
+    Attributes:
+        nodes: `[B, F]` their indices in the row's node table (-1: the root).
+        scores: `[B, F]` their cumulative draft log-probabilities.
+        tokens: `[B, F]` their tokens.
+        paths: `[B, F, l]` the tokens from the root's child down to each node (for logits processors).
+        fed: `[B, F, P]` bool: which of the row's P pending (fed, uncommitted) tree tokens each node sees: its fed
+            ancestors, and itself once fed.
+    """
 
-        visit(-1)
+    def __init__(self, nodes, scores, tokens, paths, fed):
+        self.nodes, self.scores, self.tokens, self.paths, self.fed = nodes, scores, tokens, paths, fed
+
+    @classmethod
+    def at_roots(cls, batch: int, device) -> _Frontier:
+        nodes = torch.full((batch, 1), -1, dtype=torch.long, device=device)
+        empty = torch.zeros(batch, 1, 0, dtype=torch.long, device=device)
+        return cls(nodes, torch.zeros(batch, 1, device=device), nodes.clone(), empty, empty.bool())
+
+    def next(self, table: _NodeTable, level: int, width: int) -> _Frontier:
+        """The ``width`` best children (by score; ties in creation order) of this frontier's nodes, per row."""
+        scores = table.scores[-1]  # [B, F * k] this level's children
+        order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :width]  # [B, F']
+        parent = torch.div(order, table.children_per_node[-1], rounding_mode="floor")  # [B, F'] slot in this frontier
+        tokens = table.tokens[-1].gather(1, order)
+        paths = torch.cat([_gather_rows(self.paths, parent), tokens[..., None]], dim=-1)  # [B, F', l + 1]
+        seen = _gather_rows(self.fed, parent)  # [B, F', P] the parents' fed ancestors and themselves
+        own = torch.eye(width, dtype=torch.bool, device=seen.device).expand(seen.shape[0], width, width)
+        return _Frontier(order + table.offsets[-1], scores.gather(1, order), tokens, paths, torch.cat([seen, own], -1))
+
+    def feed_mask(self, going: np.ndarray) -> torch.Tensor:
+        """`[E * F, P + F]` bool: what each fed node of the rows ``going`` sees among the row's pending tokens."""
+        return self.fed[torch.from_numpy(going).to(self.fed.device)].flatten(0, 1)
+
+    def contexts(self, rows: Sequence[RowState], expanding: np.ndarray) -> list[torch.Tensor]:
+        """Per expanding row the `[F, L + l]` contexts (committed tokens, then each node's path)."""
+        out = []
+        for b in expanding.tolist():
+            paths = self.paths[b]  # [F, l]
+            out.append(torch.cat([rows[b].tokens.expand(paths.shape[0], -1), paths.to(rows[b].tokens)], dim=1))
         return out
+
+
+def _gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x[b, index[b, j]]`` for `[B, F, ...]` ``x`` and `[B, F']` ``index``: `[B, F', ...]`."""
+    return x.gather(1, index.view(*index.shape, *([1] * (x.dim() - 2))).expand(*index.shape, *x.shape[2:]))
+
+
+class _NodeTable:
+    """Every row's drafted nodes, level by level, as `[B, n_l]` tensors per level (the same n_l for every row; a
+    row that stopped expanding has invalid entries).
+
+    Args:
+        batch: rows.
+        caps: per row the deepest level it drafts (host ints).
+    """
+
+    def __init__(self, batch: int, caps: Sequence[int], device):
+        self.batch, self.device = batch, device
+        self.caps = np.asarray(caps, dtype=np.int64)
+        self.levels = int(self.caps.max(initial=0))
+        self.tokens: list[torch.Tensor] = []  # per level [B, n_l]
+        self.scores: list[torch.Tensor] = []  # per level [B, n_l] cumulative log q (-inf where invalid)
+        self.parents: list[torch.Tensor] = []  # per level [B, n_l] node index of the parent (-1: root)
+        self.widths: list[int] = []  # n_l
+        self.offsets: list[int] = []  # node index of each level's first node
+        self.children_per_node: list[int] = []
+        self.q_parts: list[tuple[np.ndarray, torch.Tensor, torch.Tensor]] = []  # (rows, expanded nodes, q [E, F, V])
+
+    def expanding(self, level: int) -> np.ndarray:
+        """`[E]` rows that draft at ``level`` (level 1: every row has its root's distribution)."""
+        return np.arange(self.batch) if level == 1 else np.flatnonzero(self.caps >= level)
+
+    def add_level(self, level: int, expanding: np.ndarray, frontier: _Frontier, toks, logq, q) -> None:
+        """Record the children ``toks`` / ``logq`` (`[E * F, k]`) of the frontier nodes of the rows ``expanding``."""
+        frontier_width, k = frontier.nodes.shape[1], toks.shape[1]
+        rows = torch.from_numpy(expanding).to(self.device)
+        parent_score = frontier.scores[rows][..., None]  # [E, F, 1]
+        if expanding.size != self.batch:
+            full = torch.zeros(self.batch, frontier_width, k, dtype=toks.dtype, device=self.device)
+            toks = full.index_copy(0, rows, toks.view(-1, frontier_width, k))
+            logq = torch.full_like(full, float("-inf"), dtype=logq.dtype).index_copy(
+                0, rows, logq.view(-1, frontier_width, k) + parent_score
+            )
+        else:
+            toks, logq = toks.view(-1, frontier_width, k), logq.view(-1, frontier_width, k) + parent_score
+        valid = torch.from_numpy(self.caps >= level).to(self.device)[:, None]  # [B, 1]
+        self.offsets.append(sum(self.widths))
+        self.widths.append(frontier_width * k)
+        self.children_per_node.append(k)
+        self.tokens.append(toks.flatten(1))
+        self.scores.append(torch.where(valid, logq.flatten(1), float("-inf")))
+        self.parents.append(frontier.nodes[..., None].expand(-1, -1, k).flatten(1))
+        if q is not None:
+            self.q_parts.append((expanding, frontier.nodes[rows], q.view(-1, frontier_width, q.shape[-1])))
+
+    def counts(self) -> np.ndarray:
+        """`[B]` valid nodes per row."""
+        return sum((self.caps >= level + 1) * width for level, width in enumerate(self.widths)) + 0 * self.caps
+
+    def trees(self, num_nodes: int, sample: bool, device) -> list[DraftTree]:
+        """Each row's ``num_nodes`` best nodes (by score; ties: shallower, then earlier) as a `DraftTree`; when
+        sampling, children drawn without replacement stay a prefix of their draws."""
+        if not self.widths:
+            return [DraftTree.empty(device) for _ in range(self.batch)]
+        tokens, scores, parents = (torch.cat(x, dim=1) for x in (self.tokens, self.scores, self.parents))  # [B, C]
+        total = tokens.shape[1]
+        valid_count = self.counts()
+        valid = torch.arange(total, device=device)[None, :] < torch.from_numpy(valid_count).to(device)[:, None]
+        # nodes are in level order, so index order is (depth, index) order: stable sorts give (-score, depth, index)
+        order = torch.sort(scores, dim=1, descending=True, stable=True).indices
+        order = order.gather(1, torch.sort((~valid).gather(1, order).to(torch.uint8), dim=1, stable=True).indices)
+        counts = np.minimum(valid_count, num_nodes)
+        keep = torch.arange(total, device=device)[None, :] < torch.from_numpy(counts).to(device)[:, None]  # [B, C]
+        keep = torch.zeros_like(keep).scatter_(1, order, keep)  # [B, C] the kept nodes, by node index
+        if sample:
+            keep = self._prefix_closed(keep)
+            counts = keep.sum(1).cpu().numpy()  # a read, in the sampling path only
+        width = int(counts.max(initial=0))
+        kept = torch.where(keep, torch.arange(total, device=device), total).sort(dim=1).values[:, :width]  # [B, K]
+        new_index = torch.full((self.batch, total + 1), -1, dtype=torch.long, device=device)
+        new_index.scatter_(1, kept, torch.arange(width, device=device).expand(self.batch, width))
+        index = kept.clamp(max=total - 1)
+        parent = parents.gather(1, index)
+        parent = torch.where(parent >= 0, new_index.gather(1, parent.clamp(min=0)), -1)
+        depth = torch.from_numpy(np.repeat(np.arange(1, len(self.widths) + 1), self.widths)).to(device)[index]
+        tokens, probs = tokens.gather(1, index), scores.gather(1, index).exp()
+        q = self._draft_probs(kept, total) if sample else None
+        out = []
+        for b, n in enumerate(counts.tolist()):
+            if n == 0:
+                out.append(DraftTree.empty(device))
+                continue
+            out.append(
+                DraftTree(
+                    tokens[b, :n],
+                    parent[b, :n],
+                    depth[b, :n],
+                    DraftSampling.WITHOUT_REPLACEMENT if sample else DraftSampling.DETERMINISTIC,
+                    None if q is None else q[b, : n + 1],
+                    probs[b, :n],
+                    "draft",
+                    depth_bound=int(self.caps[b]),
+                )  # fmt: skip
+            )
+        return out
+
+    def _prefix_closed(self, keep: torch.Tensor) -> torch.Tensor:
+        """Keep a child only if its parent and every earlier sibling (its earlier draws) are kept."""
+        for level, (offset, width, k) in enumerate(zip(self.offsets, self.widths, self.children_per_node)):
+            block = keep[:, offset : offset + width].view(self.batch, -1, k)  # [B, F, k] children by parent
+            if level:
+                parent = self.parents[level].view(self.batch, -1, k)[..., 0].clamp(min=0)  # [B, F]
+                block = block & keep.gather(1, parent)[..., None]
+            keep[:, offset : offset + width] = block.to(torch.uint8).cumprod(-1).bool().flatten(1)
+        return keep
+
+    def _draft_probs(self, kept: torch.Tensor, total: int) -> torch.Tensor:
+        """`[B, K + 1, V]` q over the children of the root and of each kept node (zeros where none were drawn)."""
+        vocab = self.q_parts[0][2].shape[-1]
+        bank = torch.cat([q.reshape(-1, vocab) for _, _, q in self.q_parts] + [self.q_parts[0][2].new_zeros(1, vocab)])
+        where = torch.full((self.batch, total + 2), bank.shape[0] - 1, dtype=torch.long, device=bank.device)  # +1
+        start = 0
+        for rows, nodes, q in self.q_parts:  # one entry per level
+            count = q.shape[0] * q.shape[1]
+            ids = torch.arange(start, start + count, device=bank.device).view(q.shape[0], q.shape[1])
+            where[torch.from_numpy(rows).to(bank.device)[:, None], nodes + 1] = ids  # the root is position 0
+            start += count
+        positions = torch.cat([torch.zeros_like(kept[:, :1]), kept + 1], dim=1)  # [B, K + 1]
+        return bank[where.gather(1, positions)]
 
 
 def draft_model_assistant_for(obj, target) -> Proposer | None:

@@ -16,12 +16,10 @@ always scores at least as high as its child (log-probabilities are <= 0) and tie
 is a tree; nodes are emitted in candidate order, so parents precede children. Children are a deterministic top-k of
 the context, so the tree is `DraftSampling.DETERMINISTIC` and the verifier stays exact for sampling too.
 
-Tree size: with the loop's tree budget (the default) every kept candidate goes out with its path probability
-(``scores``, ``source="eagle"``) and the budget cuts each row to what pays on this machine, pausing rows whose drafts
-stopped paying (a paused row costs no head pass: its pairs queue up until it drafts again); the head's step-cost
-table (``head.tree["step_cost"]``) is only the budget's prior. Without a budget, each row keeps the prefix of its
-ranked nodes that maximises ``(1 + calibrated sum of path probabilities) / cost`` under that table; drafting nothing
-is an option, and the calibration is the row's accepted / predicted tokens so far.
+Tree size: every kept candidate (the ``num_nodes`` best) goes out with its path probability (``scores``,
+``source="eagle"``) and the loop's tree budget cuts each row to what pays on this machine, pausing rows whose drafts
+stopped paying (a paused row costs no head pass: its pairs queue up until it drafts again); ``tree_budget=False``
+verifies the candidates whole. The head's step-cost table (``head.tree["step_cost"]``) is the budget's prior.
 """
 
 from __future__ import annotations
@@ -38,7 +36,6 @@ from .base import Proposer, ProposerSetup, RowFeedback, RowState, drafting_head
 DEFAULT_TOP_K = 6
 DEFAULT_DEPTH = 5
 DEFAULT_NUM_NODES = 24  # CPU-sized; EAGLE-2 uses 60 on a GPU
-_CAL_PRIOR = 4.0  # the calibration's prior weight, in predicted tokens
 
 
 def expand_dynamic_tree(
@@ -150,8 +147,7 @@ class EagleAssistant(Proposer):
         depth: tree depth (default: ``tree["depth"]``, else 5).
         num_nodes: nodes per tree at most (default: ``tree["num_nodes"]``, else 24).
         step_cost: ``{nodes: cost of a step / a plain decoding step}`` (default: the head's ``tree["step_cost"]``):
-            the tree budget's prior; without a budget (``tree_budget=False``) it cuts each row's tree to the size
-            that pays (None = always ``num_nodes``).
+            the tree budget's prior cost curve.
     """
 
     sampling = DraftSampling.DETERMINISTIC
@@ -180,7 +176,6 @@ class EagleAssistant(Proposer):
         self.draft_head = head  # what drafts during a call (`start`): the head or its copy in another dtype
         self.cache: EagleKVCache | None = None
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._calibration: dict[int, list[float]] = {}
 
     def __repr__(self) -> str:
         return f"EagleAssistant(top_k={self.top_k}, depth={self.depth}, num_nodes={self.num_nodes})"
@@ -196,11 +191,11 @@ class EagleAssistant(Proposer):
         if self.draft_head is not self.head:
             self.draft_head.bind(setup.target)
         self.cache = self.draft_head.new_cache(max(1, setup.batch_size))
-        self._pending, self._calibration = {}, {}
+        self._pending = {}
 
     def finish(self) -> None:
         self.cache, self.draft_head = None, self.head
-        self._pending, self._calibration = {}, {}
+        self._pending = {}
 
     def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
         layers = self.head.feature_layers
@@ -213,11 +208,6 @@ class EagleAssistant(Proposer):
                 old_f, old_t = self._pending[row.row]
                 feats, nxt = torch.cat([old_f, feats]), torch.cat([old_t, nxt])
             self._pending[row.row] = (feats.detach(), nxt)
-            scores = getattr(fb.tree, "scores", None) if fb.tree is not None else None
-            if scores is not None and fb.tree.num_nodes:
-                cal = self._calibration.setdefault(row.row, [0.0, 0.0])
-                cal[0] += fb.num_accepted
-                cal[1] += float(scores.sum())
 
     # ------------------------------------------------------------------ drafting
     def _commit(self, slots: torch.Tensor, pending: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -268,10 +258,8 @@ class EagleAssistant(Proposer):
         return trees
 
     def _row_tree(self, row: RowState, score, token, parent, node_depth, keep) -> DraftTree:
-        """One row's kept candidates as a `DraftTree` (candidate order: parents first), cut to the size that pays."""
+        """One row's kept candidates as a `DraftTree` (candidate order: parents first)."""
         idx = keep.nonzero().flatten()  # [n] ascending candidate index
-        if self.step_cost is not None and self.budget is None:  # with a tree budget, the budget cuts
-            idx = self._cut(row.row, idx, score)
         device = row.tokens.device
         if idx.numel() == 0:
             return DraftTree.empty(device)
@@ -279,20 +267,12 @@ class EagleAssistant(Proposer):
         remap[idx] = torch.arange(idx.numel(), device=keep.device)
         par = parent[idx]
         new_parent = torch.where(par >= 0, remap[par.clamp(min=0)], par)
-        tree = DraftTree(token[idx].to(device), new_parent.to(device), node_depth[idx].to(device), self.sampling)
-        tree.scores, tree.source = score[idx].exp().float(), "eagle"  # path probabilities, for a budgeter
+        tree = DraftTree(
+            token[idx].to(device), new_parent.to(device), node_depth[idx].to(device), self.sampling,
+            depth_bound=min(row.max_depth, self.depth),
+        )  # fmt: skip
+        tree.scores, tree.source = score[idx].exp().float(), "eagle"  # path probabilities, for the tree budget
         return tree
-
-    def _cut(self, row: int, idx: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
-        """The prefix of the row's nodes ranked by score that maximises expected tokens / step cost."""
-        prob = score[idx].exp().double()
-        order = torch.sort(prob, descending=True, stable=True).indices  # parents never rank below children
-        acc, pred = self._calibration.get(row, [0.0, 0.0])
-        factor = (acc + _CAL_PRIOR) / (pred + _CAL_PRIOR)
-        gain = 1.0 + factor * torch.cat([prob.new_zeros(1), prob[order].cumsum(0)])  # [n + 1]
-        cost = torch.tensor([self.prior_cost(n + 1) for n in range(gain.numel())], dtype=torch.float64)  # n nodes
-        best = int(torch.argmax(gain / cost))
-        return torch.sort(idx[order[:best]]).values
 
 
 def eagle_assistant_for(obj, target) -> Proposer | None:

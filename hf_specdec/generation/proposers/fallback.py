@@ -31,16 +31,17 @@ from .base import Proposer, ProposerSetup, RowFeedback, RowState
 class FallbackAssistant(Proposer):
     """Draft each row with the first of ``assistants`` that proposes a non-empty tree for it.
 
-    With the loop's tree budget (the default), a row whose tree predicts less than ``handoff`` times the speed of
-    a plain step (`TreeBudgeter.speedup`: the measured cost curve and the calibrated scores) asks the next assistant
-    too, and the tree that predicts more wins. A row the budget paused (a paid assistant's drafts stopped paying)
+    A row whose tree predicts less than ``handoff`` times the speed of a plain step (the call's tree budget's
+    `TreeBudgeter.speedup`: the measured cost curve and the calibrated scores) asks the next assistant too, and the
+    tree that predicts more wins; whether the budget then cuts that tree (``tree_budget``) does not change which
+    tree is proposed. A row the budget paused (a paid assistant's drafts stopped paying)
     is still offered to the assistants that propose for free (`Proposer.proposes_for_free`: prompt lookup), so
     pausing the trained head never silences the lookup.
 
     Args:
         *assistants: two or more assistants, most preferred first: `Proposer` instances, or anything ``assistant=``
             accepts (a draft model, `MedusaHeads`, ...), resolved against the target when generation starts.
-        handoff: predicted speedup below which the next assistant is asked as well (tree budget only).
+        handoff: predicted speedup below which the next assistant is asked as well.
     """
 
     def __init__(self, *assistants, handoff: float = 1.3) -> None:
@@ -103,6 +104,11 @@ class FallbackAssistant(Proposer):
             raise error
 
     # ------------------------------------------------------------------ drafting
+    @property
+    def prior_cost(self):
+        """The first of the assistants' prior step costs (`Proposer.prior_cost`), if any has them."""
+        return next((p.prior_cost for p in self.proposers if p.prior_cost is not None), None)
+
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
         budget = self.budget
         trees: list[DraftTree | None] = [None] * len(rows)
@@ -112,15 +118,18 @@ class FallbackAssistant(Proposer):
         for a, p in enumerate(self.proposers):
             if not waiting:
                 break
-            for i, tree in zip(waiting, p.propose([_row_for(p, rows[i]) for i in waiting])):
+            proposed = p.propose([_row_for(p, rows[i]) for i in waiting])
+            candidates = {i: _candidates(rows[i].row, tree) for i, tree in zip(waiting, proposed) if tree.num_nodes}
+            budget.read_candidates(list(candidates.values()))  # one read of every row's tree
+            for i, tree in zip(waiting, proposed):
                 self._proposed[a, rows[i].row] = tree
-                if not tree.num_nodes:
+                if i not in candidates:
                     continue
-                value = 2.0 if budget is None else budget.speedup(_candidates(rows[i].row, tree))
+                value = budget.speedup(candidates[i])
                 if value > speedup[i]:
                     trees[i], speedup[i] = tree, value
-            # with a tree budget, a row whose best tree so far predicts little asks the next assistant too
-            waiting = [i for i in waiting if speedup[i] < (self.handoff if budget is not None else 1.0)]
+            # a row whose best tree so far predicts little asks the next assistant too
+            waiting = [i for i in waiting if speedup[i] < self.handoff]
         for i, tree in enumerate(trees):
             if tree is None:
                 trees[i] = DraftTree.empty(rows[i].tokens.device)

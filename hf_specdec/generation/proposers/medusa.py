@@ -7,9 +7,12 @@ k guesses depth k + 1. No second target pass is needed.
 
 Each step runs all heads over all active rows in one batched matmul, takes the top-k of each head and lays the
 tokens out on a static tree (a Medusa choices list, `DraftTree.from_choices` semantics): node ``[a, b]`` is head 0's
-(a+1)-th guess followed by head 1's (b+1)-th. The tree is cut to each row's remaining budget (``max_depth``).
+(a+1)-th guess followed by head 1's (b+1)-th. The tree is cut to each row's remaining depth (``max_depth``); every
+node carries the heads' probabilities multiplied down its path (``DraftTree.scores``), from which the loop's tree
+budget keeps the nodes that pay on the machine at hand.
 
-The default tree is Sequoia's optimum for a generic acceptance profile (``generation/tree_shapes.py``).
+The default tree is Sequoia's optimum for a generic acceptance profile (``generation/tree_shapes.py``) over
+`DEFAULT_NUM_NODES` candidates.
 """
 
 from __future__ import annotations
@@ -23,10 +26,9 @@ from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
 from ..tree_shapes import optimal_tree_choices, prior_acceptance
 from .base import Proposer, ProposerSetup, RowState, drafting_head
-from .final_state import AdaptiveDepth, FinalStateAssistant
+from .final_state import FinalStateAssistant
 
-BUDGET_CANDIDATES = 48  # candidate nodes per row when the loop's tree budget sizes the trees
-DEFAULT_NUM_NODES = 20  # CPU-sized default tree; GPUs verify ~64 nodes for about the cost of one
+DEFAULT_NUM_NODES = 48  # candidate nodes per row; the loop's tree budget keeps what pays (a GPU verifies ~64 at once)
 DEFAULT_MAX_DEPTH = 5
 
 
@@ -91,23 +93,19 @@ class StaticTreeTemplate:
 
 # --------------------------------------------------------------------------------------------- proposer
 class MedusaAssistant(FinalStateAssistant):
-    """Drafts a static token tree from `MedusaHeads` (deterministic top-k children).
+    """Drafts a static token tree from `MedusaHeads` (deterministic top-k children) with each node's path
+    probability under the heads as its score.
 
     Args:
         heads: the Medusa heads.
-        tree_choices: a Medusa choices list such as ``[[0], [0, 0], [1]]``; default: ``heads.tree_choices``, else
-            `default_tree_choices` with ``num_nodes`` nodes.
+        tree_choices: a Medusa choices list such as ``[[0], [0, 0], [1]]``; default: `default_tree_choices` with
+            ``num_nodes`` nodes. (The heads' own ``heads.tree_choices``, tuned offline for one machine, are used
+            when passed here.)
         num_nodes: size of the default tree (ignored when choices are given).
-        adaptive: cut the tree per row and step to the depth that pays, from the row's measured acceptance and the
-            step cost (`AdaptiveDepth`). Needs a cost table: ``step_cost`` or the heads' tuned one (their model
-            card's ``tree.step_cost``, written by `hf-specdec train medusa`); ``None`` = on when one is available.
-        step_cost: ``{nodes: cost relative to a plain decoding step}`` for ``adaptive``.
+        step_cost: ``{nodes: cost relative to a plain decoding step}``, default the heads' tuned table (their model
+            card's ``tree.step_cost``): the tree budget's prior cost curve until it has measured this machine.
 
-    With the loop's tree budget (the default; ``ProposerSetup.budget``) the heads propose a larger candidate tree
-    (``tree_choices`` when given, else `default_tree_choices` with `BUDGET_CANDIDATES` nodes) whose node scores are
-    the heads' own probabilities multiplied down each path, and the budget keeps the nodes that pay on this machine;
-    ``adaptive`` and the tuned tree then serve only without the budget, and the tuned step costs become the budget's
-    prior cost curve.
+    The tree is the same whether or not the loop's tree budget cuts it (``tree_budget=False`` verifies it whole).
     """
 
     sampling = DraftSampling.DETERMINISTIC
@@ -117,53 +115,23 @@ class MedusaAssistant(FinalStateAssistant):
         heads: MedusaHeads,
         tree_choices: Sequence[Sequence[int]] | None = None,
         num_nodes: int = DEFAULT_NUM_NODES,
-        adaptive: bool | None = None,
         step_cost: dict[int, float] | None = None,
     ):
         if not isinstance(heads, MedusaHeads):
             raise TypeError(f"MedusaAssistant needs MedusaHeads, got {type(heads).__name__}")
         self.heads = heads
-        # the heads' own tuned tree (possibly empty: drafting does not pay) comes with its measured costs
-        tuned_tree = tree_choices is None and heads.tree_choices is not None
-        user_choices = tree_choices is not None
         if tree_choices is None:
-            tree_choices = (
-                heads.tree_choices
-                if heads.tree_choices is not None
-                else default_tree_choices(heads.num_heads, num_nodes)
-            )
+            tree_choices = default_tree_choices(heads.num_heads, num_nodes)
         self.template = StaticTreeTemplate(tree_choices, heads.num_heads)
-        candidates = default_tree_choices(heads.num_heads, max(num_nodes, BUDGET_CANDIDATES))
-        self.candidates = StaticTreeTemplate(tree_choices if user_choices else candidates, heads.num_heads)
         vocab = heads.draft_vocab_size or heads.vocab_size
         if vocab is not None and self.template.k > vocab:
             raise ValueError(f"the tree uses rank {self.template.k - 1} but the heads predict only {vocab} tokens")
         self._last_hidden: dict[int, torch.Tensor] = {}
         self._lm_head = None
         self._draft_heads = heads
-        self.adaptive = self._adaptive_depth(adaptive, step_cost, tuned_tree)
-        self.prior_cost = self._tuned_costs(step_cost, tuned_tree)
-
-    def _tuned_costs(self, step_cost, tuned_tree: bool) -> PriorCurve | None:
-        """The step costs measured when the tree was tuned, as the tree budget's prior cost curve."""
-        if step_cost is None and tuned_tree:
-            step_cost = ((self.heads.model_card or {}).get("tree") or {}).get("step_cost")
-        return PriorCurve.from_node_costs(step_cost) if step_cost else None
-
-    def _adaptive_depth(self, adaptive, step_cost, tuned_tree: bool) -> AdaptiveDepth | None:
-        tuned = (self.heads.model_card or {}).get("tree") or {}
-        if step_cost is None and tuned_tree:
-            step_cost = {int(n): float(c) for n, c in (tuned.get("step_cost") or {}).items()} or None
-        if adaptive is False or (adaptive is None and step_cost is None) or self.template.depth == 0:
-            return None
         if step_cost is None:
-            raise ValueError(
-                "adaptive=True needs step_cost={nodes: cost} (or heads whose model card holds the tuned tree's costs)"
-            )
-        depth = self.template.node_depth
-        nodes = [int((depth <= d).sum()) for d in range(self.template.depth + 1)]
-        prior = tuned.get("depth_acceptance") if tuned_tree else None
-        return AdaptiveDepth(nodes, step_cost, prior or [0.5] * self.template.depth)
+            step_cost = ((heads.model_card or {}).get("tree") or {}).get("step_cost")
+        self.prior_cost = PriorCurve.from_node_costs(step_cost) if step_cost else None
 
     @property
     def tree_choices(self) -> list[list[int]]:
@@ -179,38 +147,30 @@ class MedusaAssistant(FinalStateAssistant):
 
     @torch.no_grad()
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
-        trees: list[DraftTree | None] = [None] * len(rows)
+        trees = [DraftTree.empty(r.tokens.device) for r in rows]
+        tmpl = self.template
         ready = [i for i, r in enumerate(rows) if r.max_depth > 0 and r.row in self._last_hidden]
-        budgeted = self.budget is not None
-        tmpl = self.candidates if budgeted else self.template
-        if ready and tmpl.num_nodes:
-            x = torch.stack([self._last_hidden[rows[i].row] for i in ready])  # [B, H]
-            depth = min(tmpl.depth, max(rows[i].max_depth for i in ready))  # heads past every row's cap never run
-            top, logp = self._topk(x, tmpl, depth)  # [B, D, K] tokens, and their log-probabilities under the heads
-            device = rows[ready[0]].tokens.device
-            flat = top.reshape(len(ready), -1).to(device)  # [B, D * K]
-            flat_logp = None if logp is None else logp.reshape(len(ready), -1).to(device)  # [B, D * K]
-            for j, i in enumerate(ready):
-                cut = rows[i].max_depth
-                if self.adaptive is not None and not budgeted:
-                    cut = self.adaptive.depth(rows[i].row, cut)
-                if cut == 0:
-                    continue
-                codes, parent, depth, ancestors = tmpl.cut(cut, device)
-                scores = None
-                if flat_logp is not None:  # path probability: the heads' probabilities multiplied down the path
-                    scores = (ancestors[1:, 1:].to(flat_logp.dtype) @ flat_logp[j, codes]).exp()  # [T]
-                trees[i] = DraftTree(
-                    flat[j, codes], parent, depth, scores=scores, source="medusa", _ancestors=ancestors
-                )
-        return [t if t is not None else DraftTree.empty(rows[i].tokens.device) for i, t in enumerate(trees)]
+        if not ready or not tmpl.num_nodes:
+            return trees
+        x = torch.stack([self._last_hidden[rows[i].row] for i in ready])  # [B, H]
+        depth = min(tmpl.depth, max(rows[i].max_depth for i in ready))  # heads past every row's cap never run
+        top, logp = self._topk(x, tmpl, depth)  # [B, D, K] tokens and their log-probabilities under the heads
+        device = rows[ready[0]].tokens.device
+        flat = top.reshape(len(ready), -1).to(device)  # [B, D * K]
+        flat_logp = logp.reshape(len(ready), -1).to(device)  # [B, D * K]
+        for j, i in enumerate(ready):
+            codes, parent, node_depth, ancestors = tmpl.cut(rows[i].max_depth, device)
+            scores = (ancestors[1:, 1:].to(flat_logp.dtype) @ flat_logp[j, codes]).exp()  # [T] path probability
+            trees[i] = DraftTree(
+                flat[j, codes], parent, node_depth, scores=scores, source="medusa", _ancestors=ancestors,
+                depth_bound=min(rows[i].max_depth, tmpl.depth),
+            )  # fmt: skip
+        return trees
 
-    def _topk(self, x: torch.Tensor, tmpl: StaticTreeTemplate, depth: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`[B, D, K]` the first ``D = depth`` heads' K best tokens for the states ``x`` `[B, H]`, and with a tree
-        budget their log-probabilities `[B, D, K]` under each head's softmax (None without)."""
+    def _topk(self, x: torch.Tensor, tmpl: StaticTreeTemplate, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[B, D, K]` the first ``D = depth`` heads' K best tokens for the states ``x`` `[B, H]`, and their
+        log-probabilities `[B, D, K]` under each head's softmax."""
         heads = self._draft_heads
-        if self.budget is None:
-            return heads.topk_tokens(x, tmpl.k, num_heads=depth, lm_head=self._lm_head), None
         logits = heads.draft_logits(heads.head_states(x, depth), self._lm_head)  # [D, B, V']
         top = torch.log_softmax(logits.float(), dim=-1).topk(tmpl.k, dim=-1)  # [D, B, K]
         idx = top.indices if self.heads.token_map is None else self.heads.token_map.to(x.device)[top.indices]

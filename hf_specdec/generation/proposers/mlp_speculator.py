@@ -8,16 +8,12 @@ and that node's token, and guesses depth d + 1.
 The tree is upstream's product tree (each node's ``top_k_tokens_per_head[d]`` best children) trimmed by cumulative
 log-probability, level by level like a beam: at depth d + 1 only the ``widths[d]`` best-scored children of the kept
 depth-d nodes survive (score = the sum of the stages' log-probabilities along the path). Every row of the batch is
-drafted at once: one `[B, w, inner]` stage per depth and one top-k, no per-node Python. Since the number of nodes at
-each depth is fixed, the tree cut at depth d always has ``sum(widths[:d])`` nodes, so `AdaptiveDepth` (shared with the
-Medusa proposer) can cut it per row from the row's measured acceptance and the measured step cost.
+drafted at once: one `[B, w, inner]` stage per depth and one top-k, no per-node Python.
 
-With the loop's tree budget (the default), as for Medusa and EAGLE, the speculator proposes wider candidate levels
-(`BUDGET_WIDTH` per level where the product tree reaches that far, unless the caller chose ``widths``) with each
-node's path probability as its score, and the budget keeps what pays on this machine; the private `AdaptiveDepth`
-cut then stays off (its table was measured on the machine the speculator was trained on: on another CPU it cut 28
-of 69 steps of a qa prompt to nothing before the budget saw a candidate) and the shipped step costs become the
-budget's prior cost curve.
+As for Medusa and EAGLE, the speculator proposes wide candidate levels (`BUDGET_WIDTH` per level where the product
+tree reaches that far, unless the caller chose ``widths``) with each node's path probability as its score, and the
+loop's tree budget keeps what pays on this machine (``tree_budget=False`` verifies the levels whole); the shipped
+step costs are the budget's prior cost curve.
 
 Children are the deterministic top-k of the speculator (`DraftSampling.DETERMINISTIC`): greedy verification accepts
 the target's argmax, and exact sampling uses the residual accept-and-remove rule, so sampling stays exact.
@@ -33,9 +29,9 @@ from ...heads.mlp_speculator import MLPSpeculator
 from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
 from .base import Proposer, ProposerSetup, RowState, drafting_head
-from .final_state import AdaptiveDepth, FinalStateAssistant
+from .final_state import FinalStateAssistant
 
-BUDGET_WIDTH = 8  # candidate nodes per level (where reachable) when the loop's tree budget sizes the trees
+BUDGET_WIDTH = 8  # candidate nodes per level (where reachable); the loop's tree budget keeps what pays
 
 
 def check_widths(widths: Sequence[int], spec: MLPSpeculator) -> list[int]:
@@ -112,8 +108,8 @@ def ancestor_masks(parent: torch.Tensor, widths: Sequence[int]) -> torch.Tensor:
 
 
 def budget_widths(spec: MLPSpeculator, widths: Sequence[int]) -> list[int]:
-    """Candidate level widths for the tree budget: each level of ``widths`` widened to `BUDGET_WIDTH` nodes where the
-    product tree reaches that far (never narrower than ``widths``)."""
+    """Candidate level widths: each level of ``widths`` widened to `BUDGET_WIDTH` nodes where the product tree
+    reaches that far (never narrower than ``widths``)."""
     out, parents = [], 1
     vocab = spec.draft_vocab_size or spec.vocab_size
     for d, w in enumerate(widths):
@@ -128,12 +124,10 @@ class MLPSpeculatorAssistant(FinalStateAssistant):
 
     Args:
         speculator: the speculator.
-        widths: nodes kept per depth; default ``speculator.tree["widths"]`` (chosen at training time from held-out
-            acceptance and the measured step cost), else upstream's n_candidates paths (`default_widths`).
-        adaptive: cut the tree per row and step at the depth that pays (`AdaptiveDepth`, from the row's measured
-            acceptance and the step cost); ``None`` = on when a cost table is known.
-        step_cost: ``{nodes: cost of a step / a plain decoding step}``; default: the speculator's ``tree.step_cost``.
-            With the loop's tree budget it is only the budget's prior (see the module docstring).
+        widths: nodes kept per depth; default: the speculator's ``tree["widths"]`` (else upstream's n_candidates
+            paths, `default_widths`) widened to `BUDGET_WIDTH` candidates per level (`budget_widths`).
+        step_cost: ``{nodes: cost of a step / a plain decoding step}``; default: the speculator's ``tree.step_cost``:
+            the tree budget's prior cost curve (see the module docstring).
     """
 
     sampling = DraftSampling.DETERMINISTIC
@@ -142,24 +136,16 @@ class MLPSpeculatorAssistant(FinalStateAssistant):
         self,
         speculator: MLPSpeculator,
         widths: Sequence[int] | None = None,
-        adaptive: bool | None = None,
         step_cost: dict[int, float] | None = None,
     ):
         if not isinstance(speculator, MLPSpeculator):
             raise TypeError(f"MLPSpeculatorAssistant needs an MLPSpeculator, got {type(speculator).__name__}")
         self.speculator = speculator
-        tuned = widths is None and speculator.tree.get("widths") is not None
-        self.widths = check_widths(speculator.default_widths() if widths is None else widths, speculator)
-        self.candidate_widths = self.widths if widths is not None else budget_widths(speculator, self.widths)
-        if step_cost is None and (tuned or widths is None):
+        if widths is None:
+            widths = budget_widths(speculator, check_widths(speculator.default_widths(), speculator))
+        self.widths = check_widths(widths, speculator)
+        if step_cost is None:
             step_cost = {int(n): float(c) for n, c in (speculator.tree.get("step_cost") or {}).items()} or None
-        if adaptive is True and step_cost is None:
-            raise ValueError("adaptive=True needs step_cost={nodes: cost} (or a speculator whose tree holds one)")
-        self.adaptive = None
-        if adaptive is not False and step_cost is not None:
-            prior = speculator.tree.get("depth_acceptance") if tuned else None
-            nodes_at_depth = [sum(self.widths[:d]) for d in range(len(self.widths) + 1)]
-            self.adaptive = AdaptiveDepth(nodes_at_depth, step_cost, prior or [0.5] * len(self.widths))
         self.prior_cost = PriorCurve.from_node_costs(step_cost) if step_cost else None
         self._last_hidden: dict[int, torch.Tensor] = {}
         self._draft = speculator
@@ -175,25 +161,14 @@ class MLPSpeculatorAssistant(FinalStateAssistant):
         super().finish()
         self._draft = self.speculator
 
-    def _cut_depths(self, rows: Sequence[RowState], widths: Sequence[int]) -> list[int]:
-        """The depth each row's tree is cut at this step (0 = draft nothing)."""
-        cuts = []
-        for r in rows:
-            cut = min(r.max_depth, len(widths)) if r.row in self._last_hidden else 0
-            if self.adaptive is not None and self.budget is None and cut > 0:
-                cut = self.adaptive.depth(r.row, cut)
-            cuts.append(cut)
-        return cuts
-
     @torch.no_grad()
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
-        all_widths = self.widths if self.budget is None else self.candidate_widths
-        cuts = self._cut_depths(rows, all_widths)
+        cuts = [min(r.max_depth, len(self.widths)) if r.row in self._last_hidden else 0 for r in rows]
         trees = [DraftTree.empty(r.tokens.device) for r in rows]
         ready = [i for i, c in enumerate(cuts) if c > 0]
         if not ready:
             return trees
-        widths = all_widths[: max(cuts[i] for i in ready)]
+        widths = self.widths[: max(cuts[i] for i in ready)]
         nodes_at_depth = [sum(widths[:d]) for d in range(len(widths) + 1)]
         hidden = torch.stack([self._last_hidden[rows[i].row] for i in ready])  # [B, H]
         roots = torch.tensor([rows[i].root for i in ready], dtype=torch.long)  # [B]
@@ -211,8 +186,9 @@ class MLPSpeculatorAssistant(FinalStateAssistant):
                 depth[:n],
                 DraftSampling.DETERMINISTIC,
                 _ancestors=masks[j, : n + 1, : n + 1],
+                depth_bound=cuts[i],
             )
-            # the draft's path probability per node, for a tree budgeter that ranks nodes across rows and assistants
+            # the draft's path probability per node, for the tree budget that ranks nodes across rows and assistants
             trees[i].scores, trees[i].source = probs[j, :n], "mlp_speculator"
         return trees
 

@@ -51,7 +51,7 @@ _BUCKETS = 8
 _PRIOR = (0.4, 0.55, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
 # A match of length l counts l ** _MATCH_WEIGHT_POWER towards the continuation it proposes.
 _MATCH_WEIGHT_POWER = 2
-# With the loop's tree budget: the candidates proposed (the budget keeps those that pay on the machine at hand).
+# The candidates proposed (the loop's tree budget keeps those that pay on the machine at hand).
 _BUDGET_MIN_SCORE = 0.02
 _BUDGET_MAX_NODES = 48
 # How far back a candidate match is compared to rank it (beyond max_ngram, which only bounds the index).
@@ -337,11 +337,10 @@ class NgramAssistant(Proposer):
             because short matches start with a low acceptance estimate).
         max_depth: most tokens drafted after one match (the tree's depth); the loop's remaining budget caps it too.
         max_matches: most earlier occurrences merged into one tree.
-        max_nodes: most nodes in a tree (None: 16, or 48 candidates when the loop's tree budget sizes the trees).
-        min_score: smallest estimated acceptance probability of a node worth proposing (None: 0.1, about the cost of
-            one more node relative to a verification step on the machine this was tuned on; with the loop's tree
-            budget, the default, 0.02: every such node is a candidate with its score as ``DraftTree.scores`` and the
-            budget keeps those that pay on the machine at hand).
+        max_nodes: most nodes in a tree (None: 48 candidates; the loop's tree budget keeps those that pay).
+        min_score: smallest estimated acceptance probability of a node worth proposing (None: 0.02: every such node
+            is a candidate with its score as ``DraftTree.scores``, and the loop's tree budget keeps those that pay on
+            the machine at hand).
         adaptive: follow the acceptance observed per row (True) or keep the prior estimates (False).
         decay: per-step forgetting factor of the acceptance statistics (the memory is about ``1 / (1 - decay)``
             steps), so a row that stopped drafting after rejections tries again later.
@@ -394,9 +393,8 @@ class NgramAssistant(Proposer):
             self._synced(row).acceptance.observe(fb, learn=self.adaptive)
 
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
-        budgeted = self.budget is not None
-        min_score = self.min_score if self.min_score is not None else (_BUDGET_MIN_SCORE if budgeted else 0.1)
-        max_nodes = self.max_nodes if self.max_nodes is not None else (_BUDGET_MAX_NODES if budgeted else 16)
+        min_score = self.min_score if self.min_score is not None else _BUDGET_MIN_SCORE
+        max_nodes = self.max_nodes if self.max_nodes is not None else _BUDGET_MAX_NODES
         return [self._propose_row(row, min_score, max_nodes) for row in rows]
 
     # ------------------------------------------------------------------ internals

@@ -6,7 +6,7 @@ of its draft vocabulary), so on a CPU its cost is reading those weights. Where t
 EPYC (Zen 4) VM this project benchmarks on, an `[8, 576] x [576, 8192]` product takes 0.6 ms in bf16 against 2.6 ms
 in fp32, and EAGLE's proposing time per step halves. Where bf16 is emulated it is slower than fp32. So the choice is
 measured, once per process and shape, on the machine at hand (`draft_dtype`), like the GEMM forms of
-``cpu_linear.py``.
+``packed_linears.py``.
 
 Drafting in bf16 never changes what ``generate`` returns: the target verifies every drafted token in its own dtype,
 so greedy output stays token-for-token the target's and sampling stays exact; only which tokens are proposed (and so
