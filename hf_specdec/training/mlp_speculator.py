@@ -243,7 +243,7 @@ def tune_speculator_tree(
             rows.append({"widths": c[:d], "nodes": sum(c[:d]), "tau": round(tau, 4), "cost": round(c_n, 4),
                          "predicted_speedup": round(tau / c_n, 4)})  # fmt: skip
     best = max(rows, key=lambda r: r["predicted_speedup"])
-    # the full-depth candidate containing the best cut: AdaptiveDepth cuts it per row at run time
+    # the full-depth candidate containing the best cut: the tree budget cuts it per row at run time
     full = next((c for c in candidates if c[: len(best["widths"])] == best["widths"]), best["widths"]) or [1]
     spec.tree = {
         "widths": full,
