@@ -431,8 +431,8 @@ def calls(draw, greedy: bool | None = None, refused: bool = False) -> Call:
 # Chosen by HF_SPECDEC_FUZZ (default ci); applied to the fuzzer's tests only (other tests keep hypothesis' defaults).
 # - ci: a bounded, reproducible run (the same examples every time; about a minute on 2 cores), the suite's profile;
 # - dev: 200 new examples per property, for a quick look while changing the fuzzer;
-# - long: 10,000 new examples per property; failures are remembered in .hypothesis/ (git-ignored) and tried first
-#   next time. Found failures are kept as @example in the test module, which every profile runs.
+# - long: 10,000 new examples per property (HF_SPECDEC_FUZZ_EXAMPLES to change it); failures are remembered in
+#   .hypothesis/ (git-ignored) and tried first next time. Found failures are kept as @example in the test module, which every profile runs.
 PROFILE_ENV = "HF_SPECDEC_FUZZ"
 _COMMON = dict(
     deadline=None,  # a call's time depends on the machine's load, not on the example
@@ -442,7 +442,11 @@ _COMMON = dict(
 PROFILES = {
     "ci": settings(max_examples=30, derandomize=True, database=None, **_COMMON),
     "dev": settings(max_examples=200, database=None, **_COMMON),
-    "long": settings(max_examples=10_000, database=DirectoryBasedExampleDatabase(".hypothesis/fuzz"), **_COMMON),
+    "long": settings(
+        max_examples=int(os.environ.get("HF_SPECDEC_FUZZ_EXAMPLES", 10_000)),
+        database=DirectoryBasedExampleDatabase(".hypothesis/fuzz"),
+        **_COMMON,
+    ),
 }
 
 
