@@ -432,7 +432,8 @@ def calls(draw, greedy: bool | None = None, refused: bool = False) -> Call:
 # - ci: a bounded, reproducible run (the same examples every time; about a minute on 2 cores), the suite's profile;
 # - dev: 200 new examples per property, for a quick look while changing the fuzzer;
 # - long: 10,000 new examples per property (HF_SPECDEC_FUZZ_EXAMPLES to change it); failures are remembered in
-#   .hypothesis/ (git-ignored) and tried first next time. Found failures are kept as @example in the test module, which every profile runs.
+#   .hypothesis/ (git-ignored) and tried first next time.
+# Found failures are kept as @example in the test module, which every profile runs.
 PROFILE_ENV = "HF_SPECDEC_FUZZ"
 _COMMON = dict(
     deadline=None,  # a call's time depends on the machine's load, not on the example
