@@ -13,7 +13,7 @@ import hf_specdec
 from hf_specdec import EagleHead, MedusaHeads, MLPSpeculator
 from hf_specdec.cli import main
 from hf_specdec.generation import loop
-from hf_specdec.testing import assert_same_tokens, left_pad
+from hf_specdec.testing import assert_same_tokens, char_tokenizer, left_pad
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -172,3 +172,23 @@ def test_mlp_speculator_names_a_bad_hidden_size(tiny_models, tmp_path, value):
     _edit_config(folder, hidden_size=None, inner_dim="wide")
     with pytest.raises(ValueError, match=r"mlp/config\.json field 'inner_dim' must be an integer"):
         MLPSpeculator.from_pretrained(folder)
+
+
+def test_stop_strings_in_a_generation_config_stop_like_vanilla_without_warnings(tiny_models, monkeypatch):
+    import copy
+
+    from transformers.generation import utils as generation_utils
+
+    model = tiny_models["llama"]
+    ids = torch.tensor([PROMPT])
+    tok = char_tokenizer(model.config.vocab_size)
+    gen = model.generate(ids, max_new_tokens=12, do_sample=False)[0, len(PROMPT) :].tolist()
+    config = copy.deepcopy(model.generation_config)
+    config.update(max_new_tokens=12, do_sample=False, stop_strings=[tok.convert_ids_to_tokens(gen[4])])
+    expected = model.generate(ids, generation_config=config, tokenizer=tok)
+    warned = []
+    monkeypatch.setattr(generation_utils.logger, "warning_once", lambda msg, *a, **k: warned.append(msg))
+    out = model.generate(ids, generation_config=config, tokenizer=tok, assistant=hf_specdec.NgramAssistant())
+    assert not [w for w in warned if "deprecated" in w], warned  # nothing about arguments the caller never passed
+    assert out.shape[1] < len(PROMPT) + 12 and config.stop_strings is not None
+    assert_same_tokens(out, expected, "stop_strings in a GenerationConfig")
