@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 import hf_specdec
+from hf_specdec import testing
 from hf_specdec.generation.proposers.draft_model import DraftModelAssistant
 from hf_specdec.generation.proposers.eagle import EagleAssistant
 from hf_specdec.generation.proposers.fallback import FallbackAssistant
@@ -110,15 +111,8 @@ def build_model(target: Target):
 
 @functools.lru_cache(maxsize=1)
 def char_tokenizer():
-    """A fast tokenizer with one printable character per token id (``stop_strings`` need a real tokenizer)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    chars = [chr(33 + i) for i in range(VOCAB)]  # printable, 'a'..'f' among them (StopStringCriteria needs them)
-    backend = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token=chars[PAD]))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token=chars[PAD])
+    """`testing.char_tokenizer` of the tiny vocabulary (``stop_strings`` need a real tokenizer): id i is chr(33 + i)."""
+    return testing.char_tokenizer(VOCAB)
 
 
 def token_text(ids: list[int]) -> str:
