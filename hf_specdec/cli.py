@@ -67,7 +67,9 @@ def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_generate_arguments(args: argparse.Namespace) -> None:
-    """What argparse cannot check alone (combinations, the model folder)."""
+    """What argparse cannot check alone (an empty message, combinations, the model folder)."""
+    if not args.question.strip():
+        raise UsageError('the question is empty: pass a message for the model, e.g. hf-specdec generate "Hi!"')
     if not args.do_sample and (args.temperature is not None or args.top_p is not None):
         raise UsageError("--temperature and --top-p apply to sampling: add --do-sample")
     if args.top_p is not None and args.top_p > 1:

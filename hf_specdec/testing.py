@@ -181,6 +181,19 @@ def tiny_chat_tokenizer(words: list[str], vocab_size: int = 97):
     return tok
 
 
+def char_tokenizer(vocab: int = 97):
+    """A fast tokenizer with one printable character per token id (``chr(33 + id)``), for the tiny models where a
+    call needs a real tokenizer (``stop_strings``; `StopStringCriteria` reads 'a'..'f' from the vocabulary)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(33 + i) for i in range(vocab)]
+    backend = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token=chars[0]))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token=chars[0])
+
+
 def toy_encode(text: str, vocab: int = 97) -> list[int]:
     """A stand-in tokenizer for the tiny models: BOS + one id per word (ids 3..vocab-1), at most 6 words."""
     return [1] + [3 + sum(map(ord, w)) % (vocab - 3) for w in text.split()[:6]]

@@ -447,10 +447,32 @@ def _checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Set
         questions = sample_questions(questions, args.per_category, seed=args.seed, categories=categories)
     except ValueError as err:
         raise UsageError(f"--categories {args.categories}: {err}") from err
-    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise UsageError(f"--out {args.out}: a file is there; pass a folder for results.md, results.json, results.png")
     check_model_argument(args.model)
+    if args.out:
+        _check_out_folder(args.out)
     return methods, settings, path, questions
+
+
+def _check_out_folder(out: str) -> None:
+    """``--out``: a folder the results can be written to (tried by making it and a file in it, then removing what the
+    check made), so that a path that cannot hold them fails before any model is loaded, not after the first prompt."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {out}: a file is there; pass a folder for results.md, results.json, results.png")
+    made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+    probe = path / ".hf-specdec-write-check"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+    except OSError as err:
+        raise UsageError(
+            f"--out {out}: cannot create that folder or write in it ({err.strerror or err}); pass a folder you can "
+            "write to"
+        ) from err
+    finally:
+        for p in (probe, *made):
+            with contextlib.suppress(OSError):
+                p.rmdir() if p.is_dir() else p.unlink()
 
 
 class _Terminated(KeyboardInterrupt):
@@ -544,7 +566,10 @@ def main(args: argparse.Namespace) -> int:
                 clock=call_clock(args),
             )
     except KeyboardInterrupt as interrupt:
-        log(f"interrupted: {len(records)} records kept" + (f" in {args.out}" if args.out else ""))
+        if records:
+            log(f"interrupted: {len(records)} records kept" + (f" in {args.out}" if args.out else ""))
+        else:
+            log("interrupted before the first prompt finished: nothing was measured and no results were written")
         if records:
             print(markdown_report(summarize(records), meta(done=False)), flush=True)
         return 143 if isinstance(interrupt, _Terminated) else 130

@@ -9,6 +9,7 @@ assistant reach the original `generate` untouched.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import types
@@ -52,7 +53,14 @@ def _routed_generate(self, *args, assistant=None, **kwargs):
         criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
         criteria.append(StopStringCriteria(stop_strings=stop_strings, tokenizer=tokenizer))
         kwargs["stopping_criteria"] = criteria
-        kwargs["stop_strings"] = None
+        if generation_config is not None and kwargs.get("stop_strings") is None:
+            # the strings came from the caller's config: a copy without them (a stop_strings=None argument next to
+            # a generation_config would make transformers warn about arguments the caller never passed)
+            generation_config = copy.deepcopy(generation_config)
+            generation_config.stop_strings = None
+            args, kwargs["generation_config"] = args[:1], generation_config
+        else:
+            kwargs["stop_strings"] = None
     return _ORIGINAL(self, *args, assistant=assistant, hf_specdec_streamer=streamer, **kwargs)
 
 

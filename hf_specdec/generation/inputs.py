@@ -145,6 +145,13 @@ def _validate_generation_config(generation_config) -> None:
         )
 
 
+# Why a caller who passed no attention_mask may still see one (transformers builds it from the pad token id).
+_INFERRED = (
+    ". Without an attention_mask argument, transformers marks every pad_token_id in input_ids as padding: if that "
+    "id is a real token of the prompt, pass attention_mask (1 for every real token)"
+)
+
+
 def prompt_starts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[int]:
     """Index of each row's first prompt token in the left-padded `[B, W]` ``input_ids``.
 
@@ -158,11 +165,13 @@ def prompt_starts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) 
         keep = attention_mask[b].bool()
         n = int(keep.sum())
         if n == 0:
-            raise ValueError(f"empty prompt: row {b} of the batch is all padding")
+            raise ValueError(
+                f"empty prompt: row {b} of the batch is all padding (its attention_mask is all zeros){_INFERRED}"
+            )
         if not bool(keep[width - n :].all()):
             raise ValueError(
                 f"row {b} is not left-padded (its attention_mask has zeros after tokens); set "
-                "tokenizer.padding_side='left' for decoder-only generation"
+                f"tokenizer.padding_side='left' for decoder-only generation{_INFERRED}"
             )
         starts.append(width - n)
     return starts

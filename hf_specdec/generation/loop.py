@@ -37,13 +37,15 @@ from .target import PlannedModel, PlannedOutput, TailMask
 from .tree import DraftTree, pack_trees
 from .verify import Verdict, sample_from_scores, verify_tree
 
+_INITIAL_ROOM = 256  # generated tokens a row's buffer holds before it first grows
+
 
 @dataclass
 class _Row:
     """Book-keeping of one row of the caller's batch."""
 
     index: int
-    buf: torch.Tensor  # [W + max_new + 1] vanilla's view of the row: left padding, prompt, generated tokens
+    buf: torch.Tensor  # [capacity >= length] vanilla's view of the row: left padding, prompt, generated tokens
     start: int  # first non-pad index in buf
     length: int  # filled length of buf (padded prompt + generated)
     prompt_width: int  # padded prompt width W
@@ -67,6 +69,17 @@ class _Row:
     def generated(self) -> torch.Tensor:
         """`[g]` the generated tokens."""
         return self.buf[self.prompt_width : self.length]
+
+    def append(self, token: int) -> None:
+        """Append one generated token, doubling the buffer when it is full (memory follows what was generated,
+        not ``max_new_tokens``)."""
+        if self.length == self.buf.numel():
+            grown = self.buf.new_zeros(2 * self.buf.numel())
+            grown[: self.length] = self.buf
+            self.buf = grown
+        self.buf[self.length] = token
+        self.length += 1
+        self.root = token
 
 
 class _StopChecker:
@@ -251,11 +264,12 @@ def _setup(call: _Call, generation_config, logits_processor, batch_size: int) ->
 
 
 def _rows_from_input(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_new: int) -> list[_Row]:
-    """One `_Row` per prompt of the left-padded `[B, W]` ``input_ids``, with room for ``max_new`` tokens."""
+    """One `_Row` per prompt of the left-padded `[B, W]` ``input_ids``, with room for ``max_new`` tokens at most
+    `_INITIAL_ROOM` to start with (a row's buffer grows as it generates: `_Row.append`)."""
     width = input_ids.shape[1]
     rows = []
     for b, start in enumerate(prompt_starts(input_ids, attention_mask)):
-        buf = torch.zeros(width + max_new + 1, dtype=torch.long, device=input_ids.device)
+        buf = torch.zeros(width + min(max_new, _INITIAL_ROOM), dtype=torch.long, device=input_ids.device)
         buf[:width] = input_ids[b]
         rows.append(_Row(index=b, buf=buf, start=start, length=width, prompt_width=width))
     return rows
@@ -375,9 +389,7 @@ def _emit(call: _Call, res: _RowResult) -> None:
     """Append ``res.tokens`` to the row until a stopping criterion fires; stream what was appended."""
     row, n = res.row, 0
     for i, tok in enumerate(res.tokens):
-        row.buf[row.length] = tok
-        row.length += 1
-        row.root = tok
+        row.append(tok)
         n += 1
         if res.scores is not None:
             row.scores.append(res.scores[i])

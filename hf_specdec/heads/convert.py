@@ -38,6 +38,7 @@ from .hub import (
     HeadSource,
     check_reachable,
     check_shapes,
+    config_int,
     read_sharded_tensors,
     read_tensors,
     tensor_names,
@@ -106,13 +107,13 @@ def medusa_expected_shapes(
 # ------------------------------------------------------------------------------------------------ our format
 def medusa_from_ours(config: Mapping, tensors: dict[str, torch.Tensor], where: str) -> MedusaCheckpoint:
     """Our own format: the config is authoritative, every tensor shape is checked against it."""
-    for key in ("num_heads", "num_layers", "hidden_size"):
-        if not isinstance(config.get(key), int):
-            raise ValueError(f"{OWNER}: {where}/{CONFIG_NAME} lacks an integer {key!r}")
+    path = f"{where}/{CONFIG_NAME}"
+    for key, minimum in (("num_heads", 1), ("num_layers", 0), ("hidden_size", 1)):
+        config_int(OWNER, config, key, path, minimum=minimum)
     share = bool(config.get("share_lm_head", True))
     bias = bool(config.get("block_bias", True))
-    vocab = config.get("vocab_size")
-    draft_vocab = config.get("draft_vocab_size")
+    vocab = config_int(OWNER, config, "vocab_size", path, required=False)
+    draft_vocab = config_int(OWNER, config, "draft_vocab_size", path, required=False)
     if not share and vocab is None:
         raise ValueError(f"{OWNER}: {where}/{CONFIG_NAME} has share_lm_head=false but no vocab_size")
     rows = draft_vocab if draft_vocab is not None else vocab

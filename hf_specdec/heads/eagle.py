@@ -25,6 +25,7 @@ from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
+from huggingface_hub.errors import StrictDataclassError
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
@@ -38,6 +39,7 @@ from .hub import (
     base_model_dims,
     base_model_name,
     check_shapes,
+    config_int,
     read_json,
     read_tensors,
 )
@@ -67,6 +69,14 @@ _LLAMA_FIELDS = (
     "vocab_size",
 )
 _REQUIRED_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+# integer fields a config may carry besides the required ones (each checked: an integer >= 1)
+_OPTIONAL_INT_FIELDS = (
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "target_hidden_size",
+    "draft_vocab_size",
+)
 WEIGHT_CANDIDATES = ("model.safetensors", "pytorch_model.bin")
 
 
@@ -694,6 +704,8 @@ def _read_config(source: HeadSource) -> tuple[dict, str]:
     missing = [k for k in _REQUIRED_FIELDS if config.get(k) is None]
     if missing:
         raise ValueError(f"EagleHead: {path} lacks {missing}; an EAGLE config is a Llama config of the draft layer")
+    for key in (*_REQUIRED_FIELDS, *_OPTIONAL_INT_FIELDS):
+        config_int("EagleHead", config, key, str(path), required=False)
     layers = config.get("num_hidden_layers", 1)
     if layers != 1:
         raise ValueError(
@@ -772,7 +784,7 @@ def _check_tensors(init: dict, tensors: dict[str, torch.Tensor], where: str, con
     vocabulary (made int64 in place); errors name the file, the key and both shapes."""
     try:
         expected = expected_shapes(init=init)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, StrictDataclassError) as err:  # transformers' config checks name the field
         raise ValueError(f"EagleHead: cannot build a head from {config_path}: {err}") from err
     check_shapes("EagleHead", tensors, expected, f"{where} (config {config_path})")
     vocab = int(init["config"]["vocab_size"])

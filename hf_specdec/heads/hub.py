@@ -172,6 +172,24 @@ def read_json(path: str | os.PathLike) -> dict:
     return data
 
 
+def config_int(owner: str, config: Mapping, key: str, where: str, *, required: bool = True, minimum: int = 1):
+    """The integer field ``key`` of a head's config file ``where`` (None when absent and not ``required``).
+
+    A missing required field, a value that is not an integer (a string, ``2.5``, ``true``) or one below ``minimum``
+    is a `ValueError` naming ``owner``, the file, the field and the value.
+    """
+    value = config.get(key)
+    if value is None:
+        if required:
+            raise ValueError(f"{owner}: {where} lacks an integer {key!r}")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{owner}: {where} field {key!r} must be an integer, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{owner}: {where} field {key!r} must be at least {minimum}, got {value}")
+    return value
+
+
 # --------------------------------------------------------------------------------------------------- tensors
 def read_tensors(path: str | os.PathLike, select: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
     """Tensors of one weights file (``.safetensors``, or a ``torch.save`` file loaded with ``weights_only=True``).

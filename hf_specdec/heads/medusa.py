@@ -24,12 +24,31 @@ from torch import nn
 from .convert import medusa_expected_shapes, medusa_to_vllm, read_medusa_checkpoint
 from .derived import drafting_copy, lm_head_logits
 from .hub import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
     HeadSource,
     PretrainedHead,
     base_model_dims,
     base_model_name,
     check_base_model,
+    tensor_names,
 )
+
+
+def _check_config_present(source: HeadSource) -> None:
+    """Our format's weights are read with the config.json saved beside them: name that file when it is missing or
+    empty (upstream layouts are told by their tensor names and need no config)."""
+    config = source.json(CONFIG_NAME)
+    if config:
+        return
+    path = source.file(WEIGHTS_NAME)
+    if path is not None and "block_weight" in tensor_names(path):
+        state = "missing" if config is None else "empty ({})"
+        raise ValueError(
+            f"MedusaHeads: {source}/{CONFIG_NAME} is {state}, but {path} holds hf-specdec Medusa heads (block_weight, "
+            "...), which are read with the config.json saved beside them (head_type, num_heads, num_layers, "
+            "hidden_size, ...): restore that file, or save the heads again with save_pretrained"
+        )
 
 
 class MedusaHeads(
@@ -153,6 +172,7 @@ class MedusaHeads(
     def _read_checkpoint(cls, source: HeadSource, num_heads: int | None = None) -> tuple[dict, dict, str]:
         """``(init kwargs, tensors in our layout, source format)`` of the Medusa heads in ``source`` (any layout),
         cut to the first ``num_heads`` heads when given."""
+        _check_config_present(source)
         ckpt = read_medusa_checkpoint(source)
         tensors = ckpt.tensors
         if num_heads is not None:

@@ -48,6 +48,7 @@ from .hub import (
     check_base_model,
     check_reachable,
     check_shapes,
+    config_int,
     read_json,
     read_sharded_tensors,
     read_tensors,
@@ -404,8 +405,16 @@ def _config_kwargs(config: Mapping, where: str) -> tuple[dict, str]:
             f"head_type={config.get('head_type')!r}"
         )
     for key in ("emb_dim", "vocab_size", "n_predict"):
-        if not isinstance(config.get(key), int) or isinstance(config.get(key), bool):
-            raise ValueError(f"{OWNER}: {where} lacks an integer {key!r} (got {config.get(key)!r})")
+        config_int(OWNER, config, key, where)
+    for key in ("inner_dim", "n_candidates"):  # 0 or absent: the default
+        config_int(OWNER, config, key, where, required=False, minimum=0)
+    config_int(OWNER, config, "draft_vocab_size", where, required=False)
+    hidden = config_int(OWNER, config, "hidden_size", where, required=False)  # ours: the base model's = emb_dim
+    if hidden is not None and hidden != config["emb_dim"]:
+        raise ValueError(
+            f"{OWNER}: {where} field 'hidden_size' is {hidden} but 'emb_dim' is {config['emb_dim']}; a speculator "
+            "reads the base model's hidden states, so both are the base model's hidden size"
+        )
     n = config["n_predict"]
     top_k = config.get("top_k_tokens_per_head") or [1] * n
     if not isinstance(top_k, list) or len(top_k) != n or not all(isinstance(k, int) and k > 0 for k in top_k):

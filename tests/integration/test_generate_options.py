@@ -5,7 +5,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TextIteratorStreamer, TextStreamer
 
 import hf_specdec
-from hf_specdec.testing import OracleProposer, RandomTreeProposer, assert_same_tokens, left_pad
+from hf_specdec.testing import OracleProposer, RandomTreeProposer, assert_same_tokens, char_tokenizer, left_pad
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 5], [9, 9, 8, 7, 6, 5, 4], [12, 13, 12, 13, 12]]
 
@@ -96,15 +96,8 @@ def test_streamer_receives_the_committed_tokens(tiny_models):
 
 
 def test_stop_strings_need_tokenizer_and_stop_like_vanilla(tiny_models):
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     model = tiny_models["llama"]
-    chars = [chr(33 + i) for i in range(model.config.vocab_size)]  # one printable character per token
-    backend = Tokenizer(models.WordLevel(vocab={c: i for i, c in enumerate(chars)}, unk_token=chars[0]))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token=chars[0])
+    tok = char_tokenizer(model.config.vocab_size)  # one printable character per token
     ids = torch.tensor([PROMPTS[0]])
     gen = model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1] :].tolist()
     stop = tok.convert_ids_to_tokens(gen[5])
