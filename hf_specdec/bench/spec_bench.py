@@ -520,10 +520,10 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as interrupt:
         log(f"interrupted: {len(records)} records kept" + (f" in {args.out}" if args.out else ""))
         if records:
-            print(markdown_report(summarize(records), meta(done=False)), flush=True)
+            print(markdown_report(summarize(records), meta(done=False), records), flush=True)
         return 143 if isinstance(interrupt, _Terminated) else 130
     bar.close()
-    print(markdown_report(summarize(records), meta(done=True)))
+    print(markdown_report(summarize(records), meta(done=True), records))
     if args.out:
         paths = write_results(args.out, records, meta(done=True))
         log("wrote " + ", ".join(str(p) for p in paths.values()))
