@@ -156,6 +156,25 @@ def markdown_table(summary: Sequence[dict], setting: str) -> str:
     return "\n".join(lines)
 
 
+def category_table(summary: Sequence[dict], setting: str, category: str = OVERALL) -> str:
+    """One line per method for one category (or overall) of one setting: prompts, speedup, median, τ, acceptance,
+    tokens/s, mismatches (the demo's Benchmark tab shows one category)."""
+    lines = [
+        "| method | prompts | speedup | median | τ | acceptance | tokens/s | mismatches vs vanilla | notes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in summary:
+        if row["setting"] != setting or row["category"] != category:
+            continue
+        median = _fmt(row["median_speedup"], ".2f")
+        lines.append(
+            f"| {row['method']} | {row['prompts']} | {_speedup_cell(row, bold=True)} | {median + 'x' if median else ''} "
+            f"| {_fmt(row['tau'], '.2f')} | {_fmt(row['acceptance_rate'], '.2f')} | {_fmt(row['tokens_per_s'], '.1f')} "
+            f"| {_mismatch_cell(row)} | {_notes(row)} |"
+        )
+    return "\n".join(lines)
+
+
 def speedup_matrix(summary: Sequence[dict], setting: str) -> str:
     """A compact Markdown table of one setting: one row per method, the speedup (total tokens / total time over
     vanilla's) per category and overall, the median per-prompt ratio beside it, overall τ, tokens/s and mismatches
