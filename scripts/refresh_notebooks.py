@@ -29,6 +29,7 @@ NOTEBOOKS = ROOT / "notebooks"
 ASSETS = ROOT / "hf_specdec" / "assets"
 HEAD_FILES = ("config.json", "model.safetensors")  # what decides a head's drafts (README / report do not)
 METADATA_KEY = "hf_specdec"
+BUSY_LOAD = 0.5  # load average per core above which the timings would be the other work's
 SMALL_RUN_VARIABLES = ("HF_SPECDEC_NOTEBOOK_TOKENS", "HF_SPECDEC_NOTEBOOK_CATEGORIES")
 
 
@@ -104,7 +105,12 @@ def refresh(path: Path, timeout: int = 3600) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="*", type=Path, help="notebooks to refresh (default: every one in notebooks/)")
+    parser.add_argument("--allow-busy", action="store_true", help="run even when the machine is busy (see below)")
     args = parser.parse_args(argv)
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > BUSY_LOAD * cores and not args.allow_busy:  # the notebooks time things: a busy CPU skews every figure
+        parser.error(f"the machine is busy (load average {load:.1f} on {cores} cores): the notebooks' timings would "
+                     "show the other work, not hf-specdec; wait for a quiet machine or pass --allow-busy")  # fmt: skip
     for name in SMALL_RUN_VARIABLES:  # the committed copies show the notebooks' defaults
         os.environ.pop(name, None)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
