@@ -135,43 +135,39 @@ def _mismatch_cell(row: dict) -> str:
     return f"**{mism}**" if row["mismatches"] else mism
 
 
+def _detail_line(row: dict, category: str | None) -> str:
+    """One Markdown line of a details table: method, the category cell (None: no category column), prompts,
+    tokens/s, speedup (bold on overall lines), median, τ, acceptance, mismatches, notes."""
+    overall = row["category"] == OVERALL
+    median = _fmt(row["median_speedup"], ".2f")
+    cells = [row["method"], *([] if category is None else [category]), str(row["prompts"])]
+    cells += [_fmt(row["tokens_per_s"], ".1f"), _speedup_cell(row, bold=overall), median + "x" if median else ""]
+    cells += [_fmt(row["tau"], ".2f"), _fmt(row["acceptance_rate"], ".2f"), _mismatch_cell(row), _notes(row)]
+    return "| " + " | ".join(cells) + " |"
+
+
+DETAIL_COLUMNS = "prompts | tokens/s | speedup | median | τ | acceptance | mismatches vs vanilla | notes |"
+DETAIL_ALIGN = "---:|---:|---:|---:|---:|---:|---:|---|"
+
+
 def markdown_table(summary: Sequence[dict], setting: str) -> str:
     """The Markdown table of one setting (``greedy``, ``t=0.7 top_p=0.9`` ...): one line per method and category,
     then its overall line, in bold."""
-    lines = [
-        "| method | category | prompts | tokens/s | speedup | median | τ | acceptance | mismatches vs vanilla | notes |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
+    lines = ["| method | category | " + DETAIL_COLUMNS, "|---|---|" + DETAIL_ALIGN]
     for row in summary:
-        if row["setting"] != setting:
-            continue
-        overall = row["category"] == OVERALL
-        category = f"**{OVERALL}**" if overall else row["category"]
-        median = _fmt(row["median_speedup"], ".2f")
-        lines.append(
-            f"| {row['method']} | {category} | {row['prompts']} | {_fmt(row['tokens_per_s'], '.1f')} | "
-            f"{_speedup_cell(row, bold=overall)} | {median + 'x' if median else ''} | {_fmt(row['tau'], '.2f')} | "
-            f"{_fmt(row['acceptance_rate'], '.2f')} | {_mismatch_cell(row)} | {_notes(row)} |"
-        )
+        if row["setting"] == setting:
+            category = f"**{OVERALL}**" if row["category"] == OVERALL else row["category"]
+            lines.append(_detail_line(row, category))
     return "\n".join(lines)
 
 
 def category_table(summary: Sequence[dict], setting: str, category: str = OVERALL) -> str:
-    """One line per method for one category (or overall) of one setting: prompts, speedup, median, τ, acceptance,
-    tokens/s, mismatches (the demo's Benchmark tab shows one category)."""
-    lines = [
-        "| method | prompts | speedup | median | τ | acceptance | tokens/s | mismatches vs vanilla | notes |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
+    """One line per method for one category (or overall) of one setting (the demo's Benchmark tab shows one
+    category), the columns of `markdown_table`."""
+    lines = ["| method | " + DETAIL_COLUMNS, "|---|" + DETAIL_ALIGN]
     for row in summary:
-        if row["setting"] != setting or row["category"] != category:
-            continue
-        median = _fmt(row["median_speedup"], ".2f")
-        lines.append(
-            f"| {row['method']} | {row['prompts']} | {_speedup_cell(row, bold=True)} | {median + 'x' if median else ''} "
-            f"| {_fmt(row['tau'], '.2f')} | {_fmt(row['acceptance_rate'], '.2f')} | {_fmt(row['tokens_per_s'], '.1f')} "
-            f"| {_mismatch_cell(row)} | {_notes(row)} |"
-        )
+        if row["setting"] == setting and row["category"] == category:
+            lines.append(_detail_line({**row, "category": OVERALL}, None))  # its headline in bold
     return "\n".join(lines)
 
 

@@ -157,23 +157,31 @@ def test_page_runs_a_generation_and_shows_text_and_stats(browser, demo_url, defa
     page.close()
 
 
+def _stop_once_written(page, pane: str, min_chars: int) -> None:
+    """Press Stop once ``pane`` shows more than ``min_chars`` characters; wait for the page to say it stopped."""
+    script = f"(document.querySelector('#{pane}-pane .hfsd-text')?.innerText || '').length > {min_chars}"
+    page.wait_for_function(script, timeout=LONG)
+    page.locator("#stop").click()
+    page.locator("#summary").get_by_text("Stopped").first.wait_for(timeout=60_000)
+
+
+def _stopped_page(page, shot: str) -> tuple[str, str, str, str, str]:
+    """(vanilla status, vanilla text, speculative status, speculative text, summary) of a stopped run, after a
+    screenshot; no "Error" badge may show."""
+    _shot(page, shot)
+    assert _no_error_badges(page)
+    return (*_pane(page, "vanilla"), *_pane(page, "speculative"), page.locator("#summary").inner_text())
+
+
 def test_stop_during_the_vanilla_run_keeps_its_text_and_says_stopped(browser, demo_url):
     page = _open(browser, demo_url)
     page.locator("#prompt textarea").fill(LONG_PROMPT)
     _set_number(page, "max-new-tokens", 512)
     page.locator("#generate").click()
-    page.wait_for_function(
-        "(document.querySelector('#vanilla-pane .hfsd-text')?.innerText || '').length > 8", timeout=LONG
-    )
-    page.locator("#stop").click()
-    page.locator("#summary").get_by_text("Stopped").first.wait_for(timeout=60_000)
-    vanilla_head, vanilla_text = _pane(page, "vanilla")
-    spec_head, _ = _pane(page, "speculative")
-    _shot(page, "demo_stopped_vanilla")
+    _stop_once_written(page, "vanilla", 8)
+    vanilla_head, vanilla_text, spec_head, _, summary = _stopped_page(page, "demo_stopped_vanilla")
     assert "stopped" in vanilla_head and "running" not in vanilla_head and vanilla_text.strip()
-    assert "not started" in spec_head
-    assert "during the vanilla run" in page.locator("#summary").inner_text()
-    assert _no_error_badges(page)
+    assert "not started" in spec_head and "during the vanilla run" in summary
     page.close()
 
 
@@ -189,20 +197,13 @@ def test_stop_during_the_speculative_run_keeps_both_texts(browser, demo_url):
     ).first.wait_for(timeout=10_000)
     page.locator("#generate").click()
     page.locator("#summary").get_by_text("Running speculative decoding").wait_for(timeout=3 * LONG)
-    page.wait_for_function(
-        "(document.querySelector('#speculative-pane .hfsd-text')?.innerText || '').length > 0", timeout=LONG
-    )
-    page.locator("#stop").click()
-    page.locator("#summary").get_by_text("Stopped").first.wait_for(timeout=60_000)
-    vanilla_head, vanilla_text = _pane(page, "vanilla")
-    spec_head, spec_text = _pane(page, "speculative")
-    _shot(page, "demo_stopped_speculative")
+    _stop_once_written(page, "speculative", 0)
+    vanilla_head, vanilla_text, spec_head, spec_text, summary = _stopped_page(page, "demo_stopped_speculative")
     assert vanilla_text.strip() and spec_text.strip()
     assert "running" not in vanilla_head and "stopped" not in vanilla_head  # vanilla had finished
     assert "stopped" in spec_head and "running" not in spec_head
     assert len(spec_text) <= len(vanilla_text) and vanilla_text.startswith(spec_text.rstrip()[:20])
-    assert "during the speculative run" in page.locator("#summary").inner_text()
-    assert _no_error_badges(page)
+    assert "during the speculative run" in summary
     page.close()
 
 
