@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="*", type=Path, help="notebooks to refresh (default: every one in notebooks/)")
     parser.add_argument("--allow-busy", action="store_true", help="run even when the machine is busy (see below)")
+    parser.add_argument("--timeout", type=int, default=3600, help="seconds one cell may run (default 3600)")
     args = parser.parse_args(argv)
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if load > BUSY_LOAD * cores and not args.allow_busy:  # the notebooks time things: a busy CPU skews every figure
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     for path in args.paths or sorted(NOTEBOOKS.glob("*.ipynb")):
         t0 = time.perf_counter()
-        meta = refresh(path)
+        meta = refresh(path, args.timeout)
         print(f"{path}: executed in {time.perf_counter() - t0:.0f} s (load before {meta['load_average_before']}); "
               f"heads {meta['heads_sha256'][:12]}", file=sys.stderr)  # fmt: skip
     return 0
