@@ -6,7 +6,7 @@ here with `register_default_assistant`; ``requires`` says whether its assets are
 a shorter `available_assistants()` instead of failing later.
 
     >>> available_assistants()
-    ['ngram+medusa', 'ngram', 'medusa']
+    ['ngram+medusa', 'ngram', 'medusa', 'eagle', 'ngram+eagle', 'mlp_speculator']
     >>> model.generate(ids, assistant=load_default_assistant("ngram+medusa"))
 """
 
@@ -99,11 +99,13 @@ def load_default_assistant(name: str = DEFAULT_ASSISTANT) -> Proposer:
     """A fresh ready-made assistant tuned for the default model (SmolLM2-135M-Instruct), ready for ``assistant=``.
 
     Args:
-        name: one of `available_assistants()`: ``"ngram+medusa"`` (prompt lookup where it finds a match, the shipped
-            Medusa heads elsewhere; the fastest on the default model, docs/results.md), ``"ngram"`` (prompt lookup
-            over token trees), ``"medusa"`` (the shipped Medusa-1 heads with their tuned tree), ``"suffix"`` (suffix
-            decoding over the request and the assistant's store of earlier answers: keep the returned assistant
-            and pass it to every call of a session), ``"suffix+eagle"``, ... (`available_assistants`).
+        name: one of `available_assistants()`: ``"ngram+medusa"`` / ``"ngram+eagle"`` (prompt lookup where it finds
+            a match, the shipped Medusa heads / EAGLE head elsewhere: the fastest on the default model,
+            docs/results.md), ``"ngram"`` (prompt lookup over token trees, no weights: any model), ``"medusa"`` (the
+            shipped Medusa-1 heads with their tuned tree), ``"eagle"`` (the shipped EAGLE-1/2 head drafting EAGLE-2
+            dynamic trees), ``"mlp_speculator"`` (the shipped MLP speculator), ``"suffix"`` (suffix decoding over the
+            request and the assistant's store of earlier answers: keep the returned assistant and pass it to every
+            call of a session) or ``"suffix+eagle"`` / ``"suffix+medusa"`` (`available_assistants`).
     Returns:
         a new `Proposer` for each call (trained heads are loaded once and shared).
     """

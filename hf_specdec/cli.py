@@ -2,15 +2,19 @@
 
 hf-specdec generate "Explain speculative decoding."       # stream an answer, print tokens/s and τ
 hf-specdec generate "..." --assistant medusa            # any of hf_specdec.assistants.available_assistants()
-hf-specdec generate "..." --assistant draft --draft-layers 8
-hf-specdec bench [--methods ...] [--per-category N] [--batch 4] [--sample] [--out DIR] [--workload agentic]
+hf-specdec generate "..." --assistant draft --draft-layers 8 --do-sample --temperature 0.7 --top-p 0.9
+hf-specdec bench [--full] [--methods ...] [--per-category N] [--batch 4] [--do-sample] [--out DIR] [--workload agentic]
 hf-specdec eval-heads [--heads eagle,medusa,mlp_speculator] [--head-dir NAME=FOLDER]   # top-1 on bench answers
 hf-specdec convert                                       # convert the default model now, print its folder
-hf-specdec train medusa --out DIR [--num-prompts N --max-new-tokens M --epochs E --num-heads 4 --resume]
+hf-specdec train medusa --out DIR [--model M --num-prompts N --max-new-tokens M --epochs E --num-heads 4 --resume]
 hf-specdec train mlp-speculator --out DIR [--data FOLDER... --epochs E --inner-dim 384 --resume]
-hf-specdec train eagle --out DIR [--data-dir DIR --extra-data FOLDER... --num-seed 32 --num-tasks 120 --epochs E --resume]
+hf-specdec train eagle --out DIR [--version 3] [--model M --data sharegpt --soft-labels --unroll K --resume ...]
 hf-specdec export HEAD --format speculators|eagle|medusa --out DIR [--model M --verifier NAME]   # for vLLM / SGLang
 hf-specdec demo [--host H] [--port P] [--share] [--concurrency N] [--parallel]   # Gradio demo, http://127.0.0.1:7860
+hf-specdec --version
+
+The flags every subcommand shares are spelled once, as transformers' generate() arguments (`cli_args`):
+--model, --device, --threads, --max-new-tokens, --do-sample, --temperature, --top-p, --seed.
 """
 
 from __future__ import annotations
@@ -24,8 +28,15 @@ from pathlib import Path
 from .assistants import DEFAULT_ASSISTANT, available_assistants, describe_assistant
 from .cli_args import (
     UsageError,
+    add_device_argument,
+    add_max_new_tokens_argument,
+    add_model_argument,
+    add_sampling_arguments,
+    add_threads_argument,
+    check_device_argument,
     check_draft_layers,
     check_model_argument,
+    check_sampling_arguments,
     load_model_argument,
     non_negative_int,
     positive_float,
@@ -49,32 +60,25 @@ def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         help="; ".join(f"{name}: {text}" for name, text in choices.items())
         + " (ready-made ones are for the default model; default %(default)s)",
     )
-    parser.add_argument(
-        "--max-new-tokens", type=positive_int, default=256, help="most tokens to generate (default 256)"
-    )
+    add_max_new_tokens_argument(parser, 256, "most tokens to generate")
     parser.add_argument(
         "--draft-layers", type=positive_int, default=8, help="layers of the layer-skip draft (default 8)"
     )
-    parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
-    parser.add_argument(
-        "--temperature", type=positive_float, default=None, help="sampling temperature > 0 (with --do-sample)"
-    )
-    parser.add_argument("--top-p", type=positive_float, default=None, help="nucleus sampling top_p (with --do-sample)")
+    add_sampling_arguments(parser, "sample instead of greedy decoding")
     parser.add_argument("--system", default=None, help="system message (default: the chat template's)")
     parser.add_argument("--seed", type=int, default=None, help="torch.manual_seed before generating")
-    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
-    parser.add_argument("--model", default=None, help="a local model folder or Hub id instead of the default model")
+    add_threads_argument(parser)
+    add_model_argument(parser)
+    add_device_argument(parser)
 
 
 def _check_generate_arguments(args: argparse.Namespace) -> None:
-    """What argparse cannot check alone (an empty message, combinations, the model folder)."""
+    """What argparse cannot check alone (an empty message, combinations, the model folder, the device)."""
     if not args.question.strip():
         raise UsageError('the question is empty: pass a message for the model, e.g. hf-specdec generate "Hi!"')
-    if not args.do_sample and (args.temperature is not None or args.top_p is not None):
-        raise UsageError("--temperature and --top-p apply to sampling: add --do-sample")
-    if args.top_p is not None and args.top_p > 1:
-        raise UsageError(f"--top-p is a probability in (0, 1], got {args.top_p}")
+    check_sampling_arguments(args)
     check_model_argument(args.model)
+    check_device_argument(args.device)
 
 
 def generate_main(args: argparse.Namespace) -> int:
@@ -88,10 +92,8 @@ def generate_main(args: argparse.Namespace) -> int:
     from .models import chat_prompt_ids, draft_model_from_layers
 
     _check_generate_arguments(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    model, tokenizer, name = load_model_argument(args.model)
+    model, tokenizer, name = load_model_argument(args.model, args.device)
     kwargs: dict = {"max_new_tokens": args.max_new_tokens, "return_dict_in_generate": True}
     if args.assistant not in OTHER_ASSISTANTS:
         kwargs["assistant"] = hf_specdec.load_default_assistant(args.assistant)  # checked against the model
@@ -112,6 +114,7 @@ def generate_main(args: argparse.Namespace) -> int:
         torch.manual_seed(args.seed)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     t0 = time.perf_counter()
+    ids = ids.to(model.device)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), streamer=streamer, **kwargs)
     elapsed = time.perf_counter() - t0
     eos = model.generation_config.eos_token_id
@@ -135,6 +138,8 @@ def convert_main(args: argparse.Namespace) -> int:
 
 def _add_train_medusa_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output folder: heads, training_report.json, data/, checkpoints/")
+    add_model_argument(parser)
+    add_device_argument(parser, what="the target answers and the heads train (default: the GPU when there is one)")
     parser.add_argument("--data-dir", default=None, help="self-distillation data folder (default OUT/data)")
     parser.add_argument(
         "--data", nargs="+", default=None, help="existing data folder(s) to train on as they are (no build)"
@@ -148,11 +153,11 @@ def _add_train_medusa_arguments(parser: argparse.ArgumentParser) -> None:
         help="stage-2 prompts: tasks over the model's own stage-1 answers (summarise, answer, translate back...; "
         "default 640; 0: none)",
     )
-    parser.add_argument("--max-new-tokens", type=positive_int, default=128, help="answer length cap (default 128)")
+    add_max_new_tokens_argument(parser, 128, "answer length cap")
     parser.add_argument(
         "--gen-batch-size", type=positive_int, default=32, help="prompts per generate call (default 32)"
     )
-    parser.add_argument("--sample", action="store_true", help="sample the answers (T=0.7, top-p 0.9) instead of greedy")
+    add_sampling_arguments(parser, "sample the answers (T=0.7, top-p 0.9) instead of greedy", values=False)
     parser.add_argument("--prompt-seed", type=int, default=0, help="seed of the prompt set and sampling (default 0)")
     parser.add_argument(
         "--epochs", type=positive_float, default=3.0, help="passes over the training positions (default 3)"
@@ -192,14 +197,12 @@ def _add_train_medusa_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no", help="accelerate setting")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
-    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    add_threads_argument(parser)
 
 
 def train_medusa_main(args: argparse.Namespace) -> int:
-    """``hf-specdec train medusa``: self-distillation data from the default model, then Medusa-1 heads."""
-    import torch
-
-    from .models import DEFAULT_MODEL_NAME, load_default_model
+    """``hf-specdec train medusa``: self-distillation data from the model (the default one unless ``--model``), then
+    Medusa-1 heads."""
     from .training import (
         MedusaTrainingConfig,
         build_default_data,
@@ -208,14 +211,14 @@ def train_medusa_main(args: argparse.Namespace) -> int:
         tune_and_save_tree,
     )
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    check_model_argument(args.model)
+    check_device_argument(args.device)
     out = Path(args.out)
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
     t0 = time.perf_counter()
-    model, tokenizer = load_default_model()
+    model, tokenizer, model_name = load_model_argument(args.model, args.device)
     data_dirs = args.data or [data_dir]
-    print(f"[{DEFAULT_MODEL_NAME} loaded in {time.perf_counter() - t0:.1f} s; data: {data_dirs}]", file=sys.stderr)
+    print(f"[{model_name} loaded in {time.perf_counter() - t0:.1f} s; data: {data_dirs}]", file=sys.stderr)
     if args.data:
         folders = [Path(f) for f in args.data]
     else:
@@ -228,8 +231,8 @@ def train_medusa_main(args: argparse.Namespace) -> int:
             seed=args.prompt_seed,
             max_new_tokens=args.max_new_tokens,
             batch_size=args.gen_batch_size,
-            do_sample=args.sample,
-            base_model_name=DEFAULT_MODEL_NAME,
+            do_sample=args.do_sample,
+            base_model_name=model_name,
         )
     data = load_distillation_data(folders)
     print(f"[data: {data.manifest['num_sequences']} answers, {data.manifest['num_tokens']} tokens]", file=sys.stderr)
@@ -249,8 +252,9 @@ def train_medusa_main(args: argparse.Namespace) -> int:
         mixed_precision=args.mixed_precision,
     )
     lm_head = model.get_output_embeddings()
+    cpu = None if args.device is None else args.device == "cpu"  # None: accelerate's choice
     heads, report = train_medusa(
-        data, out, lm_head, config, resume=args.resume, base_model_name_or_path=DEFAULT_MODEL_NAME
+        data, out, lm_head, config, resume=args.resume, base_model_name_or_path=model_name, cpu=cpu
     )
     held = report["held_out"] or {}
     if not args.no_tune_tree:
@@ -268,11 +272,13 @@ _BENCH_WORKLOADS = {"spec-bench": "hf_specdec.bench.spec_bench", "agentic": "hf_
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
     from .bench.spec_bench import add_arguments as add_bench_arguments
 
     parser = argparse.ArgumentParser(
         prog="hf-specdec", description="Speculative decoding with token trees inside transformers' generate()."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     gen = sub.add_parser("generate", help="stream an answer with an assistant; prints tokens/s and τ")
     _add_generate_arguments(gen)
@@ -284,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import head_eval
 
     head_eval.add_arguments(heads)
+    add_threads_argument(heads)
     heads.set_defaults(func=head_eval.main)
     conv = sub.add_parser("convert", help="convert the default model to safetensors now; print its folder")
     conv.set_defaults(func=convert_main)
@@ -299,8 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
     mlp.set_defaults(func=train_mlp.main)
     from .training import eagle_cli
 
-    eagle = train_sub.add_parser("eagle", help="an EAGLE-1/2 head on six-task self-distillation data")
+    what = "an EAGLE head (EAGLE-1/2, or EAGLE-3 with --version 3) on six-task self-distillation data"
+    eagle = train_sub.add_parser("eagle", help=what, description=what[0].upper() + what[1:] + ".")
     eagle_cli.add_train_eagle_arguments(eagle)
+    add_threads_argument(eagle)
     eagle.set_defaults(func=eagle_cli.train_eagle_main)
     from . import export_cli
 
@@ -324,6 +333,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(args, "threads", None):  # --threads, the same for every subcommand
+            import torch
+
+            torch.set_num_threads(args.threads)
         return int(args.func(args) or 0)
     except UsageError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")

@@ -1,4 +1,10 @@
-"""Argument types and checks shared by the ``hf-specdec`` subcommands (generate, bench, train).
+"""The command-line vocabulary shared by the ``hf-specdec`` subcommands, and their argument types and checks.
+
+One vocabulary: a thing has the same flag on every subcommand that has it, spelled as transformers' ``generate()``
+argument where there is one (``max_new_tokens`` -> ``--max-new-tokens``): ``--model``, ``--device``, ``--threads``,
+``--max-new-tokens``, ``--do-sample``, ``--temperature``, ``--top-p``, ``--seed``. Subcommands add these flags through
+the ``add_*_argument(s)`` helpers below, so names, types and help read the same everywhere; an older spelling stays
+accepted as a hidden alias (`add_hidden_alias`).
 
 A value that cannot work is refused before any model is loaded, as one ``hf-specdec: error: ...`` line naming the
 option, the value and what is expected (exit code 2, argparse's convention): argparse reports the types below itself,
@@ -46,6 +52,82 @@ non_negative_int.__name__ = "non-negative integer"
 positive_float.__name__ = "positive number"
 
 
+# ----------------------------------------------------------------------------------------- the shared flags
+def add_hidden_alias(parser: argparse.ArgumentParser, alias: str, dest: str, **kwargs) -> None:
+    """Accept ``alias`` (an older spelling) for the option stored in ``dest``, left out of ``--help``."""
+    parser.add_argument(alias, dest=dest, help=argparse.SUPPRESS, **kwargs)
+
+
+def add_model_argument(parser: argparse.ArgumentParser) -> None:
+    """``--model``: a local model folder or Hub id instead of the default model (see `load_model_argument`)."""
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a local model folder or Hub id instead of the default model (SmolLM2-135M-Instruct)",
+    )
+
+
+def add_device_argument(
+    parser: argparse.ArgumentParser, default: str | None = None, what: str = "the model runs"
+) -> None:
+    """``--device``: where ``what`` (a torch device name: cpu, cuda, cuda:1 ...)."""
+    shown = default or "cpu"
+    parser.add_argument(
+        "--device", default=default, help=f"where {what} (a torch device: cpu, cuda ...; default {shown})"
+    )
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """``--threads``: torch CPU threads (``hf_specdec.cli.main`` sets them before the subcommand runs)."""
+    parser.add_argument(
+        "--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
+
+
+def add_max_new_tokens_argument(parser: argparse.ArgumentParser, default: int, what: str = "tokens generated") -> None:
+    """``--max-new-tokens``, as transformers' ``max_new_tokens``."""
+    parser.add_argument(
+        "--max-new-tokens", type=positive_int, default=default, help=f"{what} (default {default}; max_new_tokens)"
+    )
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser, do_sample_help: str, values: bool = True) -> None:
+    """``--do-sample`` (old spelling ``--sample``, hidden), and with ``values`` ``--temperature`` and ``--top-p``, as
+    transformers' ``do_sample``, ``temperature`` and ``top_p``; `check_sampling_arguments` checks them together."""
+    parser.add_argument("--do-sample", action="store_true", help=do_sample_help)
+    add_hidden_alias(parser, "--sample", "do_sample", action="store_true")
+    if values:
+        parser.add_argument(
+            "--temperature", type=positive_float, default=None, help="sampling temperature > 0 (with --do-sample)"
+        )
+        parser.add_argument(
+            "--top-p", type=positive_float, default=None, help="nucleus sampling top_p in (0, 1] (with --do-sample)"
+        )
+
+
+def check_sampling_arguments(args: argparse.Namespace) -> None:
+    """``--temperature`` / ``--top-p`` need ``--do-sample``; top_p is a probability."""
+    temperature, top_p = getattr(args, "temperature", None), getattr(args, "top_p", None)
+    if not args.do_sample and (temperature is not None or top_p is not None):
+        raise UsageError("--temperature and --top-p apply to sampling: add --do-sample")
+    if top_p is not None and top_p > 1:
+        raise UsageError(f"--top-p is a probability in (0, 1], got {top_p}")
+
+
+def check_device_argument(device: str | None) -> None:
+    """``--device``: a device torch knows and this machine has."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as err:
+        raise UsageError(f"--device {device}: not a torch device (cpu, cuda, cuda:1 ...)") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: torch sees no CUDA device on this machine")
+
+
 def check_model_argument(name: str | None) -> None:
     """``--model``: a path that looks like a folder must exist (else transformers reports a Hub repo-id error)."""
     if name is None:
@@ -56,9 +138,9 @@ def check_model_argument(name: str | None) -> None:
         raise UsageError(f"--model {name}: no such folder (pass a local model folder or a Hub id like org/name)")
 
 
-def load_model_argument(name: str | None):
-    """``(model, tokenizer, name)`` of ``--model`` (`models.load_causal_lm`: fp32, eval mode), or of the default
-    model when None.
+def load_model_argument(name: str | None, device: str | None = None):
+    """``(model, tokenizer, name)`` of ``--model`` (`models.load_causal_lm`: fp32, eval mode, on ``--device``), or of
+    the default model when None.
 
     Raises:
         UsageError: transformers cannot load ``name`` (not a model folder, an unknown Hub id, offline); the first line
@@ -68,7 +150,7 @@ def load_model_argument(name: str | None):
 
     check_model_argument(name)
     try:
-        return load_causal_lm(name)
+        return load_causal_lm(name, device)
     except OSError as err:  # transformers' "not a local folder nor a Hub repo" / offline messages
         raise UsageError(f"--model {name}: {str(err).splitlines()[0]}") from err
 

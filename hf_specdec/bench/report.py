@@ -10,11 +10,18 @@ prompt in the same run::
 ``steps`` / ``drafted`` / ``accepted`` come from ``out.spec_stats`` (None where a method has none), and
 ``nodes_per_row`` from its tree budget ({nodes verified for a row in a step: how often}), ``accepted_per_depth``
 (entry d - 1: the steps that accepted at least d draft tokens, ``SpecStats.accepted_per_depth``); ``match`` is
-whether the method's tokens equal vanilla's (greedy only, None otherwise). Metric definitions (as in
-docs/results.md): speedup = vanilla wall time / method wall time on the same prompt (the median over prompts is
-reported; recorded as the ratio of tokens/s, which is the same number whenever both calls emit the same tokens, as
-in greedy decoding, and stays meaningful when sampled answers differ in length), τ = 1 + accepted / steps,
-acceptance rate = accepted / drafted.
+whether the method's tokens equal vanilla's (greedy only, None otherwise).
+
+Metric definitions (as in docs/results.md):
+
+- speedup (the headline, per category and overall) = the method's throughput over vanilla's on the same prompts:
+  (total generated tokens / total wall time) / (vanilla's total tokens / vanilla's total time). A user running the
+  prompts one after another sees exactly this; one prompt that runs far slower weighs by the time it took. In greedy
+  decoding both emit the same tokens, so it is vanilla's total time / the method's total time.
+- median = the median over prompts of the per-prompt ratio (recorded per prompt as ``speedup``, a ratio of
+  tokens/s), shown beside it: a typical prompt, insensitive to one slow one.
+- slow prompts: every prompt whose own ratio is below `SLOW_PROMPT`, listed under the tables.
+- τ = 1 + accepted / steps, acceptance rate = accepted / drafted.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from pathlib import Path
 from .questions import category_sort_key
 
 OVERALL = "overall"
+SLOW_PROMPT = 0.75  # a prompt whose own speedup is below this is listed under the tables
+MAX_SLOW_LISTED = 12
 
 
 def median_speedup(vanilla_times: Sequence[float], method_times: Sequence[float]) -> float:
@@ -36,14 +45,31 @@ def median_speedup(vanilla_times: Sequence[float], method_times: Sequence[float]
     return statistics.median(v / m for v, m in zip(vanilla_times, method_times))
 
 
+def throughput_speedup(records: Sequence[dict]) -> float | None:
+    """The method's total tokens / total time over vanilla's on the same prompts (the headline speedup).
+
+    Only records with a per-prompt ``speedup`` count (both calls ran and emitted tokens), so the method and vanilla
+    are summed over the same prompts. None when there is none.
+    """
+    both = [r for r in records if not r.get("error") and r.get("speedup") is not None]
+    time_s = sum(r["time_s"] for r in both)
+    vanilla_time_s = sum(r["vanilla_time_s"] for r in both)
+    if not both or time_s <= 0 or vanilla_time_s <= 0:
+        return None
+    vanilla_rate = sum(r["vanilla_new_tokens"] for r in both) / vanilla_time_s
+    return sum(r["new_tokens"] for r in both) / time_s / vanilla_rate
+
+
 def summarize_group(records: Sequence[dict]) -> dict:
-    """Aggregate metrics of the records of one method, setting and category."""
+    """Aggregate metrics of the records of one method, setting and category: ``speedup`` (total throughput over
+    vanilla's), ``median_speedup`` (median of the per-prompt ratios), ``tokens_per_s``, τ, acceptance, mismatches."""
     ok = [r for r in records if not r.get("error")]
     errors = [r["error"] for r in records if r.get("error")]
     row: dict = {"prompts": len(records), "ok": len(ok), "errors": len(errors), "error": errors[0] if errors else None}
     total_time = sum(r["time_s"] for r in ok)
     row["tokens_per_s"] = sum(r["new_tokens"] for r in ok) / total_time if ok and total_time > 0 else None
     speedups = [r["speedup"] for r in ok if r.get("speedup") is not None]
+    row["speedup"] = throughput_speedup(ok)
     row["median_speedup"] = statistics.median(speedups) if speedups else None
     with_stats = [r for r in ok if r.get("steps") is not None]
     if ok and len(with_stats) == len(ok):
@@ -94,57 +120,114 @@ def _notes(row: dict) -> str:
     return f"{row['errors']}/{row['prompts']} failed: {msg}".replace("|", "\\|")
 
 
+def _speedup_cell(row: dict | None, bold: bool = False) -> str:
+    """A summary row's headline speedup as ``1.23x`` ("failed" when every call failed, blank when absent)."""
+    if row is None:
+        return ""
+    if row["speedup"] is None:
+        return "failed" if row["errors"] else ""
+    text = f"{row['speedup']:.2f}x"
+    return f"**{text}**" if bold else text
+
+
+def _mismatch_cell(row: dict) -> str:
+    mism = "" if row["mismatches"] is None else f"{row['mismatches']}/{row['checked']}"
+    return f"**{mism}**" if row["mismatches"] else mism
+
+
+def _detail_line(row: dict, category: str | None) -> str:
+    """One Markdown line of a details table: method, the category cell (None: no category column), prompts,
+    tokens/s, speedup (bold on overall lines), median, τ, acceptance, mismatches, notes."""
+    overall = row["category"] == OVERALL
+    median = _fmt(row["median_speedup"], ".2f")
+    cells = [row["method"], *([] if category is None else [category]), str(row["prompts"])]
+    cells += [_fmt(row["tokens_per_s"], ".1f"), _speedup_cell(row, bold=overall), median + "x" if median else ""]
+    cells += [_fmt(row["tau"], ".2f"), _fmt(row["acceptance_rate"], ".2f"), _mismatch_cell(row), _notes(row)]
+    return "| " + " | ".join(cells) + " |"
+
+
+DETAIL_COLUMNS = "prompts | tokens/s | speedup | median | τ | acceptance | mismatches vs vanilla | notes |"
+DETAIL_ALIGN = "---:|---:|---:|---:|---:|---:|---:|---|"
+
+
 def markdown_table(summary: Sequence[dict], setting: str) -> str:
-    """The Markdown table of one setting (``greedy``, ``t=0.7 top_p=0.9`` ...)."""
-    lines = [
-        "| method | category | prompts | tokens/s | speedup (median) | τ | acceptance | mismatches vs vanilla | notes |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
-    ]
+    """The Markdown table of one setting (``greedy``, ``t=0.7 top_p=0.9`` ...): one line per method and category,
+    then its overall line, in bold."""
+    lines = ["| method | category | " + DETAIL_COLUMNS, "|---|---|" + DETAIL_ALIGN]
     for row in summary:
-        if row["setting"] != setting:
-            continue
-        overall = row["category"] == OVERALL
-        category = f"**{OVERALL}**" if overall else row["category"]
-        mism = "" if row["mismatches"] is None else f"{row['mismatches']}/{row['checked']}"
-        if row["mismatches"]:
-            mism = f"**{mism}**"
-        speed = _fmt(row["median_speedup"], ".2f")
-        if overall and speed:
-            speed = f"**{speed}x**"
-        elif speed:
-            speed += "x"
-        lines.append(
-            f"| {row['method']} | {category} | {row['prompts']} | {_fmt(row['tokens_per_s'], '.1f')} | {speed} | "
-            f"{_fmt(row['tau'], '.2f')} | {_fmt(row['acceptance_rate'], '.2f')} | {mism} | {_notes(row)} |"
-        )
+        if row["setting"] == setting:
+            category = f"**{OVERALL}**" if row["category"] == OVERALL else row["category"]
+            lines.append(_detail_line(row, category))
+    return "\n".join(lines)
+
+
+def category_table(summary: Sequence[dict], setting: str, category: str = OVERALL) -> str:
+    """One line per method for one category (or overall) of one setting (the demo's Benchmark tab shows one
+    category), the columns of `markdown_table`."""
+    lines = ["| method | " + DETAIL_COLUMNS, "|---|" + DETAIL_ALIGN]
+    for row in summary:
+        if row["setting"] == setting and row["category"] == category:
+            lines.append(_detail_line({**row, "category": OVERALL}, None))  # its headline in bold
     return "\n".join(lines)
 
 
 def speedup_matrix(summary: Sequence[dict], setting: str) -> str:
-    """A compact Markdown table of one setting: one row per method, the median speedup per category, overall τ and
-    mismatches (Spec-Bench's leaderboard layout)."""
+    """A compact Markdown table of one setting: one row per method, the speedup (total tokens / total time over
+    vanilla's) per category and overall, the median per-prompt ratio beside it, overall τ, tokens/s and mismatches
+    (Spec-Bench's leaderboard layout)."""
     rows = [r for r in summary if r["setting"] == setting]
     categories = sorted(dict.fromkeys(r["category"] for r in rows if r["category"] != OVERALL), key=category_sort_key)
-    head = ["method", *categories, OVERALL, "τ", "tokens/s", "mismatches"]
+    head = ["method", *categories, OVERALL, "median", "τ", "tokens/s", "mismatches"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = {r["category"]: r for r in rows if r["method"] == method}
         total = mine[OVERALL]
-        cells = [method]
-        for c in [*categories, OVERALL]:
-            r = mine.get(c)
-            if r is None or r["median_speedup"] is None:
-                cells.append("failed" if r is not None and r["errors"] else "")
-            else:
-                cells.append(f"{r['median_speedup']:.2f}x")
-        mism = "" if total["mismatches"] is None else f"{total['mismatches']}/{total['checked']}"
-        cells += [_fmt(total["tau"], ".2f"), _fmt(total["tokens_per_s"], ".1f"), mism]
-        lines.append("| " + " | ".join(cells) + " |")
+        cells = [method, *(_speedup_cell(mine.get(c)) for c in categories), _speedup_cell(total, bold=True)]
+        median = _fmt(total["median_speedup"], ".2f")
+        cells += [median + "x" if median else "", _fmt(total["tau"], ".2f"), _fmt(total["tokens_per_s"], ".1f")]
+        lines.append("| " + " | ".join([*cells, _mismatch_cell(total)]) + " |")
     return "\n".join(lines)
 
 
-def markdown_report(summary: Sequence[dict], meta: dict) -> str:
-    """The whole results.md: a header with the run's settings, then one table per setting."""
+def slow_prompts(records: Iterable[dict], setting: str | None = None, below: float = SLOW_PROMPT) -> list[dict]:
+    """The records (of ``setting``, or every setting) whose own speedup is below ``below``, slowest first; vanilla
+    itself is never one."""
+    slow = [
+        r
+        for r in records
+        if r["method"] != "vanilla"
+        and (setting is None or r["setting"] == setting)
+        and not r.get("error")
+        and r.get("speedup") is not None
+        and r["speedup"] < below
+    ]
+    return sorted(slow, key=lambda r: r["speedup"])
+
+
+def slow_prompts_section(records: Sequence[dict], setting: str, below: float = SLOW_PROMPT) -> str:
+    """The prompts that ran far slower than vanilla, listed under a setting's tables (or a line saying none did)."""
+    slow = slow_prompts(records, setting, below)
+    if not slow:
+        return f"No prompt ran below {below:.2f}x vanilla's speed."
+    lines = [
+        f"Prompts below {below:.2f}x vanilla's speed (they pull the overall figure down; the median hides them):",
+        "",
+        "| method | category | question | speedup | time | vanilla's time | tokens |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for r in slow[:MAX_SLOW_LISTED]:
+        lines.append(
+            f"| {r['method']} | {r['category']} | {r['question_id']} | {r['speedup']:.2f}x | {r['time_s']:.2f} s | "
+            f"{r['vanilla_time_s']:.2f} s | {r['new_tokens']} |"
+        )
+    if len(slow) > MAX_SLOW_LISTED:
+        lines.append(f"\n… and {len(slow) - MAX_SLOW_LISTED} more (results.json has every record).")
+    return "\n".join(lines)
+
+
+def markdown_report(summary: Sequence[dict], meta: dict, records: Sequence[dict] | None = None) -> str:
+    """The whole results.md: a header with the run's settings, then per setting the speedup table, the slow prompts
+    (when ``records`` are given) and the details."""
     out = ["# hf-specdec Spec-Bench results", ""]
     keys = (
         "model",
@@ -163,32 +246,30 @@ def markdown_report(summary: Sequence[dict], meta: dict) -> str:
             out.append(f"- {key.replace('_', ' ')}: {meta[key]}")
     if meta.get("complete") is False:
         out.append("- **partial results**: the run was interrupted or is still going (records so far)")
-    out += [
-        "",
-        "speedup = vanilla `generate` wall time / method wall time on the same prompt, interleaved in one process "
-        "(computed as the ratio of tokens/s, which differs only where sampled answers differ in length); the "
-        "median over prompts is shown. τ = 1 + accepted draft tokens / verification steps; acceptance = accepted / "
-        "drafted draft tokens (blank where the method does not report them). tokens/s = generated tokens / wall time "
-        "summed over the category's prompts. Mismatches: prompts whose tokens differ from vanilla's (greedy only).",
-    ]
+    out += ["", METRICS]
     for setting in dict.fromkeys(r["setting"] for r in summary):
-        out += [
-            "",
-            f"## {setting}",
-            "",
-            "Median speedup over vanilla per category:",
-            "",
-            speedup_matrix(summary, setting),
-            "",
-            "Details:",
-            "",
-            markdown_table(summary, setting),
-        ]
+        out += ["", f"## {setting}", "", "Speedup over vanilla `generate` per category:", ""]
+        out.append(speedup_matrix(summary, setting))
+        if records is not None:
+            out += ["", slow_prompts_section(records, setting)]
+        out += ["", "Details:", "", markdown_table(summary, setting)]
     if meta.get("depth_acceptance"):
         out += ["", depth_acceptance_section(meta["depth_acceptance"])]
     if meta.get("verify_cost"):
         out += ["", cost_curve_section(meta["verify_cost"], meta.get("budgets") or {})]
     return "\n".join(out) + "\n"
+
+
+METRICS = (
+    "speedup = the method's total generated tokens / total wall time over vanilla `generate`'s on the same prompts, "
+    "each prompt run by vanilla and every method back to back in one process (in greedy decoding both emit the same "
+    "tokens, so it is vanilla's total time / the method's). **overall** is that ratio over every prompt: what a user "
+    "running them one after another sees. median = the median over prompts of the per-prompt ratio, shown beside "
+    f"it; prompts below {SLOW_PROMPT:.2f}x are listed under the table. τ = 1 + accepted draft tokens / verification "
+    "steps; acceptance = accepted / drafted draft tokens (blank where the method does not report them). tokens/s = "
+    "generated tokens / wall time summed over the prompts. Mismatches: prompts whose tokens differ from vanilla's "
+    "(greedy only)."
+)
 
 
 def depth_acceptance_by_method(records: Iterable[dict]) -> dict[str, list[float]]:
@@ -265,7 +346,8 @@ def cost_curve_section(verify_cost: dict, budgets: dict[str, dict[int, int]]) ->
 
 
 def plot_speedups(summary: Sequence[dict], path: str | Path) -> Path:
-    """A bar chart of the median speedup per method and category (one panel per setting), written to ``path``."""
+    """A bar chart of the speedup (total tokens / total time over vanilla's) per method and category (one panel per
+    setting), written to ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -280,13 +362,13 @@ def plot_speedups(summary: Sequence[dict], path: str | Path) -> Path:
         categories = sorted(categories, key=category_sort_key) + [OVERALL]
         width = 0.8 / max(1, len(methods))
         for i, method in enumerate(methods):
-            values = {r["category"]: r["median_speedup"] for r in rows if r["method"] == method}
+            values = {r["category"]: r["speedup"] for r in rows if r["method"] == method}
             xs = [c + (i - (len(methods) - 1) / 2) * width for c in range(len(categories))]
             ax.bar(xs, [values.get(c) or 0.0 for c in categories], width, label=method)
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         ax.set_xticks(range(len(categories)))
         ax.set_xticklabels(categories, rotation=15)
-        ax.set_ylabel("speedup over vanilla (median)")
+        ax.set_ylabel("speedup over vanilla\n(total tokens / total time)")
         ax.set_title(setting)
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
@@ -304,7 +386,10 @@ def write_results(out_dir: str | Path, records: Sequence[dict], meta: dict, plot
     paths = {"md": out_dir / "results.md", "json": out_dir / "results.json"}
     payload = {"meta": meta, "summary": summary, "records": list(records)}
     # each file replaced whole (written aside, then renamed), so an interruption never leaves half a file
-    for key, text in (("md", markdown_report(summary, meta)), ("json", json.dumps(payload, indent=2, default=str))):
+    for key, text in (
+        ("md", markdown_report(summary, meta, records)),
+        ("json", json.dumps(payload, indent=2, default=str)),
+    ):
         tmp = paths[key].with_suffix(paths[key].suffix + ".tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(paths[key])

@@ -10,7 +10,7 @@ and mismatches are reported, not hidden.
     hf-specdec bench --full                           # every method, 4 questions per category
     hf-specdec bench --methods ngram,null --per-category 2 --out results/
     hf-specdec bench --batch 4                        # batches of mixed prompt lengths against vanilla batch-4
-    hf-specdec bench --sample                         # adds temperature 0.7 and 1.0 (top_p 0.9)
+    hf-specdec bench --do-sample                      # adds temperature 0.7 and 1.0 (top_p 0.9)
 """
 
 from __future__ import annotations
@@ -33,8 +33,14 @@ from tqdm.auto import tqdm
 
 from ..cli_args import (
     UsageError,
+    add_device_argument,
+    add_model_argument,
+    add_sampling_arguments,
+    add_threads_argument,
+    check_device_argument,
     check_draft_layers,
     check_model_argument,
+    check_sampling_arguments,
     load_model_argument,
     positive_int,
 )
@@ -75,14 +81,16 @@ class Setting:
         return not self.kwargs.get("do_sample", False)
 
 
-def settings_for(sample: bool, greedy: bool = True) -> list[Setting]:
-    """Greedy and/or the sampling settings (temperature 0.7 and 1.0, top_p 0.9)."""
+def settings_for(
+    sample: bool, greedy: bool = True, temperature: float | None = None, top_p: float | None = None
+) -> list[Setting]:
+    """Greedy and/or the sampling settings (temperature 0.7 and 1.0, top_p 0.9; ``temperature`` / ``top_p`` replace
+    them)."""
     out = [Setting(GREEDY, {"do_sample": False})] if greedy else []
     if sample:
-        for t in SAMPLING_TEMPERATURES:
-            out.append(
-                Setting(f"sampling T={t} top_p={SAMPLING_TOP_P}", {"do_sample": True, "temperature": t, "top_p": 0.9})
-            )
+        top_p = SAMPLING_TOP_P if top_p is None else top_p
+        for t in SAMPLING_TEMPERATURES if temperature is None else (temperature,):
+            out.append(Setting(f"sampling T={t} top_p={top_p}", {"do_sample": True, "temperature": t, "top_p": top_p}))
     return out
 
 
@@ -277,9 +285,10 @@ class _BenchRunner:
         """generate() inputs of a group: `[B, W]` ``input_ids`` and ``attention_mask`` (left-padded when B > 1)."""
         if len(group) == 1:
             ids = group[0].ids[None]
-            return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        ids, mask = left_pad([p.ids for p in group], self.pad_id)
-        return {"input_ids": ids, "attention_mask": mask}
+            mask = torch.ones_like(ids)
+        else:
+            ids, mask = left_pad([p.ids for p in group], self.pad_id)
+        return {"input_ids": ids.to(self.model.device), "attention_mask": mask.to(self.model.device)}
 
     def call(self, inputs: dict, method: Method, setting: Setting, budget: int, repeats: int) -> CallResult:
         """One timed call; a method that failed in this setting's warm-up is not run again."""
@@ -381,8 +390,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch", type=positive_int, default=1, help="prompts per generate() call (mixed lengths, left-padded)"
     )
-    parser.add_argument("--sample", action="store_true", help="also time sampling at T=0.7 and T=1.0 with top_p=0.9")
-    parser.add_argument("--no-greedy", action="store_true", help="skip the greedy setting (use with --sample)")
+    add_sampling_arguments(
+        parser, "also time sampling at T=0.7 and T=1.0 with top_p=0.9 (--temperature / --top-p: those values instead)"
+    )
+    parser.add_argument("--no-greedy", action="store_true", help="skip the greedy setting (use with --do-sample)")
     parser.add_argument(
         "--questions", default=None, help="Spec-Bench JSONL file (default: the 240 questions shipped in the package)"
     )
@@ -392,16 +403,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_OUT,
         help="directory for results.md, results.json and results.png (default %(default)s)",
     )
-    parser.add_argument(
-        "--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)"
-    )
+    add_threads_argument(parser)
     parser.add_argument(
         "--draft-layers",
         type=positive_int,
         default=DEFAULT_DRAFT_LAYERS,
         help=f"decoder layers of the layer-skip draft model (default {DEFAULT_DRAFT_LAYERS})",
     )
-    parser.add_argument("--model", default=None, help="a local model folder or Hub id instead of the default model")
+    add_model_argument(parser)
+    add_device_argument(parser)
     parser.add_argument(
         "--repeats", type=positive_int, default=1, help="timed calls per method and prompt; fastest kept"
     )
@@ -432,9 +442,10 @@ def _checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Set
         methods = resolve_methods(args.methods)
     except ValueError as err:
         raise UsageError(f"--methods {args.methods}: {err}") from err
-    settings = settings_for(args.sample, greedy=not args.no_greedy)
+    check_sampling_arguments(args)
+    settings = settings_for(args.do_sample, greedy=not args.no_greedy, temperature=args.temperature, top_p=args.top_p)
     if not settings:
-        raise UsageError("--no-greedy without --sample leaves nothing to run: add --sample or drop --no-greedy")
+        raise UsageError("--no-greedy without --do-sample leaves nothing to run: add --do-sample or drop --no-greedy")
     try:
         path = find_questions_file(args.questions)
         questions = load_questions(path)
@@ -450,6 +461,7 @@ def _checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Set
     check_model_argument(args.model)
     if args.out:
         _check_out_folder(args.out)
+    check_device_argument(args.device)
     return methods, settings, path, questions
 
 
@@ -521,7 +533,7 @@ def main(args: argparse.Namespace) -> int:
             bar.write(msg, file=sys.stderr)
 
     t0 = time.perf_counter()
-    model, tokenizer, model_name = load_model_argument(args.model)
+    model, tokenizer, model_name = load_model_argument(args.model, args.device)
     log(f"model {model_name} loaded in {time.perf_counter() - t0:.1f} s")
     draft_layers, total_layers = args.draft_layers, model.config.num_hidden_layers
     if any(m.needs_draft for m in methods):
@@ -571,10 +583,10 @@ def main(args: argparse.Namespace) -> int:
         else:
             log("interrupted before the first prompt finished: nothing was measured and no results were written")
         if records:
-            print(markdown_report(summarize(records), meta(done=False)), flush=True)
+            print(markdown_report(summarize(records), meta(done=False), records), flush=True)
         return 143 if isinstance(interrupt, _Terminated) else 130
     bar.close()
-    print(markdown_report(summarize(records), meta(done=True)))
+    print(markdown_report(summarize(records), meta(done=True), records))
     if args.out:
         paths = write_results(args.out, records, meta(done=True))
         log("wrote " + ", ".join(str(p) for p in paths.values()))
@@ -596,7 +608,7 @@ def _meta(args, model_name, methods, draft_layers, total_layers, path, num_promp
     """The run's description for the report (``complete`` False while prompts remain or after an interruption)."""
     return {
         "model": model_name,
-        "device": f"cpu ({_cpu_name()}, {os.cpu_count()} cores), torch {torch.__version__}",
+        "device": f"{_device_name(args.device)}, torch {torch.__version__}",
         "threads": torch.get_num_threads(),
         "batch": args.batch,
         "max_new_tokens": args.max_new_tokens,
@@ -614,6 +626,14 @@ def _meta(args, model_name, methods, draft_layers, total_layers, path, num_promp
         "wall_s": time.perf_counter() - t0,
         "complete": done,
     }
+
+
+def _device_name(device: str | None) -> str:
+    """``cpu (<its model name>, N cores)``, or ``cuda (<the GPU's name>)``."""
+    dev = torch.device(device or "cpu")
+    if dev.type == "cuda":
+        return f"{dev} ({torch.cuda.get_device_name(dev)})"
+    return f"{dev} ({_cpu_name()}, {os.cpu_count()} cores)"
 
 
 def _cpu_name() -> str:

@@ -12,15 +12,24 @@ on one model object).
 
 from __future__ import annotations
 
+import logging
+import os
+import platform
 import threading
 
 import gradio as gr
+import torch
 
 from ..assistants import available_assistants, describe_assistant
-from .bench_tab import MAX_PER_CATEGORY, bench_categories, run_category
-from .compare import MAX_NEW_TOKENS, Request, compare, warm_up
+from .bench_tab import MAX_PER_CATEGORY, MAX_REPEATS, bench_categories, run_category
+from .compare import MAX_NEW_TOKENS, Request, View, compare, warm_up
 from .options import DEFAULT_CONCURRENCY
 from .render import CSS, LEGEND
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_NEW_TOKENS = 256  # most answers to the examples end before this (EOS), so none is cut mid-sentence
+DOCS_URL_VARIABLE = "HF_SPECDEC_DOCS_URL"  # where the page's docs link points (e.g. the repository's docs/ folder)
 
 EXAMPLES = [
     "Repeat this text exactly: The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins "
@@ -33,16 +42,69 @@ EXAMPLES = [
 
 INTRO = """# hf-specdec: speculative decoding inside `model.generate()`
 The same prompt runs through vanilla `generate` (left) and through speculative decoding with the chosen assistant
-(right), one after the other on this machine's CPU. Greedy output is token-for-token identical; the speedup comes
-from the target model verifying several drafted tokens per forward pass."""
+(right), one after the other on this machine. Greedy output is token-for-token identical; the speedup comes from the
+target model verifying several drafted tokens per forward pass.
+
+**Model:** {model} · **hardware:** {hardware} · **docs:** {docs}"""
+
+ASSISTANT_ADVICE = (
+    "**Which assistant?** `ngram` copies from the prompt (no weights): best when the answer repeats the input "
+    "(rewrite, summarise, answer from a passage). The heads (`medusa`, `eagle`, `mlp_speculator`) were trained on "
+    "this model's own answers and guess its next words in open answers. `ngram+…` tries prompt lookup first, then the "
+    "head: usually the fastest overall."
+)
+
+
+def docs_link() -> str:
+    """The page's pointer to the documentation: a link to ``$HF_SPECDEC_DOCS_URL`` or to the package's
+    ``Documentation`` / ``Homepage`` URL when one is known, else where the pages are in the source."""
+    import importlib.metadata
+
+    url = os.environ.get(DOCS_URL_VARIABLE)
+    if not url:
+        try:
+            urls = importlib.metadata.metadata("hf-specdec").get_all("Project-URL") or []
+        except importlib.metadata.PackageNotFoundError:
+            urls = []
+        found = dict(u.split(", ", 1) for u in urls if ", " in u)
+        url = found.get("Documentation") or found.get("Homepage")
+    where = '`docs/README.md` in the hf-specdec source (the index; then "use it with your own model")'
+    return f"[hf-specdec documentation]({url})" if url else where
+
+
+def hardware_line(model) -> str:
+    """What the page says the model runs on: the GPU's name, or the CPU's with its cores and torch threads."""
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA)"
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.lower().startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+
+
+def model_name(model) -> str:
+    """The model's name for the page (its Hub id, or its folder's name)."""
+    return os.path.basename(str(getattr(model, "name_or_path", "") or "").rstrip("/")) or type(model).__name__
+
+
+def error_view(message: str, view: View | None = None) -> tuple:
+    """The Compare tab's outputs after a failure: the message in the summary (no exception reaches Gradio, so no
+    "Error" badges and no traceback per bad input), the panes kept if the run had started, else cleared."""
+    view = view if view is not None else View()
+    return view.vanilla_html, view.speculative_html, f"### ⚠️ {message}", None, {"error": message}
 
 
 class DemoServer:
     """The shared model and the per-session Stop switches behind the app's event handlers."""
 
-    def __init__(self, model, tokenizer, parallel: bool = False):
+    def __init__(self, model, tokenizer, parallel: bool = False, assistants: list[str] | None = None):
         self.model = model
         self.tokenizer = tokenizer
+        self.assistants = assistants if assistants is not None else available_assistants()
         self.generation_lock = None if parallel else threading.Lock()  # one generate() at a time unless parallel
         self._lock = threading.Lock()
         self._cancels: dict[str, set[threading.Event]] = {}
@@ -59,7 +121,8 @@ class DemoServer:
             self._cancels.get(key, set()).discard(event)
 
     def stop(self, request: gr.Request = None) -> None:
-        """Stop every run of the caller's session within one decoding step (Gradio also cancels the event)."""
+        """Stop every run of the caller's session within one decoding step; the run then shows what it produced and
+        says it was stopped."""
         key = getattr(request, "session_hash", None) or "anonymous"
         with self._lock:
             for event in self._cancels.get(key, ()):
@@ -67,49 +130,59 @@ class DemoServer:
 
     def compare(self, prompt, more_prompts, method, do_sample, temperature, top_p, seed, max_new_tokens,
                 request: gr.Request = None):  # fmt: skip
-        """The Compare tab's handler: yields (vanilla HTML, speculative HTML, summary, chart, details)."""
-        extra = tuple(p.strip() for p in (more_prompts or "").splitlines() if p.strip())
-        req = Request(
-            prompts=((prompt or "").strip(), *extra),
-            method=method,
-            do_sample=bool(do_sample),
-            temperature=float(temperature),
-            top_p=float(top_p),
-            seed=int(seed or 0),
-            max_new_tokens=int(max_new_tokens),
-        )
+        """The Compare tab's handler: yields (vanilla HTML, speculative HTML, summary, chart, details). A bad input
+        or a failed run ends with its message in the summary (and ``{"error": ...}`` as details)."""
         key, cancel = self._register(request)
         view = None
         try:
+            extra = tuple(p.strip() for p in (more_prompts or "").splitlines() if p.strip())
+            req = Request(prompts=((prompt or "").strip(), *extra), method=method, do_sample=bool(do_sample),
+                          temperature=float(temperature), top_p=float(top_p), seed=int(seed or 0),
+                          max_new_tokens=int(max_new_tokens))  # fmt: skip
+            if req.method not in self.assistants:
+                raise ValueError(
+                    f"assistant {req.method!r} is not offered here; choose one of {', '.join(self.assistants)}"
+                )
             for view in compare(self.model, self.tokenizer, req, cancel, self.generation_lock):
                 yield view.outputs()
-        except Exception as exc:  # noqa: BLE001 - every failure is shown in the page, the app stays up
-            raise gr.Error(f"{type(exc).__name__}: {exc}") from exc
+        except (ValueError, TypeError) as exc:  # what the user typed: the message is for them
+            logger.info("hf-specdec demo: refused a request: %s", exc)
+            yield error_view(str(exc), view)
+        except Exception as exc:  # noqa: BLE001 - a failure is shown in the page (one traceback in the log)
+            logger.exception("hf-specdec demo: the comparison failed")
+            yield error_view(f"the run failed: {type(exc).__name__}: {exc}", view)
         finally:
             self._release(key, cancel)
 
-    def bench(self, category, methods, per_category, max_new_tokens, request: gr.Request = None):
-        """The Benchmark tab's handler: yields (log, results table, chart)."""
+    def bench(self, category, methods, per_category, max_new_tokens, repeats=1, request: gr.Request = None):
+        """The Benchmark tab's handler: yields (log, results, chart); a failure ends with its message as results."""
         key, cancel = self._register(request)
         try:
-            yield from run_category(
-                self.model,
-                self.tokenizer,
-                category,
-                list(methods or []),
-                per_category,
-                max_new_tokens,
-                cancel,
-                self.generation_lock,
-            )
+            yield from run_category(self.model, self.tokenizer, category, list(methods or []), per_category,
+                                    max_new_tokens, cancel, self.generation_lock, repeats=int(repeats or 1))  # fmt: skip
+        except (ValueError, TypeError) as exc:
+            logger.info("hf-specdec demo: refused a benchmark request: %s", exc)
+            yield "", f"### ⚠️ {exc}", None
         except Exception as exc:  # noqa: BLE001
-            raise gr.Error(f"{type(exc).__name__}: {exc}") from exc
+            logger.exception("hf-specdec demo: the benchmark failed")
+            yield "", f"### ⚠️ the benchmark failed: {type(exc).__name__}: {exc}", None
         finally:
             self._release(key, cancel)
+
+
+def _assistant_help(name: str | None) -> str:
+    """The advice under the Assistant menu, with what the chosen one is."""
+    chosen = f"\n\n`{name}`: {describe_assistant(name)}." if name else ""
+    return ASSISTANT_ADVICE + chosen
+
+
+def _sampling_controls(do_sample: bool) -> tuple:
+    """Temperature, top-p and seed only apply to sampling: editable when it is ticked, greyed out in greedy mode."""
+    return tuple(gr.update(interactive=bool(do_sample)) for _ in range(3))
 
 
 def _compare_tab(server: DemoServer, concurrency: int) -> None:
-    methods = available_assistants()
+    methods = server.assistants
     with gr.Row():
         with gr.Column(scale=3):
             prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=3, elem_id="prompt")
@@ -120,19 +193,20 @@ def _compare_tab(server: DemoServer, concurrency: int) -> None:
             )
             gr.Examples(EXAMPLES, inputs=[prompt], label="Examples")
         with gr.Column(scale=2):
-            method = gr.Dropdown(
-                methods,
-                value=methods[0] if methods else None,
-                label="Assistant",
-                info="; ".join(f"{m}: {describe_assistant(m)}" for m in methods),
-                elem_id="method",
-            )
-            max_new = gr.Slider(8, MAX_NEW_TOKENS, value=96, step=8, label="Max new tokens", elem_id="max-new-tokens")
+            method = gr.Dropdown(methods, value=methods[0] if methods else None, label="Assistant", elem_id="method")
+            advice = gr.Markdown(_assistant_help(methods[0] if methods else None), elem_id="assistant-help")
+            max_new = gr.Slider(8, MAX_NEW_TOKENS, value=DEFAULT_NEW_TOKENS, step=8, label="Max new tokens",
+                                elem_id="max-new-tokens")  # fmt: skip
             do_sample = gr.Checkbox(label="Sample (unticked: greedy)", value=False, elem_id="do-sample")
-            with gr.Row():
-                temperature = gr.Slider(0.05, 2.0, value=0.7, step=0.05, label="Temperature")
-                top_p = gr.Slider(0.05, 1.0, value=0.9, step=0.05, label="Top-p")
-                seed = gr.Number(value=0, precision=0, label="Seed")
+            with gr.Row():  # greyed out (hfsd-sampling) and not editable in greedy mode
+                sampling = {"interactive": False, "elem_classes": "hfsd-sampling"}
+                temperature = gr.Slider(0.05, 2.0, value=0.7, step=0.05, label="Temperature", elem_id="temperature",
+                                        **sampling)  # fmt: skip
+                top_p = gr.Slider(0.05, 1.0, value=0.9, step=0.05, label="Top-p", elem_id="top-p", **sampling)
+                seed = gr.Number(value=0, precision=0, label="Seed", elem_id="seed", **sampling)
+    method.change(_assistant_help, inputs=[method], outputs=[advice], queue=False, api_visibility="undocumented")
+    do_sample.change(_sampling_controls, inputs=[do_sample], outputs=[temperature, top_p, seed], queue=False,
+                     api_visibility="undocumented")  # fmt: skip
     with gr.Row():
         run = gr.Button("Generate", variant="primary", elem_id="generate")
         stop = gr.Button("Stop", variant="stop", elem_id="stop")
@@ -142,10 +216,10 @@ def _compare_tab(server: DemoServer, concurrency: int) -> None:
         speculative = gr.HTML(elem_id="speculative-pane")
     with gr.Row():
         summary = gr.Markdown(elem_id="summary")
-        depth = gr.Plot(label="Per-depth acceptance: steps that accepted at least d drafted tokens", elem_id="depth")
+        depth = gr.Plot(show_label=False, elem_id="depth")  # the figure carries its title
     with gr.Accordion("Details (JSON)", open=False):
         details = gr.JSON(elem_id="details")
-    event = run.click(
+    run.click(
         server.compare,
         inputs=[prompt, more, method, do_sample, temperature, top_p, seed, max_new],
         outputs=[vanilla, speculative, summary, depth, details],
@@ -153,42 +227,46 @@ def _compare_tab(server: DemoServer, concurrency: int) -> None:
         concurrency_limit=concurrency,
         concurrency_id="generate",
     )
-    stop.click(server.stop, cancels=[event], api_name="stop", queue=False)
+    # Stop ends the running comparison within one decoding step; the run then shows what it produced as "stopped"
+    # (cancelling the Gradio event instead would leave every output under an "Error" badge)
+    stop.click(server.stop, api_name="stop", queue=False)
 
 
 def _bench_tab(server: DemoServer) -> None:
     categories = bench_categories()
-    methods = available_assistants()
+    methods = server.assistants
     gr.Markdown(
         "Runs `hf_specdec.bench` (greedy, batch 1) on a few questions of one Spec-Bench category: every method "
-        "against vanilla `generate` on the same prompts. It shares the CPU with the Compare tab, so run one at a time "
-        "for meaningful timings; `hf-specdec bench` does the full run."
+        "against vanilla `generate` on the same prompts. It shares the machine with the Compare tab, so run one at "
+        "a time for meaningful timings; `hf-specdec bench --full` is the careful measurement."
     )
     with gr.Row():
         category = gr.Dropdown(categories, value=categories[0], label="Spec-Bench category", elem_id="bench-category")
         chosen = gr.CheckboxGroup(methods, value=methods, label="Methods", elem_id="bench-methods")
-        per_category = gr.Slider(1, MAX_PER_CATEGORY, value=2, step=1, label="Questions")
-        max_new = gr.Slider(16, 256, value=64, step=16, label="Max new tokens")
+    with gr.Row():
+        per_category = gr.Slider(1, MAX_PER_CATEGORY, value=2, step=1, label="Questions", elem_id="bench-questions")
+        max_new = gr.Slider(16, 256, value=64, step=16, label="Max new tokens", elem_id="bench-max-new-tokens")
+        repeats = gr.Slider(1, MAX_REPEATS, value=1, step=1, label="Timed runs per method (fastest kept)",
+                            elem_id="bench-repeats")  # fmt: skip
     with gr.Row():
         run = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
         stop = gr.Button("Stop", variant="stop", elem_id="bench-stop")
-    log = gr.Textbox(label="Progress", lines=6, max_lines=12, elem_id="bench-log")
+    log = gr.Textbox(label="Progress", lines=6, max_lines=12, autoscroll=True, elem_id="bench-log")
     table = gr.Markdown(elem_id="bench-table")
-    chart = gr.Plot(label="Speedup and τ per method", elem_id="bench-chart")
-    event = run.click(
+    chart = gr.Plot(show_label=False, elem_id="bench-chart")
+    run.click(
         server.bench,
-        inputs=[category, chosen, per_category, max_new],
+        inputs=[category, chosen, per_category, max_new, repeats],
         outputs=[log, table, chart],
         api_name="bench",
         concurrency_limit=1,
         concurrency_id="bench",
     )
-    stop.click(server.stop, cancels=[event], api_name="stop_bench", queue=False)
+    stop.click(server.stop, api_name="stop_bench", queue=False)
 
 
-def build_app(
-    model=None, tokenizer=None, concurrency: int = DEFAULT_CONCURRENCY, warmup: bool = True, parallel: bool = False
-) -> gr.Blocks:
+def build_app(model=None, tokenizer=None, concurrency: int = DEFAULT_CONCURRENCY, warmup: bool = True,
+              parallel: bool = False, own_model: bool = False) -> gr.Blocks:  # fmt: skip
     """The demo's `gr.Blocks` (queue enabled), on ``model`` or the default model.
 
     Args:
@@ -199,6 +277,8 @@ def build_app(
             the first user's timings are not the one-time setup.
         parallel: let the generate() calls of concurrent requests run at the same time on the shared model (default:
             they take turns, and each tokens/s is measured without competition for the CPU).
+        own_model: ``model`` is not the default model: offer prompt lookup only (the shipped heads are trained for
+            the default model).
     """
     import hf_specdec  # noqa: F401  (routes model.generate(assistant=...))
 
@@ -208,11 +288,13 @@ def build_app(
         raise ValueError("pass both model and tokenizer, or neither (the default model)")
     if model is None:
         model, tokenizer = hf_specdec.load_default_model()
+    assistants = ["ngram"] if own_model else available_assistants()
     if warmup:
-        warm_up(model, tokenizer)
-    server = DemoServer(model, tokenizer, parallel=parallel)
+        warm_up(model, tokenizer, assistants)
+    server = DemoServer(model, tokenizer, parallel=parallel, assistants=assistants)
     with gr.Blocks(title="hf-specdec demo", analytics_enabled=False) as app:
-        gr.Markdown(INTRO)
+        gr.Markdown(INTRO.format(model=model_name(model), hardware=hardware_line(model), docs=docs_link()),
+                    elem_id="intro")  # fmt: skip
         with gr.Tab("Compare"):
             _compare_tab(server, concurrency)
         with gr.Tab("Benchmark"):
@@ -223,7 +305,7 @@ def build_app(
 
 def launch(host: str | None = None, port: int | None = None, share: bool = False, *, app: gr.Blocks | None = None,
            block: bool = True, **build_kwargs):  # fmt: skip
-    """Build (unless ``app`` is given) and serve the demo.
+    """Build (unless ``app`` is given) and serve the demo; prints where it listens.
 
     Args:
         host: interface to bind (None: ``$GRADIO_SERVER_NAME`` or 127.0.0.1; ``0.0.0.0`` for every interface).
@@ -231,7 +313,8 @@ def launch(host: str | None = None, port: int | None = None, share: bool = False
         share: open a public gradio.live link (needs the internet; off by default).
         app: an app from `build_app`.
         block: wait until the server stops (False: return right after it started, e.g. in tests).
-        build_kwargs: passed to `build_app` (``model``, ``tokenizer``, ``concurrency``, ``warmup``, ``parallel``).
+        build_kwargs: passed to `build_app` (``model``, ``tokenizer``, ``concurrency``, ``warmup``, ``parallel``,
+            ``own_model``).
     Returns:
         the app (``app.local_url`` is where it listens).
     """
@@ -240,10 +323,19 @@ def launch(host: str | None = None, port: int | None = None, share: bool = False
         server_name=host,
         server_port=port,
         share=share,
-        prevent_thread_lock=not block,
+        prevent_thread_lock=True,
         show_error=True,
         ssr_mode=False,
         css=CSS,
         footer_links=["api"],
+        quiet=True,  # Gradio's own lines name its Python API (share=True in launch()); ours name the options
     )
+    print(f"hf-specdec demo: {app.local_url}", flush=True)
+    if share and getattr(app, "share_url", None):
+        print(f"hf-specdec demo, public link: {app.share_url}", flush=True)
+    elif not share:
+        print("(hf-specdec demo --share also opens a public gradio.live link; --host 0.0.0.0 serves the network)",
+              flush=True)  # fmt: skip
+    if block:
+        app.block_thread()
     return app

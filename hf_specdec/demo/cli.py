@@ -3,6 +3,7 @@ the demo starts, so the rest of the command line works without the ``demo`` extr
 
     hf-specdec demo                                   # http://127.0.0.1:7860
     hf-specdec demo --host 0.0.0.0 --port 8000 --concurrency 8
+    hf-specdec demo --model ./my-model                # your own model (prompt lookup: the heads are the default's)
     python -m hf_specdec.demo ...                     # the same without the console script
     python demo/app.py ...                            # the same, Spaces-style
 """
@@ -12,7 +13,15 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from ..cli_args import positive_int
+from ..cli_args import (
+    UsageError,
+    add_device_argument,
+    add_model_argument,
+    add_threads_argument,
+    check_device_argument,
+    check_model_argument,
+    positive_int,
+)
 from .options import DEFAULT_CONCURRENCY
 
 
@@ -20,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``hf-specdec demo`` options."""
     parser.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1; 0.0.0.0 for all)")
     parser.add_argument("--port", type=_port, default=None, help="port (default: 7860 or the next free one)")
-    parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
+    parser.add_argument(
+        "--share", action="store_true", help="also open a public gradio.live link (needs the internet; off by default)"
+    )
     parser.add_argument(
         "--concurrency",
         type=positive_int,
@@ -34,9 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tokens/s is measured on an otherwise idle CPU)",
     )
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up run of each method at start")
-    parser.add_argument(
-        "--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)"
-    )
+    add_threads_argument(parser)
+    add_model_argument(parser)
+    add_device_argument(parser)
 
 
 def _port(text: str) -> int:
@@ -51,8 +62,12 @@ def run(args: argparse.Namespace) -> int:
     """Start the demo with parsed `add_arguments` options (blocks until interrupted)."""
     import torch
 
+    from ..cli_args import load_model_argument
+
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    check_model_argument(args.model)
+    check_device_argument(args.device)
     try:
         import gradio  # noqa: F401
     except ModuleNotFoundError as exc:
@@ -61,10 +76,16 @@ def run(args: argparse.Namespace) -> int:
         ) from exc
     from .app import launch
 
+    model = tokenizer = None
+    if args.model is not None or args.device is not None:
+        model, tokenizer, _name = load_model_argument(args.model, args.device)
     launch(
         args.host,
         args.port,
         args.share,
+        model=model,
+        tokenizer=tokenizer,
+        own_model=args.model is not None,
         concurrency=args.concurrency,
         warmup=not args.no_warmup,
         parallel=args.parallel,
@@ -76,4 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hf_specdec.demo [--host H] [--port P] [--share] [--concurrency N]``."""
     parser = argparse.ArgumentParser(prog="hf-specdec demo", description="Gradio demo: vanilla vs speculative.")
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    try:
+        return run(parser.parse_args(argv))
+    except UsageError as err:
+        parser.exit(2, f"{parser.prog}: error: {err}\n")

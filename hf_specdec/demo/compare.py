@@ -77,11 +77,11 @@ class View:
 
 
 def _streamed(model, tokenizer, inputs: dict, kwargs: dict, seed: int, cancel, lock) -> Iterator[tuple[Progress, list]]:
-    """Follow one streamed call; yields (progress, token pieces) at most every `REFRESH_S` and once when done."""
+    """Follow one streamed call; yields (progress, token pieces) at most every `REFRESH_S` and once when done (the
+    seed is set once the call holds the lock, so that a concurrent request cannot draw in between)."""
     text = IncrementalText(tokenizer)
-    torch.manual_seed(seed)
     last = 0.0
-    for progress in follow_generate(model, inputs, kwargs, cancel, lock):
+    for progress in follow_generate(model, inputs, kwargs, cancel, lock, seed=seed):
         text.extend(progress.tokens[len(text.ids) :])
         if progress.done or not progress.started or progress.elapsed - last >= REFRESH_S:
             last = progress.elapsed
@@ -95,40 +95,52 @@ def _side(progress: Progress, text: str, extra: dict | None = None) -> dict:
             "tokens_per_s": progress.tokens_per_s, **(extra or {})}  # fmt: skip
 
 
-def _head(progress: Progress, extra: str = "") -> str:
+def _head(progress: Progress, extra: str = "", stopped: bool = False) -> str:
     if not progress.started:
-        return "waiting for the model (another generation is running)…"
-    return speed_line(len(progress.tokens), progress.elapsed, progress.done, extra)
+        return "stopped before it started" if stopped else "waiting for the model (another generation is running)…"
+    return speed_line(len(progress.tokens), progress.elapsed, progress.done, extra, stopped=stopped and progress.done)
 
 
 def compare_one(model, tokenizer, req: Request, cancel: threading.Event, lock=None) -> Iterator[View]:
     """Stream vanilla then speculative generation of ``req.prompts[0]``; yields the page after each update."""
-    ids = chat_prompt_ids(tokenizer, req.prompts[0])  # [1, W]
+    ids = chat_prompt_ids(tokenizer, req.prompts[0]).to(model.device)  # [1, W]
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     kwargs = req.generate_kwargs()
     view = View(summary="Running vanilla `generate`…")
     for van, pieces in _streamed(model, tokenizer, inputs, kwargs, req.seed, cancel, lock):
-        view.vanilla_html = pane("vanilla generate", _head(van), pieces, elem_class="hfsd-vanilla")
+        view.vanilla_html = pane(
+            "vanilla generate", _head(van, stopped=cancel.is_set()), pieces, elem_class="hfsd-vanilla"
+        )
         yield view
     vanilla_text = "".join(pieces)
+    if cancel.is_set():  # stopped during the vanilla run: keep what it wrote, do not start the speculative one
+        view.speculative_html = pane(f"speculative · {req.method}", "not started (stopped)", [], elem_class="hfsd-spec")
+        view.summary = stopped_markdown(len(van.tokens), None)
+        view.details = {
+            "method": req.method,
+            "cancelled": True,
+            "vanilla": _side(van, vanilla_text),
+            "speculative": None,
+        }
+        yield view
+        return
     view.summary = f"Running speculative decoding with `{req.method}`…"
     spec_kwargs = {**kwargs, "assistant": load_default_assistant(req.method)}  # one assistant per request
     for spec, pieces in _streamed(model, tokenizer, inputs, spec_kwargs, req.seed, cancel, lock):
         stats = getattr(spec.output, "spec_stats", None)
         origins = mark_origins(spec.steps, True, stats.accepted_tokens if stats is not None else None)
         drafted, own = origin_counts(origins)
-        head = _head(spec, f" · {drafted} drafted + {own} own")
+        head = _head(spec, f" · {drafted} drafted + {own} own", stopped=cancel.is_set())
         view.speculative_html = pane(f"speculative · {req.method}", head, pieces, origins, "hfsd-spec")
         yield view
     if stats is None:
         raise RuntimeError("the speculative call returned no spec_stats (expected with return_dict_in_generate)")
     speedup = spec.tokens_per_s / van.tokens_per_s if van.tokens_per_s else None
-    identical = spec.tokens == van.tokens if not (req.do_sample or cancel.is_set()) else None
     view.details = {
         "method": req.method,
         "do_sample": req.do_sample,
         "speedup": speedup,
-        "identical_to_vanilla": identical,
+        "identical_to_vanilla": None if cancel.is_set() else spec.tokens == van.tokens,
         "cancelled": cancel.is_set(),
         "vanilla": _side(van, vanilla_text),
         "speculative": _side(
@@ -142,8 +154,16 @@ def compare_one(model, tokenizer, req: Request, cancel: threading.Event, lock=No
     yield view
 
 
+def stopped_markdown(vanilla_tokens: int, speculative_tokens: int | None) -> str:
+    """The summary of a run the user stopped during the vanilla call (``speculative_tokens`` None)."""
+    return (
+        f"### Stopped\n- Stopped by the user during the vanilla run, after {vanilla_tokens} tokens (kept above); the "
+        "speculative run did not start. Press Generate to run the comparison again."
+    )
+
+
 def summary_markdown(details: dict) -> str:
-    """The verdict under the panes: speedup, τ, acceptance and whether greedy output equals vanilla's."""
+    """The verdict under the panes: speedup, τ, acceptance and whether the output equals vanilla's."""
     spec = details["speculative"]
     speedup = details["speedup"]
     lines = [
@@ -159,13 +179,26 @@ def summary_markdown(details: dict) -> str:
             f"- {spec['drafted_tokens_emitted']} of {spec['new_tokens']} output tokens were accepted draft tokens"
         )
     if details["cancelled"]:
-        lines.append("- Stopped by the user before the end")
-    elif details["identical_to_vanilla"] is True:
-        lines.append("- Greedy: the output is **token-for-token identical** to vanilla `generate` ✓")
-    elif details["identical_to_vanilla"] is False:
-        lines.append("- Greedy: the output **differs** from vanilla `generate` ✗ (please report this)")
+        lines[0] = "### Stopped" + (f" · speedup so far **{speedup:.2f}×**" if speedup else "")
+        lines.append(
+            "- Stopped by the user during the speculative run: both outputs are kept as far as they got (the "
+            "speculative one is shorter), so they are not compared"
+        )
+    elif not details["do_sample"]:
+        if details["identical_to_vanilla"]:
+            lines.append("- Greedy: the output is **token-for-token identical** to vanilla `generate` ✓")
+        else:
+            lines.append("- Greedy: the output **differs** from vanilla `generate` ✗ (please report this)")
+    elif details["identical_to_vanilla"]:
+        lines.append(
+            "- Sampling: both runs drew the same text (the distribution is peaked here); each token is drawn from "
+            "the target's own distribution, so a different text would be as correct"
+        )
     else:
-        lines.append("- Sampling: the outputs differ by chance; each token is drawn from the target's distribution")
+        lines.append(
+            "- Sampling: the texts differ, as two samples do: each run draws its own random tokens (speculative "
+            "decoding uses the random numbers differently), and every token is drawn from the target's distribution"
+        )
     return "\n".join(lines)
 
 
@@ -175,6 +208,7 @@ def compare_batch(model, tokenizer, req: Request, cancel: threading.Event, lock=
     pad = model.generation_config.pad_token_id
     pad = int(torch.as_tensor(pad if pad is not None else tokenizer.eos_token_id).reshape(-1)[0])
     ids, mask = left_pad(rows, pad)  # [B, W], [B, W]
+    ids, mask = ids.to(model.device), mask.to(model.device)
     kwargs = req.generate_kwargs()
     kwargs["stopping_criteria"] = StoppingCriteriaList([CancelCriteria(cancel)])
     view = View(summary=f"Running vanilla `generate` on a batch of {len(rows)} prompts…")
@@ -191,7 +225,16 @@ def compare_batch(model, tokenizer, req: Request, cancel: threading.Event, lock=
         html_text = [
             f"── prompt {i + 1} ──\n{tokenizer.decode(t, skip_special_tokens=True)}\n" for i, t in enumerate(texts)
         ]
-        setattr(view, f"{name}_html", pane(name, speed_line(n, outs[name][1], True), html_text))
+        head = speed_line(n, outs[name][1], True, stopped=cancel.is_set())
+        elem_class = "hfsd-vanilla" if name == "vanilla" else "hfsd-spec"
+        setattr(view, f"{name}_html", pane(name, head, html_text, elem_class=elem_class))
+        if cancel.is_set() and name == "vanilla":  # stopped: keep what vanilla wrote, do not start the other run
+            view.speculative_html = pane(
+                f"speculative · {req.method}", "not started (stopped)", [], elem_class="hfsd-spec"
+            )
+            view.summary = stopped_markdown(n, None)
+            yield view
+            return
         view.summary = f"Running speculative decoding with `{req.method}` on the batch…"
         yield view
     view.details = _batch_details(req, outs, ids.shape[1], tokenizer, pad, cancel)
@@ -229,7 +272,7 @@ def _batch_details(req: Request, outs: dict, width: int, tokenizer, pad: int, ca
         if sides["vanilla"]["tokens_per_s"]
         else None,
         "identical_to_vanilla": (van.shape == spec.shape and bool(torch.equal(van, spec)))
-        if not (req.do_sample or cancel.is_set())
+        if not cancel.is_set()
         else None,
         "cancelled": cancel.is_set(),
         **sides,
@@ -253,11 +296,12 @@ def compare(model, tokenizer, req: Request, cancel: threading.Event | None = Non
     yield from run(model, tokenizer, req, cancel, lock)
 
 
-def warm_up(model, tokenizer) -> None:
-    """One short greedy call of vanilla and of every ready-made assistant: loads their heads and runs the one-time
-    setup of the speculative path, so that the first user's tokens/s measure decoding, not setup."""
-    ids = chat_prompt_ids(tokenizer, "Hello")  # [1, W]
+def warm_up(model, tokenizer, assistants: list[str] | None = None) -> None:
+    """One short greedy call of vanilla and of every ready-made assistant (or of ``assistants``): loads their heads
+    and runs the one-time setup of the speculative path, so that the first user's tokens/s measure decoding, not
+    setup."""
+    ids = chat_prompt_ids(tokenizer, "Hello").to(model.device)  # [1, W]
     kwargs = {"attention_mask": torch.ones_like(ids), "max_new_tokens": 4, "do_sample": False}
     model.generate(ids, **kwargs)
-    for name in available_assistants():
+    for name in available_assistants() if assistants is None else assistants:
         model.generate(ids, assistant=load_default_assistant(name), **kwargs)

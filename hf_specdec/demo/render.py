@@ -14,6 +14,7 @@ CSS = """
 .hfsd-drafted {background: rgba(34, 197, 94, 0.30); border-radius: 3px; box-shadow: inset -1px 0 0 rgba(0,0,0,0.25);}
 .hfsd-target {background: rgba(59, 130, 246, 0.18); border-radius: 3px; box-shadow: inset -1px 0 0 rgba(0,0,0,0.25);}
 .hfsd-legend span {padding: 1px 6px; margin-right: 8px;}
+.hfsd-sampling:has(input:disabled) {opacity: 0.45;}
 """
 
 LEGEND = (
@@ -22,10 +23,10 @@ LEGEND = (
 )
 
 
-def speed_line(tokens: int, seconds: float, done: bool, extra: str = "") -> str:
-    """``"42 tokens · 3.1 s · 13.5 tokens/s"`` (with "running…" until done)."""
+def speed_line(tokens: int, seconds: float, done: bool, extra: str = "", stopped: bool = False) -> str:
+    """``"42 tokens · 3.1 s · 13.5 tokens/s"`` (with "running…" until done, "stopped" when the user stopped it)."""
     rate = tokens / seconds if seconds > 0 else 0.0
-    state = "" if done else " · running…"
+    state = " · <b>stopped</b>" if stopped else ("" if done else " · running…")
     return f"{tokens} tokens · {seconds:.1f} s · <b>{rate:.1f} tokens/s</b>{extra}{state}"
 
 
@@ -59,6 +60,11 @@ def origin_counts(origins: Sequence[str]) -> tuple[int, int]:
     return drafted, len(origins) - drafted
 
 
+# Charts are drawn on a transparent background in a grey that reads on Gradio's light and dark themes alike.
+INK = "#8b95a5"
+GREEN, BLUE = "#22c55e", "#3b82f6"
+
+
 def _pyplot():
     import matplotlib
 
@@ -68,31 +74,45 @@ def _pyplot():
     return plt
 
 
+def _themed(fig, axes) -> None:
+    """Transparent figure and axes, text, ticks and frames in `INK` (no white box in the dark theme)."""
+    fig.patch.set_alpha(0.0)
+    for ax in axes:
+        ax.set_facecolor("none")
+        ax.tick_params(colors=INK, which="both")
+        for spine in ax.spines.values():
+            spine.set_color(INK)
+        for text in (ax.title, ax.xaxis.label, ax.yaxis.label):
+            text.set_color(INK)
+
+
 def depth_chart(per_depth: Sequence[float]):
     """A bar chart of the fraction of verification steps that accepted at least d draft tokens, d = 1, 2, ...
 
     Args:
         per_depth: ``spec_stats.per_depth_acceptance`` (entry d-1 for depth d).
     Returns:
-        a matplotlib figure (closed for pyplot, so figures do not pile up in a long-running server).
+        a matplotlib figure (closed for pyplot, so figures do not pile up in a long-running server), titled inside
+        the figure (the page shows it without a label over it).
     """
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 2.8))
+    fig, ax = plt.subplots(figsize=(5.5, 3.0))
     depths = list(range(1, len(per_depth) + 1))
-    ax.bar(depths, list(per_depth), color="#22c55e")
-    ax.set_xlabel("depth d (drafted tokens accepted in one step)")
-    ax.set_ylabel("steps accepting ≥ d")
+    ax.bar(depths, list(per_depth), color=GREEN)
+    ax.set_xlabel("d: drafted tokens accepted in one verify step")
+    ax.set_ylabel("share of steps accepting ≥ d")
     ax.set_ylim(0, 1)
     ax.set_xticks(depths or [1])
-    if not depths:
-        ax.set_title("no drafted token was accepted")
+    ax.set_title("Per-depth acceptance" if depths else "Per-depth acceptance: no drafted token was accepted")
+    _themed(fig, [ax])
     fig.tight_layout()
     plt.close(fig)
     return fig
 
 
 def bench_chart(summary: Sequence[dict], category: str):
-    """Median speedup and τ per method on one Spec-Bench category, side by side.
+    """The speedup (total tokens / total time over vanilla's) and τ per method on one Spec-Bench category, as
+    horizontal bars (the method names stay readable however many there are).
 
     Args:
         summary: `hf_specdec.bench.report.summarize` rows.
@@ -101,18 +121,17 @@ def bench_chart(summary: Sequence[dict], category: str):
         a matplotlib figure.
     """
     plt = _pyplot()
-    rows = [r for r in summary if r["category"] == category and r["method"] != "vanilla"]
+    rows = [r for r in summary if r["category"] == category and r["method"] != "vanilla"][::-1]  # best-known on top
     methods = [r["method"] for r in rows]
-    fig, (ax_s, ax_t) = plt.subplots(1, 2, figsize=(10, 3.4))
-    ax_s.bar(methods, [r["median_speedup"] or 0.0 for r in rows], color="#3b82f6")
-    ax_s.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-    ax_s.set_ylabel("speedup over vanilla (median)")
-    ax_t.bar(methods, [r["tau"] or 0.0 for r in rows], color="#22c55e")
-    ax_t.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-    ax_t.set_ylabel("τ (mean accepted length)")
-    for ax in (ax_s, ax_t):
-        ax.tick_params(axis="x", rotation=15)
-        ax.set_title(category)
+    fig, (ax_s, ax_t) = plt.subplots(1, 2, figsize=(10, 0.9 + 0.45 * max(1, len(rows))), sharey=True)
+    ax_s.barh(methods, [r["speedup"] or 0.0 for r in rows], color=BLUE)
+    ax_s.axvline(1.0, color=INK, linewidth=0.8, linestyle="--")
+    ax_s.set_xlabel("speedup over vanilla (total tokens / total time)")
+    ax_t.barh(methods, [r["tau"] or 0.0 for r in rows], color=GREEN)
+    ax_t.axvline(1.0, color=INK, linewidth=0.8, linestyle="--")
+    ax_t.set_xlabel("τ (tokens per verify step)")
+    fig.suptitle(category, color=INK)
+    _themed(fig, [ax_s, ax_t])
     fig.tight_layout()
     plt.close(fig)
     return fig

@@ -90,7 +90,7 @@ class Progress:
 
 
 def follow_generate(
-    model, inputs: dict, kwargs: dict, cancel: threading.Event | None = None, lock=None
+    model, inputs: dict, kwargs: dict, cancel: threading.Event | None = None, lock=None, seed: int | None = None
 ) -> Iterator[Progress]:
     """Run ``model.generate(**inputs, **kwargs, streamer=...)`` in a thread and yield its `Progress` after each step.
 
@@ -103,6 +103,8 @@ def follow_generate(
             busy.
         lock: held around the call (e.g. one lock per model so that calls sharing it run one at a time); the clock
             starts once it is acquired.
+        seed: ``torch.manual_seed(seed)`` right before the call, once the lock is held, so that a concurrent call
+            cannot draw from the generator in between (with ``lock=None`` concurrent calls share torch's generator).
     Yields:
         the same `Progress` object, updated; the last one has ``done=True``. While the call waits for ``lock`` it is
         yielded every `WAIT_REPORT_S` seconds with ``started=False``.
@@ -116,6 +118,8 @@ def follow_generate(
     def work() -> None:
         try:
             with lock if lock is not None else contextlib.nullcontext():
+                if seed is not None:
+                    torch.manual_seed(seed)
                 sink.put(("start", None, time.perf_counter()))
                 out = model.generate(**inputs, **call)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which shows it
@@ -175,7 +179,13 @@ def mark_origins(steps: list[list[int]], speculative: bool, accepted_tokens: int
 
 class IncrementalText:
     """The text of each token of a growing sequence, decoded in context (byte-level BPE pieces and multi-byte
-    characters split over tokens come out right; a piece that completes a character carries it)."""
+    characters split over tokens come out right; a piece that completes a character carries it).
+
+    Each new token decodes a short window, not the whole text (vLLM's and TGI's incremental detokenisation): the
+    tokens from ``prefix_offset`` (a few tokens of context, so that a tokenizer's handling of a leading space applies
+    to both decodes alike) to the end, against the same window without the tokens not yet shown. The work per token
+    stays constant however long the answer grows.
+    """
 
     def __init__(self, tokenizer, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
@@ -183,15 +193,25 @@ class IncrementalText:
         self.ids: list[int] = []
         self.pieces: list[str] = []
         self.text = ""
+        self._prefix_offset = 0  # the window starts here
+        self._read_offset = 0  # tokens before this are in self.text
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def extend(self, ids: list[int]) -> list[str]:
         """Add tokens; returns their pieces (their concatenation is the decoded text)."""
         new = []
         for tok in ids:
             self.ids.append(tok)
-            full = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip_special_tokens)
+            shown = self._decode(self.ids[self._prefix_offset : self._read_offset])
+            window = self._decode(self.ids[self._prefix_offset :])
             # an incomplete character decodes to U+FFFD: the token that completes it carries it
-            piece = "" if full.endswith("\ufffd") else full[len(self.text) :]
+            if len(window) > len(shown) and not window.endswith("\ufffd"):
+                piece = window[len(shown) :]
+                self._prefix_offset, self._read_offset = self._read_offset, len(self.ids)
+            else:
+                piece = ""
             self.text += piece
             self.pieces.append(piece)
             new.append(piece)

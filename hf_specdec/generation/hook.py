@@ -24,6 +24,12 @@ _ORIGINAL = GenerationMixin.generate
 
 def _routed_generate(self, *args, assistant=None, **kwargs):
     custom = kwargs.get("custom_generate")
+    if isinstance(custom, str):  # a Hub repo or folder's custom_generate/ (hf-specdec's own takes assistant= too)
+        return (
+            _ORIGINAL(self, *args, **kwargs)
+            if assistant is None
+            else _ORIGINAL(self, *args, assistant=assistant, **kwargs)
+        )
     if assistant is None and custom is not speculative_generate:
         return _ORIGINAL(self, *args, **kwargs)
     if assistant is None:

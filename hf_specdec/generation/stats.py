@@ -61,6 +61,28 @@ class SpecStats:
         for d in range(accepted):
             self.accepted_per_depth[d] += 1
 
+    def __repr__(self) -> str:
+        """A few readable lines: τ and acceptance, per-depth acceptance, tokens, timings and the tree sizes; every
+        counter is an attribute, the tree budget's detail is ``.budget`` and ``to_dict()`` has everything."""
+        lines = [
+            f"SpecStats: τ = {self.tau:.2f} tokens per verify step ({self.steps} steps), acceptance "
+            f"{self.acceptance_rate:.2f} ({self.accepted_tokens} of {self.drafted_tokens} drafted tokens accepted)",
+            "  accepted >= d drafted tokens: "
+            + (" ".join(f"d={d} {p:.2f}" for d, p in enumerate(self.per_depth_acceptance[:8], 1)) or "never"),
+            f"  tokens: {self.emitted_tokens} emitted, {self.accepted_tokens} of them accepted draft tokens",
+            f"  time: {self.time_propose + self.time_verify + self.time_other:.3f} s = propose "
+            f"{self.time_propose:.3f} + verify {self.time_verify:.3f} + other {self.time_other:.3f}",
+        ]
+        nodes = self.budget.get("nodes_per_row") or {}
+        if nodes:
+            row_steps = sum(nodes.values())
+            mean = sum(int(n) * c for n, c in nodes.items()) / row_steps
+            lines.append(
+                f"  tree budget: {mean:.1f} nodes per row and step, drafted nothing in "
+                f"{self.budget.get('draft_nothing_fraction', 0.0):.0%} (detail: .budget)"
+            )
+        return "\n".join(lines)
+
     def to_dict(self) -> dict:
         """Every field and derived rate, JSON-ready (mapping keys such as the cost curve's token counts are strings)."""
         out = asdict(self)
@@ -75,9 +97,3 @@ def _string_keys(value):
     if isinstance(value, list | tuple):
         return [_string_keys(v) for v in value]
     return value
-
-    def __repr__(self) -> str:
-        return (
-            f"SpecStats(steps={self.steps}, drafted={self.drafted_tokens}, accepted={self.accepted_tokens}, "
-            f"tau={self.tau:.2f}, acceptance_rate={self.acceptance_rate:.2f})"
-        )

@@ -217,8 +217,8 @@ def test_results_writer_produces_markdown_json_and_png(tmp_path):
 
 def test_cli_parser_knows_the_subcommands():
     parser = build_parser()
-    args = parser.parse_args(["bench", "--methods", "ngram", "--per-category", "2", "--batch", "4", "--sample"])
-    assert args.methods == "ngram" and args.per_category == 2 and args.batch == 4 and args.sample
+    args = parser.parse_args(["bench", "--methods", "ngram", "--per-category", "2", "--batch", "4", "--do-sample"])
+    assert args.methods == "ngram" and args.per_category == 2 and args.batch == 4 and args.do_sample
     args = parser.parse_args(["generate", "hi", "--assistant", "draft"])
     assert args.question == "hi" and args.assistant == "draft"
     assert parser.parse_args(["generate", "hi", "--assistant", "medusa"]).assistant == "medusa"

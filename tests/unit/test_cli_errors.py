@@ -35,7 +35,7 @@ CASES = [
     (["bench", "--methods", "vanilla,nope"], ["--methods", "nope", "choose from", "ngram"]),
     (["bench", "--categories", "nope"], ["--categories", "nope", "the question file has"]),
     (["bench", "--questions", "/nonexistent.jsonl"], ["--questions", "/nonexistent.jsonl", "does not exist"]),
-    (["bench", "--no-greedy"], ["--no-greedy", "--sample"]),
+    (["bench", "--no-greedy"], ["--no-greedy", "--do-sample"]),
     (["bench", "--out", "/dev/null"], ["--out", "/dev/null", "a file is there"]),
     (["train", "medusa", "--out", "x", "--threads", "0"], ["--threads", "at least 1"]),
     (["train", "medusa", "--out", "x", "--epochs", "0"], ["--epochs", "greater than 0"]),

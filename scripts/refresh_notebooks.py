@@ -1,0 +1,127 @@
+"""Re-execute the notebooks in place (outputs included) with their default settings, and stamp each with what it ran
+with, so that a test can tell when a committed notebook no longer shows what the code produces:
+
+    python scripts/refresh_notebooks.py                           # every notebook in notebooks/
+    python scripts/refresh_notebooks.py notebooks/03_benchmark.ipynb
+
+Run it on a quiet machine after the shipped heads change (tests/unit/test_notebook_freshness.py fails until then).
+Each notebook's metadata gets an ``hf_specdec`` entry: the package version, `heads_digest` (a SHA-256 over the shipped
+heads' config.json and model.safetensors), each head's own digest, the date, the machine and its load. The
+``HF_SPECDEC_NOTEBOOK_*`` variables that CI sets to run the notebooks small are removed first: the committed copies
+show the defaults. Needs the test extra (nbclient, nbformat, ipykernel, matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import importlib.metadata
+import os
+import platform
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+ASSETS = ROOT / "hf_specdec" / "assets"
+HEAD_FILES = ("config.json", "model.safetensors")  # what decides a head's drafts (README / report do not)
+METADATA_KEY = "hf_specdec"
+BUSY_LOAD = 0.5  # load average per core above which the timings would be the other work's
+SMALL_RUN_VARIABLES = ("HF_SPECDEC_NOTEBOOK_TOKENS", "HF_SPECDEC_NOTEBOOK_CATEGORIES")
+
+
+def shipped_heads(assets: Path = ASSETS) -> dict[str, str]:
+    """``{head folder name: SHA-256 of its config.json and model.safetensors}`` of every head in ``assets``."""
+    out = {}
+    for folder in sorted(p.parent for p in assets.glob("*/model.safetensors")):
+        digest = hashlib.sha256()
+        for name in HEAD_FILES:
+            digest.update(name.encode() + b"\0" + (folder / name).read_bytes())
+        out[folder.name] = digest.hexdigest()
+    return out
+
+
+def heads_digest(assets: Path = ASSETS) -> str:
+    """One SHA-256 over every shipped head (`shipped_heads`): it changes when any head is retrained or re-tuned."""
+    heads = shipped_heads(assets)
+    if not heads:
+        raise FileNotFoundError(f"no shipped head (a folder with model.safetensors) in {assets}")
+    return hashlib.sha256("".join(f"{k}={v}\n" for k, v in heads.items()).encode()).hexdigest()
+
+
+def package_version() -> str:
+    """``hf_specdec.__version__`` of this checkout (read from the source, whatever copy is installed)."""
+    found = re.search(r'^__version__ = "([^"]+)"', (ROOT / "hf_specdec" / "__init__.py").read_text(), re.MULTILINE)
+    if found is None:
+        raise ValueError("hf_specdec/__init__.py has no __version__ line")
+    return found.group(1)
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+def stamp(book, load_before: tuple[float, float, float]) -> dict:
+    """Write (and return) the notebook's ``hf_specdec`` metadata: what it was executed with."""
+    meta = {
+        "version": package_version(),
+        "heads_sha256": heads_digest(),
+        "heads": shipped_heads(),
+        "executed": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": _cpu(),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "torch": importlib.metadata.version("torch"),
+        "transformers": importlib.metadata.version("transformers"),
+    }
+    book.metadata[METADATA_KEY] = meta
+    return meta
+
+
+def refresh(path: Path, timeout: int = 3600) -> dict:
+    """Execute ``path`` top to bottom in a fresh kernel (working folder: notebooks/), write it back with its outputs
+    and its stamp; a failing cell raises (nbclient's CellExecutionError) and the file is left as it was."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    book = nbformat.read(path, as_version=4)
+    load = os.getloadavg()
+    NotebookClient(
+        book, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+    ).execute()
+    meta = stamp(book, load)
+    nbformat.write(book, path)
+    return meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="*", type=Path, help="notebooks to refresh (default: every one in notebooks/)")
+    parser.add_argument("--allow-busy", action="store_true", help="run even when the machine is busy (see below)")
+    parser.add_argument("--timeout", type=int, default=3600, help="seconds one cell may run (default 3600)")
+    args = parser.parse_args(argv)
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > BUSY_LOAD * cores and not args.allow_busy:  # the notebooks time things: a busy CPU skews every figure
+        parser.error(f"the machine is busy (load average {load:.1f} on {cores} cores): the notebooks' timings would "
+                     "show the other work, not hf-specdec; wait for a quiet machine or pass --allow-busy")  # fmt: skip
+    for name in SMALL_RUN_VARIABLES:  # the committed copies show the notebooks' defaults
+        os.environ.pop(name, None)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    for path in args.paths or sorted(NOTEBOOKS.glob("*.ipynb")):
+        t0 = time.perf_counter()
+        meta = refresh(path, args.timeout)
+        print(f"{path}: executed in {time.perf_counter() - t0:.0f} s (load before {meta['load_average_before']}); "
+              f"heads {meta['heads_sha256'][:12]}", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

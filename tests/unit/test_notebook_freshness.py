@@ -1,0 +1,73 @@
+"""What the committed notebooks show is what the current code produces: each was executed top to bottom (every
+code cell ran, in order, none failed, outputs kept) by ``scripts/refresh_notebooks.py`` with the heads that ship
+now. After a head is retrained, this fails until the notebooks are refreshed (CI also executes them, small, in
+tests/integration/test_notebooks.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+import hf_specdec
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+REFRESH = "python scripts/refresh_notebooks.py"
+
+
+def _refresh_script():
+    spec = importlib.util.spec_from_file_location("refresh_notebooks", ROOT / "scripts" / "refresh_notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+refresh = _refresh_script()
+
+
+def test_there_are_notebooks():
+    assert len(NOTEBOOKS) >= 3
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_committed_notebook_ran_with_the_shipped_heads(path):
+    book = json.loads(path.read_text(encoding="utf-8"))
+    stamp = book["metadata"].get(refresh.METADATA_KEY)
+    assert stamp, f"{path.name} was not executed by {REFRESH} (no hf_specdec metadata): run it"
+    current = refresh.shipped_heads()
+    changed = sorted(k for k in current.keys() | stamp["heads"].keys() if current.get(k) != stamp["heads"].get(k))
+    assert stamp["heads_sha256"] == refresh.heads_digest(), (
+        f"{path.name} shows outputs of other heads ({', '.join(changed)} changed since {stamp['executed']}): "
+        f"run {REFRESH} {path.relative_to(ROOT)}"
+    )
+    assert stamp["version"] == hf_specdec.__version__ == refresh.package_version()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_committed_notebook_has_its_outputs(path):
+    book = json.loads(path.read_text(encoding="utf-8"))
+    code = [c for c in book["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    counts = [c.get("execution_count") for c in code]
+    assert all(isinstance(n, int) for n in counts), f"{path.name}: cells not executed: run {REFRESH}"
+    assert counts == sorted(counts), f"{path.name}: cells executed out of order: run {REFRESH}"
+    assert sum(1 for c in code if c.get("outputs")) >= len(code) // 2, f"{path.name}: outputs missing"
+    errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, f"{path.name}: a cell failed: {errors[0].get('ename')}"
+
+
+def test_the_digest_follows_any_change_to_a_head(tmp_path):
+    for name in ("medusa-x", "eagle-x"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text('{"tree": [1]}')
+        (tmp_path / name / "model.safetensors").write_bytes(b"weights")
+        (tmp_path / name / "README.md").write_text("card")
+    before = refresh.heads_digest(tmp_path)
+    (tmp_path / "medusa-x" / "README.md").write_text("another card")
+    assert refresh.heads_digest(tmp_path) == before  # the card does not change a draft
+    (tmp_path / "eagle-x" / "config.json").write_text('{"tree": [2]}')
+    assert refresh.heads_digest(tmp_path) != before
+    with pytest.raises(FileNotFoundError, match="no shipped head"):
+        refresh.heads_digest(tmp_path / "nothing")
