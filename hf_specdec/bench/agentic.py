@@ -30,8 +30,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..cli_args import UsageError, check_model_argument, load_model_argument
-from ..generation.proposers.base import Proposer
 from ..generation.packed_linears import packed_weights
+from ..generation.proposers.base import Proposer
 from .arctic import arctic_available
 from .methods import BenchContext, Method, resolve_methods
 from .report import OVERALL, budgets_by_method, depth_acceptance_by_method, markdown_report, summarize, write_results
