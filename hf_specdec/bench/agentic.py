@@ -374,7 +374,9 @@ def main(args: argparse.Namespace) -> int:
 
     def report(done: bool) -> str:
         summary = summarize(records)
-        text = markdown_report(summary, meta(done)).replace("# hf-specdec Spec-Bench results", "# hf-specdec agentic")
+        text = markdown_report(summary, meta(done), records).replace(
+            "# hf-specdec Spec-Bench results", "# hf-specdec agentic"
+        )
         return "\n".join([text, throughput_section(summary), store_section(assistants)])
 
     def save(so_far: list[dict]) -> None:
