@@ -271,6 +271,18 @@ def train_medusa_main(args: argparse.Namespace) -> int:
 _BENCH_WORKLOADS = {"spec-bench": "hf_specdec.bench.spec_bench", "agentic": "hf_specdec.bench.agentic"}
 
 
+def _train_eagle_main(args: argparse.Namespace) -> int:
+    """``train eagle``: ``--init-head shipped`` names the package's EAGLE head folder, then the trainer runs."""
+    from .assistants import EAGLE
+    from .training import eagle_cli
+
+    if args.init_head == "shipped":
+        args.init_head = str(EAGLE.folder)
+    elif args.init_head is not None and not (Path(args.init_head) / "config.json").is_file():
+        raise UsageError(f"--init-head {args.init_head}: no saved EagleHead there (config.json); pass one or 'shipped'")
+    return eagle_cli.train_eagle_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .bench.spec_bench import add_arguments as add_bench_arguments
@@ -310,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     eagle = train_sub.add_parser("eagle", help=what, description=what[0].upper() + what[1:] + ".")
     eagle_cli.add_train_eagle_arguments(eagle)
     add_threads_argument(eagle)
-    eagle.set_defaults(func=eagle_cli.train_eagle_main)
+    eagle.set_defaults(func=_train_eagle_main)
     from . import export_cli
 
     export = sub.add_parser("export", help="write a head in the layout vLLM or SGLang serves, with a model card")

@@ -75,6 +75,13 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--soft-labels", action="store_true", help="token loss against the target's distribution, not its arg-max"
     )
+    parser.add_argument(
+        "--init-head",
+        default=None,
+        metavar="FOLDER|shipped",
+        help="fine-tune this head (a saved EagleHead folder, or 'shipped': the package's head for the default model) "
+        "instead of starting from a fresh one; its shape and draft vocabulary are kept",
+    )
     parser.add_argument("--no-tune", action="store_true", help="skip measuring the step cost for the tree size")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
     parser.add_argument("--seed", type=int, default=0)
@@ -132,7 +139,8 @@ def train_eagle_main(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     data = load_distillation_data(folders, with_aux=args.version == 3)
-    head, report = train_eagle(model, data, out, cfg, resume=args.resume, device=args.device)
+    init = _init_head(args.init_head)
+    head, report = train_eagle(model, data, out, cfg, resume=args.resume, device=args.device, init_head=init)
     if not args.no_tune:
         report["tree"] = tune_eagle_tree(model, head.to(model.device))  # timed where the model runs
         head.to("cpu").save_pretrained(out / "head")
@@ -140,3 +148,18 @@ def train_eagle_main(args: argparse.Namespace) -> int:
     held = report.get("held_out") or {}
     print(f"EAGLE head saved to {out / 'head'}: held-out top-1 {held.get('top1')}, top-4 {held.get('top4')}")
     return 0
+
+
+def _init_head(folder: str | None):
+    """The head ``--init-head`` names (``cli.py`` turns ``shipped`` into the shipped head's folder), or None."""
+    if folder is None:
+        return None
+    import torch
+
+    from ..heads.eagle import EagleHead
+
+    if not (Path(folder) / "config.json").is_file():
+        raise ValueError(
+            f"--init-head {folder}: no saved EagleHead there (config.json); pass a head folder or 'shipped'"
+        )
+    return EagleHead.from_pretrained(folder, dtype=torch.float32)

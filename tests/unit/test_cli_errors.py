@@ -42,6 +42,7 @@ CASES = [
     (["train", "medusa", "--out", "x", "--num-heads", "-1"], ["--num-heads", "at least 1", "-1"]),
     (["train", "medusa", "--out", "x", "--loss-vocab", "-5"], ["--loss-vocab", "0 or more", "-5"]),
     (["train", "medusa", "--out", "x", "--lr", "0"], ["--lr", "greater than 0"]),
+    (["train", "eagle", "--out", "x", "--init-head", "no/such/head"], ["--init-head", "no/such/head", "EagleHead"]),
     (["demo", "--threads", "0"], ["--threads", "at least 1", "0"]),
     (["demo", "--port", "70000"], ["--port", "between 1 and 65535", "70000"]),
     (["demo", "--concurrency", "0"], ["--concurrency", "at least 1", "0"]),
