@@ -85,12 +85,11 @@ def test_tree_tuning_measures_the_step_cost_the_assistant_reads():
 
 
 def test_cli_trains_on_several_data_folders():
-    from hf_specdec.cli import build_parser
-    from hf_specdec.training.eagle_cli import train_eagle_main
+    from hf_specdec.cli import _train_eagle_main, build_parser
 
     args = build_parser().parse_args(["train", "eagle", "--out", "x", "--data", "d1", "d2", "--draft-vocab", "4096"])
     assert args.data == ["d1", "d2"] and args.extra_data == [] and args.draft_vocab == 4096
-    assert args.func is train_eagle_main
+    assert args.func is _train_eagle_main and args.init_head is None
     args = build_parser().parse_args(["train", "eagle", "--out", "x", "--data-dir", "root", "--extra-data", "d3"])
     assert args.data is None and args.data_dir == "root" and args.extra_data == ["d3"] and not args.real_text
     assert build_parser().parse_args(["train", "eagle", "--out", "x", "--real-text"]).real_text
@@ -104,6 +103,20 @@ def test_cli_trains_on_several_data_folders():
         build_parser().parse_args(["train", "eagle", "--out", "x", "--version", "2"])
     args = build_parser().parse_args(["train", "mlp-speculator", "--out", "x", "--device", "cuda"])
     assert args.device == "cuda"
+
+
+def test_init_head_shipped_names_the_packaged_head(monkeypatch):
+    """``--init-head shipped`` reaches the trainer as the shipped head's folder; the trainer loads what it names."""
+    from hf_specdec.assistants import EAGLE
+    from hf_specdec.cli import main
+    from hf_specdec.training import eagle_cli
+
+    seen = {}
+    monkeypatch.setattr(eagle_cli, "train_eagle_main", lambda args: seen.setdefault("init", args.init_head) and 0)
+    assert main(["train", "eagle", "--out", "x", "--init-head", "shipped"]) == 0
+    assert seen["init"] == str(EAGLE.folder)
+    head = eagle_cli._init_head(seen["init"])
+    assert torch.equal(head.fc.weight, EAGLE.load().fc.weight) and head is not EAGLE.load()
 
 
 def test_training_on_an_explicit_device_returns_a_cpu_head(tiny_data, tmp_path):
