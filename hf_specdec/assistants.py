@@ -102,7 +102,7 @@ def load_default_assistant(name: str = DEFAULT_ASSISTANT) -> Proposer:
         name: one of `available_assistants()`: ``"ngram+medusa"`` / ``"ngram+eagle"`` (prompt lookup where it finds
             a match, the shipped Medusa heads / EAGLE head elsewhere: the fastest on the default model,
             docs/results.md), ``"ngram"`` (prompt lookup over token trees, no weights: any model), ``"medusa"`` (the
-            shipped Medusa-1 heads with their tuned tree), ``"eagle"`` (the shipped EAGLE-1/2 head drafting EAGLE-2
+            shipped Medusa-1 heads drafting a candidate tree that the tree budget sizes), ``"eagle"`` (the shipped EAGLE-1/2 head drafting EAGLE-2
             dynamic trees), ``"mlp_speculator"`` (the shipped MLP speculator), ``"suffix"`` (suffix decoding over the
             request and the assistant's store of earlier answers: keep the returned assistant and pass it to every
             call of a session) or ``"suffix+eagle"`` / ``"suffix+medusa"`` (`available_assistants`).
@@ -190,7 +190,7 @@ register_default_assistant(
 register_default_assistant(
     "medusa",
     _medusa,
-    description="MedusaAssistant with the shipped Medusa-1 heads and their tuned tree",
+    description="MedusaAssistant with the shipped Medusa-1 heads drafting a candidate tree the tree budget sizes",
     requires=MEDUSA.ships,
 )
 register_default_assistant(

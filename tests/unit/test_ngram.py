@@ -207,8 +207,15 @@ def test_drafts_less_after_rejections():
     # every token occurs before, so there is always a match, but the text never repeats: drafts keep failing
     prompt = list(range(20)) * 2
     output = _random_stream(1, 20, 300)
+    # the scores (estimated acceptance of each node) fall, so the loop's tree budget keeps fewer of the candidates
     adaptive = _simulate(NgramAssistant(), {0: (prompt, output)})[0]
-    fixed = _simulate(NgramAssistant(adaptive=False), {0: (prompt, output)})[0]
+    expected = [
+        float(t.scores.sum()) if t.num_nodes else 0.0 for t, _ in adaptive
+    ]  # expected accepted tokens per proposed tree
+    assert statistics.mean(expected[-100:]) < 0.5 * statistics.mean(expected[:3]), expected[:3] + expected[-3:]
+    # with a score threshold of its own (how it sizes its trees with tree_budget=False) it drafts fewer nodes
+    adaptive = _simulate(NgramAssistant(min_score=0.1), {0: (prompt, output)})[0]
+    fixed = _simulate(NgramAssistant(adaptive=False, min_score=0.1), {0: (prompt, output)})[0]
     early = statistics.mean(t.num_nodes for t, _ in adaptive[:3])
     late = statistics.mean(t.num_nodes for t, _ in adaptive[-100:])
     late_fixed = statistics.mean(t.num_nodes for t, _ in fixed[-100:])
