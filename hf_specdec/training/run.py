@@ -353,9 +353,13 @@ def data_description(manifest: dict) -> str:
         answers = sum(sh.get("num_answer_tokens", 0) for sh in shards)
         planned = part.get("num_prompts") or recipe.get("num_prompts")
         stage = f", {recipe['stage']} stage" if recipe.get("stage") else ""
+        kind = f"{recipe.get('kind', 'templates x topics')}{stage}, seed {recipe.get('seed')}"
+        if part.get("teacher_forced"):  # the conversations' own answers, labelled with the target's arg-max
+            described.append(f"{sequences} of {planned} planned conversations teacher-forced through the target "
+                              f"({answers} answer tokens labelled with its arg-max; {kind})")  # fmt: skip
+            continue
         described.append(
             f"{sequences} {how} answers (max {gen.get('max_new_tokens')} new tokens, {answers} answer tokens) to "
-            f"{sequences} of {planned} planned prompts ({recipe.get('kind', 'templates x topics')}{stage}, "
-            f"seed {recipe.get('seed')})"
+            f"{sequences} of {planned} planned prompts ({kind})"
         )
-    return f"self-distillation of {manifest.get('base_model')}: " + "; ".join(described) + "; no benchmark questions"
+    return f"distillation of {manifest.get('base_model')}: " + "; ".join(described) + "; no benchmark questions"
