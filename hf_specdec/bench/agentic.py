@@ -315,7 +315,7 @@ def checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Sett
         methods = resolve_methods(names)
     except ValueError as err:
         raise UsageError(f"--methods {names}: {err}") from err
-    settings = settings_for(args.sample, greedy=not args.no_greedy)
+    settings = settings_for(args.do_sample, greedy=not args.no_greedy)
     if not settings:
         raise UsageError("--no-greedy without --sample leaves nothing to run: add --sample or drop --no-greedy")
     chosen = sessions()

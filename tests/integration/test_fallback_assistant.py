@@ -57,15 +57,23 @@ def test_each_row_drafts_with_the_first_assistant_that_has_a_draft():
     assert any(tree is not None and tree.num_nodes for step in first.verdicts[1:] for tree, _ in step)
 
 
+def _started(fallback: FallbackAssistant) -> FallbackAssistant:
+    """``fallback`` started as the loop starts it (its setup carries the call's tree budget), outside ``generate``."""
+    from hf_specdec.generation.proposers.base import ProposerSetup
+
+    fallback.start(ProposerSetup(target=None, generation_config=None))
+    return fallback
+
+
 def test_trees_come_from_the_right_assistant():
     first = Recorder(7, when=lambda r: r.row == 0)
     second = Recorder(8)
-    fb = FallbackAssistant(first, second)
+    fb = _started(FallbackAssistant(first, second))
     rows = [hf_specdec.RowState(row=i, tokens=torch.tensor([1, 2, 3]), prompt_len=2, max_depth=4) for i in range(3)]
     trees = fb.propose(rows)
     assert [t.tokens.tolist() for t in trees] == [[7], [8], [8]]
     assert second.asked == [[(1, 4), (2, 4)]]
-    none = FallbackAssistant(Recorder(7, when=lambda r: False), Recorder(8, when=lambda r: False))
+    none = _started(FallbackAssistant(Recorder(7, when=lambda r: False), Recorder(8, when=lambda r: False)))
     assert [t.num_nodes for t in none.propose(rows)] == [0, 0, 0]
 
 
@@ -148,7 +156,7 @@ def test_a_paused_row_still_drafts_with_the_free_assistant_only():
     from hf_specdec.generation.proposers.base import RowState
 
     free, paid = FreeRecorder(7), Recorder(8)
-    fallback = FallbackAssistant(free, paid)
+    fallback = _started(FallbackAssistant(free, paid))
     tokens = torch.tensor([5, 6, 7])
     rows = [RowState(0, tokens, 2, max_depth=0, free_depth=4), RowState(1, tokens, 2, max_depth=3)]
     free.when = lambda r: r.row == 1  # the free one finds nothing for the paused row 0

@@ -15,6 +15,7 @@ from hf_specdec.generation.proposers import as_proposer
 from hf_specdec.generation.proposers.mlp_speculator import (
     MLPSpeculatorAssistant,
     ancestor_masks,
+    budget_widths,
     draft_tree_batch,
 )
 from hf_specdec.generation.tree import DraftTree
@@ -124,7 +125,9 @@ def test_assistant_resolution_and_target_check():
     model = tiny_causal_lm("llama")
     spec = random_speculator(model)
     proposer = as_proposer(spec, model)
-    assert isinstance(proposer, MLPSpeculatorAssistant) and proposer.widths == [3, 5, 5]
+    # the candidate widths (the speculator's defaults, widened where its product tree reaches): the budget sizes them
+    assert isinstance(proposer, MLPSpeculatorAssistant) and proposer.widths == budget_widths(spec, [3, 5, 5])
+    assert spec.default_widths() == [3, 5, 5]
     other = tiny_causal_lm("llama", hidden_size=32)
     with pytest.raises(ValueError, match="hidden size 64 cannot serve a model with hidden size 32"):
         other.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=4, assistant=spec)

@@ -65,7 +65,7 @@ def test_shipped_head_samples_the_target_distribution(default_model, name):
                          return_dict_in_generate=True, assistant=hf_specdec.load_default_assistant(name),
                          tree_budget=False, **WARPERS)  # fmt: skip
     depth = out.spec_stats.accepted_per_depth
-    assert len(depth) > 0 and depth[0] > 0.2 * ROWS, f"vacuous: the head's drafts are rarely accepted {depth}"
+    assert len(depth) > 0 and depth[0] > 0.1 * ROWS, f"vacuous: the head's drafts are rarely accepted {depth}"
     counts = Counter(tuple(r) for r in out.sequences[:, len(prompt) : len(prompt) + 2].tolist())
     assert set(counts) <= set(joint), "sampled a pair the target cannot produce"
     keys = [k for k, p in joint.items() if p * ROWS >= 5]
