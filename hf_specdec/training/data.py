@@ -518,11 +518,22 @@ def build_distillation_data(
             torch.manual_seed(seed * 1_000_003 + index)
         seqs, hiddens = how.answer(model, chunk, bar)
         entry = _write_shard(out / name, seqs, hiddens, chunk, hidden_dtype, len(how.aux_layers))
-        manifest["shards"].append({"file": name, "first_prompt": start, **entry,
-                                   "seconds": round(time.perf_counter() - t0, 2)})  # fmt: skip
-        manifest["shards"].sort(key=lambda s: s["first_prompt"])
-        write_json(out / MANIFEST_NAME, manifest)
+        record_shard(out, manifest, name, start, entry, t0)
     bar.close()
+    return finish_manifest(out, manifest)
+
+
+def record_shard(out: Path, manifest: dict, name: str, start: int, entry: dict, t0: float) -> None:
+    """Add a written shard (``entry`` from `_write_shard`, begun at ``t0``) to ``manifest`` and save it, so that a
+    build stopped after this shard resumes after it."""
+    manifest["shards"].append({"file": name, "first_prompt": start, **entry,
+                               "seconds": round(time.perf_counter() - t0, 2)})  # fmt: skip
+    manifest["shards"].sort(key=lambda s: s["first_prompt"])
+    write_json(out / MANIFEST_NAME, manifest)
+
+
+def finish_manifest(out: Path, manifest: dict) -> dict:
+    """Mark ``manifest`` complete with its totals over the shards, save and return it."""
     manifest["complete"] = True
     for key in ("num_sequences", "num_tokens", "num_answer_tokens"):
         manifest[key] = sum(s[key] for s in manifest["shards"])

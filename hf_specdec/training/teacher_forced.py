@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .conversations import TemplatedConversation
-from .data import MANIFEST_NAME, _open_manifest, _write_shard, write_json
+from .data import _open_manifest, _write_shard, finish_manifest, record_shard
 
 LM_HEAD_CHUNK = 2048  # positions per lm_head arg-max (bounds the [chunk, V] logits)
 
@@ -148,16 +148,9 @@ def build_teacher_forced_data(
         entry = _write_shard(
             out / name, [s.ids for s in chunk], states, prompts, hidden_dtype, len(aux_layers), per_token
         )
-        manifest["shards"].append({"file": name, "first_prompt": start, **entry,
-                                   "seconds": round(time.perf_counter() - t0, 2)})  # fmt: skip
-        manifest["shards"].sort(key=lambda s: s["first_prompt"])
-        write_json(out / MANIFEST_NAME, manifest)
+        record_shard(out, manifest, name, start, entry, t0)
     bar.close()
-    manifest["complete"] = True
-    for key in ("num_sequences", "num_tokens", "num_answer_tokens"):
-        manifest[key] = sum(s[key] for s in manifest["shards"])
-    write_json(out / MANIFEST_NAME, manifest)
-    return manifest
+    return finish_manifest(out, manifest)
 
 
 __all__ = ["build_teacher_forced_data", "teacher_forced_states"]
