@@ -24,15 +24,7 @@ class DictOfListsDraft(DraftModelAssistant):
         if self.processors:  # the test's processors hold no per-row state: row 0's view is every row's
             procs = self.processors.for_row(0)
             logits = torch.stack([procs(c[None], row[None].clone())[0] for c, row in zip(contexts, logits)])
-        logq = torch.log_softmax(logits, dim=-1)  # [n, V]
-        k = min(self.top_k, logq.shape[-1])
-        if self.sample:
-            u = torch.rand(logq.shape, generator=self.setup.generator, device=logq.device).clamp_(1e-20, 1.0)
-            gumbel = logq - torch.log(-torch.log(u))
-            top = gumbel.topk(k, dim=-1).indices
-            return top, logq.gather(-1, top), logq.exp()
-        top = logq.topk(k, dim=-1)
-        return top.indices, top.values, None
+        return self._top_children(logits)  # the node table is what this oracle replaces, not the sampling
 
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
         device = rows[0].tokens.device

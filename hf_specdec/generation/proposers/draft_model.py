@@ -100,6 +100,11 @@ class DraftModelAssistant(Proposer):
                 rows.append(self.processors.for_row(row)(ctx, logits[start : start + ctx.shape[0]].clone()))
                 start += ctx.shape[0]
             logits = torch.cat(rows)
+        return self._top_children(logits)
+
+    def _top_children(self, logits: torch.Tensor):
+        """``(tokens [n, k], log q [n, k], q [n, V] or None)``: the top-k (greedy) or Gumbel-top-k (sampling)
+        children of each row of processed `[n, V]` ``logits``."""
         logq = torch.log_softmax(logits, dim=-1)  # [n, V]
         k = min(self.top_k, logq.shape[-1])
         if self.sample:
