@@ -1,10 +1,13 @@
 """Load test of the Gradio demo: 8 concurrent ``gradio_client`` users (loopback only) for a bounded time, greedy, every
 ready-made assistant. Every text is vanilla ``generate``'s, the server still answers afterwards and its memory stays
-flat (two phases: what the first allocates once, the second must not grow). ``HF_SPECDEC_DEMO_LOAD_S`` sets
+flat (three phases: what the first allocates once, a leak grows in each later one; the allocator's free pages are
+returned before every reading, so its caching is not read as a leak). ``HF_SPECDEC_DEMO_LOAD_S`` sets
 the duration of each (default 20 s); the figures are printed (``pytest -s``)."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import itertools
 import os
@@ -25,6 +28,7 @@ pytestmark = pytest.mark.slow  # the default model
 USERS = 8
 DURATION_S = float(os.environ.get("HF_SPECDEC_DEMO_LOAD_S", 20))
 MAX_NEW = 12
+PHASES = 3
 PROMPTS = [
     "Repeat exactly: the quick brown fox jumps over the lazy dog.",
     "List three colours of the rainbow.",
@@ -36,6 +40,12 @@ PROMPTS = [
 
 
 def _rss_mb() -> float:
+    """The resident set after a collection and glibc's ``malloc_trim`` (free pages of every malloc arena handed
+    back: worker threads that come and go leave arenas holding freed memory, which is caching, not a leak)."""
+    gc.collect()
+    libc = ctypes.util.find_library("c")
+    if libc and hasattr(ctypes.CDLL(libc), "malloc_trim"):
+        ctypes.CDLL(libc).malloc_trim(0)
     with open("/proc/self/statm", encoding="ascii") as f:
         return int(f.read().split()[1]) * 4096 / 2**20
 
@@ -97,11 +107,10 @@ def test_eight_concurrent_users_get_vanilla_texts_and_memory_stays_flat(default_
         warm = gradio_client.Client(app.local_url, verbose=False)
         for method in methods:  # each assistant loaded once; the allocator's arenas settle
             assert _ask(warm, PROMPTS[0], method)["identical_to_vanilla"] is True
-        # two load phases of the same length: the first warms what concurrency allocates once (a malloc arena per
-        # worker thread, per-thread caches); a leak shows as growth in the second
+        # load phases of the same length: the first warms what concurrency allocates once (a malloc arena per
+        # worker thread, per-thread caches); a leak shows as growth in every later one
         rss, users, wall = [], [], 0.0
-        for phase in range(2):
-            gc.collect()
+        for phase in range(PHASES):
             rss.append(_rss_mb())
             t0 = time.monotonic()
             phase_users = [_User(app.local_url, i + phase, t0 + DURATION_S, expected, methods) for i in range(USERS)]
@@ -111,7 +120,6 @@ def test_eight_concurrent_users_get_vanilla_texts_and_memory_stays_flat(default_
                 user.join(timeout=DURATION_S + 300)
             wall += time.monotonic() - t0
             users += phase_users
-        gc.collect()
         rss.append(_rss_mb())
         alive = _ask(warm, PROMPTS[1], methods[-1])  # the server still answers
         warm.close()
@@ -122,12 +130,12 @@ def test_eight_concurrent_users_get_vanilla_texts_and_memory_stays_flat(default_
     print(
         f"\ndemo load: {USERS} users, {wall:.0f} s, {len(latencies)} requests ({len(latencies) / wall:.2f}/s), "
         f"latency p50 {statistics.median(latencies):.1f} s, p95 {latencies[int(0.95 * (len(latencies) - 1))]:.1f} s, "
-        f"max {latencies[-1]:.1f} s; RSS {rss[0]:.0f} MB before, {rss[1]:.0f} MB after the first phase, "
-        f"{rss[2]:.0f} MB after the second"
+        f"max {latencies[-1]:.1f} s; RSS (MB) before and after each phase: {', '.join(f'{r:.0f}' for r in rss)}"
     )
     assert not any(u.is_alive() for u in users), "a user never got its answer"
     assert not failures, failures[:5]
     assert all(u.latencies for u in users), "a user was never served"
     assert alive["identical_to_vanilla"] is True
-    first, second = rss[1] - rss[0], rss[2] - rss[1]  # a leak grows with the requests served: alike in both phases
-    assert second < max(64.0, 0.5 * first), f"the server's memory grew by {first:.0f} MB, then {second:.0f} MB"
+    growth = [after - before for before, after in zip(rss, rss[1:])]
+    # a leak grows with the requests served, so in every phase after the first; one phase's noise does not
+    assert min(growth[1:]) < max(64.0, 0.5 * growth[0]), f"the server's memory grew by {growth} MB, phase by phase"
