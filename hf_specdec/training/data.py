@@ -766,6 +766,23 @@ class DistillationData:
         nxt[:-1][known] = self.input_ids[1:][known]
         return nxt
 
+    def on_target_path(self) -> torch.Tensor:
+        """`[N]` bool: whether the token after each position is one the decoding loop would also have there:
+        given text (a prompt or user turn) or the target's own greedy choice.
+
+        Self-distilled answers are the target's own tokens, so every position is on the path. Teacher-forced answers
+        are someone else's text: token t + 1 is on the path only where it equals the target's arg-max after t (about
+        two thirds of ShareGPT's answer tokens for SmolLM2-135M). Heads that guess several tokens ahead from the
+        state at t (Medusa, the MLP speculator) are trained only where the tokens between are on it: elsewhere
+        their labels describe a continuation the target never writes.
+        """
+        on = torch.ones(self.input_ids.numel(), dtype=torch.bool)
+        if self.target_next is None:
+            return on
+        answer_next = self.answer_mask[1:]  # the token after t was written by an assistant
+        on[:-1] = ~answer_next | (self.input_ids[1:] == self.target_next[:-1])
+        return on
+
     def features(self, layers: Sequence[int]) -> torch.Tensor:
         """`[N, F]` the stored states a head reads: ``(-1,)`` = the final states (EAGLE-1), else the aux layers these
         data were built with (EAGLE-3); other layers are an error naming what the data hold."""

@@ -81,13 +81,16 @@ class MedusaTrainingConfig(RunConfig):
 def medusa_labels(data: DistillationData, positions: torch.Tensor, num_heads: int) -> torch.Tensor:
     """`[n, P]` int64: the target's token t + k + 2 for head k at position t (its choice after t + k + 1, given the
     data's tokens up to there: in greedy self-distilled answers, the answer's own token t + k + 2), ``IGNORE`` where
-    it is past the sequence's end, outside an answer, or unknown."""
+    it is past the sequence's end, outside an answer, unknown, or off the target's path: in teacher-forced text, a
+    token between t and the label that the target would not have written (`DistillationData.on_target_path`)."""
     k = torch.arange(num_heads).unsqueeze(1)  # [n, 1]
     target = positions.unsqueeze(0) + k + 2  # [n, P]
     inside = target < data.seq_end[positions]
     target = target.clamp(max=data.input_ids.numel() - 1)
     ids = data.next_tokens()[target - 1]
-    valid = inside & data.answer_mask[target] & (ids >= 0)
+    after = data.on_target_path()[(positions.unsqueeze(0) + k).clamp(max=data.input_ids.numel() - 1)]  # [n, P]
+    on_path = torch.cumprod(after.long(), dim=0).bool()  # head k: tokens t + 1 .. t + k + 1 all on the path
+    valid = inside & data.answer_mask[target] & (ids >= 0) & on_path
     return torch.where(valid, ids, torch.full_like(ids, IGNORE))
 
 
@@ -295,7 +298,7 @@ def train_medusa(
     accelerator = Accelerator(cpu=bool(cpu), mixed_precision=cfg.mixed_precision)
     device = accelerator.device
     lm_weight, lm_bias = _frozen_lm_head(lm_head, data, device)
-    split = held_out_split(data, cfg.eval_fraction, cfg.eval_positions, cfg.seed)
+    split = held_out_split(data, cfg.eval_fraction, cfg.eval_positions, cfg.seed, on_path=True)
     vocab, coverage = None, 1.0
     if init_heads is not None and init_heads.token_map is not None:  # fine-tuning keeps the heads' draft vocabulary
         vocab = init_heads.token_map.to(device)

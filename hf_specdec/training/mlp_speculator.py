@@ -313,7 +313,7 @@ def train_mlp_speculator(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = data if isinstance(data, DistillationData) else load_distillation_data(data)
-    split = held_out_split(data, cfg.eval_fraction, cfg.eval_positions, cfg.seed)
+    split = held_out_split(data, cfg.eval_fraction, cfg.eval_positions, cfg.seed, on_path=True)
     torch.manual_seed(cfg.seed)
     if init_speculator is not None:
         spec = trainable_copy(init_speculator, n_predict=cfg.n_predict, inner_dim=cfg.inner_dim)
@@ -462,7 +462,7 @@ def main(args) -> int:
         data, out, config, resume=args.resume, base_model_name_or_path=DEFAULT_MODEL_NAME, device=args.device
     )
     if not args.no_tune_tree:
-        eval_pos = held_out_split(data, config.eval_fraction, config.eval_positions, config.seed).eval_pos
+        eval_pos = held_out_split(data, config.eval_fraction, config.eval_positions, config.seed, on_path=True).eval_pos
         report["tree_tuning"] = tune_speculator_tree(spec, data, eval_pos, model)
         write_json(out / REPORT_NAME, report)
     save_in_dtype(spec, out, args.save_dtype)

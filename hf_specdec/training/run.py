@@ -105,13 +105,19 @@ class HeldOutSplit:
     eval_pos: torch.Tensor  # [P_eval] at most ``eval_positions`` of the held-out ones
 
 
-def held_out_split(data: DistillationData, eval_fraction: float, eval_positions: int, seed: int) -> HeldOutSplit:
-    """`split_sequences`, then their `head_positions` (a seeded sample of at most ``eval_positions`` held out)."""
+def held_out_split(
+    data: DistillationData, eval_fraction: float, eval_positions: int, seed: int, on_path: bool = False
+) -> HeldOutSplit:
+    """`split_sequences`, then their `head_positions` (a seeded sample of at most ``eval_positions`` held out).
+    ``on_path``: only positions whose next token is on the target's path (`DistillationData.on_target_path`), for
+    heads that guess beyond it (elsewhere every label of theirs is ignored)."""
     train_seqs, eval_seqs = split_sequences(data, eval_fraction, seed)
-    train_pos = head_positions(data, train_seqs)
+    keep = data.on_target_path() if on_path else None
+    train_pos, eval_pos = (head_positions(data, seqs) for seqs in (train_seqs, eval_seqs))
+    if keep is not None:
+        train_pos, eval_pos = train_pos[keep[train_pos]], eval_pos[keep[eval_pos]]
     if train_pos.numel() == 0:
         raise ValueError("the data holds no answer tokens to train on (every answer is shorter than 2 tokens)")
-    eval_pos = head_positions(data, eval_seqs)
     if eval_pos.numel() > eval_positions:
         pick = torch.randperm(eval_pos.numel(), generator=torch.Generator().manual_seed(seed + 1))
         eval_pos = eval_pos[pick[:eval_positions]].sort().values

@@ -4,6 +4,7 @@ the same conversations answers with the target."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -16,7 +17,7 @@ from hf_specdec.training.conversations import Conversation, ConversationSet, Tur
 from hf_specdec.training.data import load_distillation_data
 from hf_specdec.training.eagle import token_targets
 from hf_specdec.training.medusa import IGNORE, medusa_labels
-from hf_specdec.training.run import head_positions
+from hf_specdec.training.run import head_positions, held_out_split
 
 WORDS = "alpha beta gamma delta eps zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 
@@ -64,7 +65,40 @@ def test_labels_are_the_targets_own_argmax(setup, tmp_path):
     assert torch.equal(labels[pos], data.target_next[pos + 1])
     heads = medusa_labels(data, pos, 2)
     ok = heads[1] != IGNORE
-    assert ok.any() and torch.equal(heads[1][ok], data.target_next[pos[ok] + 2])
+    assert torch.equal(heads[1][ok], data.target_next[pos[ok] + 2])
+
+
+def _on_path_oracle(data, t: int, k: int) -> int:
+    """Head k's label at position t, one position at a time: the target's choice after t + k + 1 where every token
+    between (t + 1 .. t + k + 1) is given text or the target's own choice, else IGNORE."""
+    end = int(data.seq_end[t])
+    if t + k + 2 >= end or not data.answer_mask[t + k + 2]:
+        return IGNORE
+    for j in range(t + 1, t + k + 2):
+        if data.answer_mask[j] and int(data.input_ids[j]) != int(data.target_next[j - 1]):
+            return IGNORE
+    return int(data.target_next[t + k + 1])
+
+
+def test_multi_token_heads_learn_only_along_the_targets_own_path(setup, tmp_path):
+    """Teacher-forced answers are someone else's text: Medusa's heads and the speculator's stages guess several
+    tokens past t, so a label counts only where the text between is what the target would have written."""
+    model, tok, source = setup
+    seqs = [templated_ids(tok, c) for c in source.train]
+    _build(model, seqs, tmp_path)
+    data = load_distillation_data(tmp_path)
+    # a random tiny model rarely agrees with the text: make ~70% of its choices the text's own next token
+    agree = torch.rand(data.input_ids.numel(), generator=torch.Generator().manual_seed(1)) < 0.7
+    target_next = data.target_next.clone()
+    target_next[:-1] = torch.where(agree[:-1], data.input_ids[1:], target_next[:-1])
+    data = dataclasses.replace(data, target_next=target_next)
+    pos = head_positions(data, torch.arange(len(seqs)))
+    labels = medusa_labels(data, pos, 3)
+    expect = torch.tensor([[_on_path_oracle(data, int(t), k) for t in pos] for k in range(3)])
+    assert torch.equal(labels, expect)
+    assert (labels[2] != IGNORE).any() and (labels[0] == IGNORE).any()  # both kinds of position occur
+    kept = held_out_split(data, 0.0, 10**6, 0, on_path=True).train_pos
+    assert torch.equal(kept, pos[data.on_target_path()[pos]])  # positions whose every label is ignored are dropped
 
 
 def test_rerun_keeps_the_fingerprint_and_resumes(setup, tmp_path, monkeypatch):
