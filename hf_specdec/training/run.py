@@ -112,9 +112,9 @@ def held_out_split(
     ``on_path``: only positions whose next token is on the target's path (`DistillationData.on_target_path`), for
     heads that guess beyond it (elsewhere every label of theirs is ignored)."""
     train_seqs, eval_seqs = split_sequences(data, eval_fraction, seed)
-    keep = data.on_target_path() if on_path else None
-    train_pos, eval_pos = (head_positions(data, seqs) for seqs in (train_seqs, eval_seqs))
-    if keep is not None:
+    train_pos, eval_pos = head_positions(data, train_seqs), head_positions(data, eval_seqs)
+    if on_path:
+        keep = data.on_target_path()  # [N] bool
         train_pos, eval_pos = train_pos[keep[train_pos]], eval_pos[keep[eval_pos]]
     if train_pos.numel() == 0:
         raise ValueError("the data holds no answer tokens to train on (every answer is shorter than 2 tokens)")

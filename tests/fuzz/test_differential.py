@@ -316,10 +316,10 @@ def _check_row(row: list[int], width: int, call: Call, eos: set[int], scores, r:
         assistant=(
             "draft-model",
             {
-                "arch": "gemma",  # or any other generated value
-                "seed": 0,  # or any other generated value
-                "layers": 1,  # or any other generated value
-                "tree": None,  # or any other generated value
+                "arch": "gemma",
+                "seed": 0,
+                "layers": 1,
+                "tree": None,
             },
         ),
         mask=True,

@@ -7,7 +7,6 @@ the duration of each (default 20 s); the figures are printed (``pytest -s``)."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import itertools
 import os
@@ -29,6 +28,7 @@ USERS = 8
 DURATION_S = float(os.environ.get("HF_SPECDEC_DEMO_LOAD_S", 20))
 MAX_NEW = 12
 PHASES = 3
+_LIBC = ctypes.CDLL(None)  # the process's own C library
 PROMPTS = [
     "Repeat exactly: the quick brown fox jumps over the lazy dog.",
     "List three colours of the rainbow.",
@@ -43,9 +43,8 @@ def _rss_mb() -> float:
     """The resident set after a collection and glibc's ``malloc_trim`` (free pages of every malloc arena handed
     back: worker threads that come and go leave arenas holding freed memory, which is caching, not a leak)."""
     gc.collect()
-    libc = ctypes.util.find_library("c")
-    if libc and hasattr(ctypes.CDLL(libc), "malloc_trim"):
-        ctypes.CDLL(libc).malloc_trim(0)
+    if hasattr(_LIBC, "malloc_trim"):  # glibc only
+        _LIBC.malloc_trim(0)
     with open("/proc/self/statm", encoding="ascii") as f:
         return int(f.read().split()[1]) * 4096 / 2**20
 
