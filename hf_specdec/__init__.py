@@ -9,6 +9,7 @@ import importlib
 
 from .attention.backend import register as _register_attention
 from .cache.paged import PagedCache
+from .attention.unsupported import UnsupportedModelError
 from .generation.hook import install, uninstall
 from .generation.logits import register_per_node_processor
 from .generation.loop import generate
@@ -46,13 +47,24 @@ _LAZY = {
 }
 
 
+# Submodules reachable as attributes after ``import hf_specdec`` alone (``hf_specdec.assistants.available_assistants()``),
+# imported on first use like the names above.
+_SUBMODULES = {
+    "assistants", "models", "testing", "heads", "training", "bench", "demo", "cli", "cli_args", "export_cli",
+    "kernels",
+}  # fmt: skip
+
+
 def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     if name not in _LAZY:
         raise AttributeError(f"module 'hf_specdec' has no attribute {name!r}")
     return getattr(importlib.import_module(_LAZY[name], __name__), name)
 
 
 __all__ = [
+    "UnsupportedModelError",
     "DraftSampling",
     "DraftTree",
     "PagedCache",

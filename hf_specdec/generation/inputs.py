@@ -76,6 +76,15 @@ def check_prompt(model, input_ids, attention_mask=None, inputs_embeds=None) -> N
             f"input_ids must hold integer token ids (torch.long), got dtype {input_ids.dtype} of shape "
             f"{_shape(input_ids)}; token ids are not rounded: pass the tokenizer's ids (or .long() them yourself)"
         )
+    if input_ids.dtype not in (torch.long, torch.int32):
+        # the embedding takes int64 / int32 indices only (vanilla generate fails inside it); a narrower type may
+        # already have wrapped ids above its range
+        raise TypeError(
+            f"input_ids must hold token ids as torch.long (int64) or torch.int32, got dtype {input_ids.dtype} of "
+            f"shape {_shape(input_ids)}; a narrower integer type cannot hold every id of a large vocabulary (and "
+            "may have wrapped them already): pass the tokenizer's ids, or convert ids that are still exact with "
+            ".long()"
+        )
     if input_ids.numel() == 0:
         raise ValueError(
             f"empty prompt: input_ids has shape {_shape(input_ids)}; pass at least one token per row "
@@ -175,6 +184,33 @@ def prompt_starts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) 
             )
         starts.append(width - n)
     return starts
+
+
+def check_generator(generator, model) -> None:
+    """``generator=``: None, or a ``torch.Generator`` on the model's device (sampling draws on that device)."""
+    if generator is None:
+        return
+    device = _model_device(model)
+    where = "" if device is None else f" on the model's device ({device})"
+    example = f"torch.Generator(device={str(device or 'cpu')!r}).manual_seed(0)"
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"generator must be a torch.Generator{where}, e.g. {example}, or None; got {generator!r} "
+            f"({type(generator).__name__})"
+        )
+    if device is not None and torch.device(generator.device).type != device.type:
+        raise ValueError(
+            f"generator is a torch.Generator on {generator.device}, but the model runs on {device}: sampling draws "
+            f"on the model's device, so pass a generator there, e.g. {example}"
+        )
+
+
+def _model_device(model) -> torch.device | None:
+    device = getattr(model, "device", None)
+    if isinstance(device, torch.device):
+        return device
+    param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return None if param is None else param.device
 
 
 def check_int(owner: str, name: str, value, minimum: int | None = None) -> None:

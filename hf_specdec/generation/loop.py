@@ -13,6 +13,7 @@ proposer what was committed.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from transformers.generation import (
 
 from .budget import TreeBudgeter, carried_calibration, keep_calibration
 from .cost_model import cost_model_for
-from .inputs import prompt_starts, validate_call
+from .inputs import check_generator, prompt_starts, validate_call
 from .logits import NodeScorer
 from .proposers import as_proposer
 from .proposers.base import Proposer, ProposerSetup, RowFeedback, RowState
@@ -89,9 +90,13 @@ class _StopChecker:
         self.max_length: int | None = None
         self.eos: set[int] = set()
         self.others = StoppingCriteriaList()
+        # vanilla's MaxLengthCriteria warns (once) when a row runs past the model's max_position_embeddings
+        self.long_warning: MaxLengthCriteria | None = None
         for c in criteria or []:
             if isinstance(c, MaxLengthCriteria):
                 self.max_length = c.max_length if self.max_length is None else min(self.max_length, c.max_length)
+                if getattr(c, "max_position_embeddings", None) is not None:
+                    self.long_warning = c
             elif isinstance(c, EosTokenCriteria):
                 self.eos |= set(torch.as_tensor(c.eos_token_id).reshape(-1).tolist())
             else:
@@ -99,6 +104,8 @@ class _StopChecker:
 
     def __call__(self, context: torch.Tensor, token: int) -> bool:
         """Whether the row stops after ``context`` `[L]` (which ends with ``token``)."""
+        if self.long_warning is not None and context.numel() > self.long_warning.max_position_embeddings:
+            self.long_warning(context[None], None)  # vanilla's own warning, word for word (logged once)
         if token in self.eos:
             return True
         if self.max_length is not None and context.numel() >= self.max_length:
@@ -191,13 +198,32 @@ def generate(
         ``spec_stats`` attribute when ``return_dict_in_generate=True``.
     """
     generation_config = generation_config if generation_config is not None else model.generation_config
-    proposer, stopper, max_length, rows = _checked_call(
-        model, input_ids, assistant, generation_config, stopping_criteria, hf_specdec_streamer, model_kwargs
-    )
+    if assistant is None:
+        raise ValueError("hf_specdec.generate needs an assistant: model.generate(ids, assistant=...)")
+    proposer: Proposer = as_proposer(assistant, model)
+    # the claim comes first: validate() may resolve and bind parts of a shared assistant, which must not happen
+    # while another thread's call uses it (that call's claim refuses this one before anything is touched)
+    with proposer.claimed():
+        stopper, max_length, rows = _checked_call(
+            model, input_ids, proposer, generation_config, stopping_criteria, hf_specdec_streamer, model_kwargs,
+            generator,
+        )  # fmt: skip
+        return _run(
+            model, input_ids, proposer, stopper, max_length, rows, generation_config, logits_processor, generator,
+            acceptance, typical_epsilon, typical_delta, hf_specdec_streamer, keep_packed, tree_budget,
+            model_kwargs.get("attention_mask"),
+        )  # fmt: skip
+
+
+def _run(
+    model, input_ids, proposer, stopper, max_length, rows, generation_config, logits_processor, generator,
+    acceptance, typical_epsilon, typical_delta, hf_specdec_streamer, keep_packed, tree_budget, attention_mask,
+):  # fmt: skip
+    """Prefill and steps of a checked call whose ``proposer`` is claimed; returns vanilla's return value."""
     returns = bool(generation_config.return_dict_in_generate)
     if hf_specdec_streamer is not None:
         hf_specdec_streamer.put(input_ids.cpu())
-    with PlannedModel(model, keep_packed=keep_packed) as target, proposer.claimed():
+    with PlannedModel(model, keep_packed=keep_packed) as target:
         call = _Call(
             model=model,
             target=target,
@@ -227,28 +253,33 @@ def generate(
             proposer.finish()
     if hf_specdec_streamer is not None:
         hf_specdec_streamer.end()
+    if call.want_scores or call.want_logits:
+        _score_finished_rows(call, rows, attention_mask, _pad_id(generation_config))
     return _output(call, input_ids, rows, generation_config)
 
 
-def _checked_call(model, input_ids, assistant, generation_config, stopping_criteria, streamer, model_kwargs):
-    """Everything checked before the model runs: the inputs, the options, the assistant against the model.
+def _checked_call(
+    model, input_ids, proposer: Proposer, generation_config, stopping_criteria, streamer, model_kwargs, generator=None
+):
+    """Everything checked before the model runs: the inputs, the options, the (claimed) assistant against the model.
 
     Returns:
-        the proposer, the stop checker, the max length and one `_Row` per row of `[B, W]` ``input_ids``.
+        the stop checker, the max length and one `_Row` per row of `[B, W]` ``input_ids``.
     """
-    if assistant is None:
-        raise ValueError("hf_specdec.generate needs an assistant: model.generate(ids, assistant=...)")
     validate_call(model, input_ids, generation_config, model_kwargs)
+    check_generator(generator, model)
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError("streamers support batch size 1 only (as in vanilla generate)")
-    proposer: Proposer = as_proposer(assistant, model)
     proposer.validate(model)
     stopper = _StopChecker(stopping_criteria)
     max_length = stopper.max_length if stopper.max_length is not None else generation_config.max_length
     if max_length is None:
         raise ValueError("set max_new_tokens or max_length")
+    # vanilla takes a fractional max_new_tokens (2.5): max_length = W + 2.5, and a row stops once its length reaches
+    # it, i.e. at the next whole length
+    max_length = math.ceil(max_length)
     rows = _rows_from_input(input_ids, model_kwargs.get("attention_mask"), max(0, max_length - input_ids.shape[1]))
-    return proposer, stopper, max_length, rows
+    return stopper, max_length, rows
 
 
 def _setup(call: _Call, generation_config, logits_processor, batch_size: int) -> ProposerSetup:
@@ -489,13 +520,54 @@ def _verify(
     return out, torch.cat(all_scores), verdicts
 
 
-def _output(call: _Call, input_ids: torch.Tensor, rows: Sequence[_Row], generation_config):
-    """Vanilla's return value: `[B, W + G]` ids, or a `GenerateDecoderOnlyOutput` with ``spec_stats``."""
+def _pad_id(generation_config) -> torch.Tensor | None:
+    """The id vanilla pads finished rows with (the pad token, else the first EOS token)."""
     pad_id = getattr(generation_config, "_pad_token_tensor", None)
     if pad_id is None and generation_config.pad_token_id is not None:
         pad_id = torch.tensor(generation_config.pad_token_id)
     if pad_id is None and generation_config.eos_token_id is not None:
         pad_id = torch.as_tensor(generation_config.eos_token_id).reshape(-1)[0]
+    return pad_id
+
+
+def _score_finished_rows(
+    call: _Call, rows: Sequence[_Row], attention_mask: torch.Tensor | None, pad_id: torch.Tensor | None
+) -> None:
+    """The scores / logits of the positions where a row had finished while others went on, as vanilla computes
+    them: vanilla keeps every finished row in its forwards, feeding the pad token after the row's last token (its
+    attention mask and position ids growing as for any token), and returns the scores of those forwards. Here each
+    such row runs one forward of the model, outside the speculative loop, over its context followed by those pads
+    (`[W + g + p]`, causal), and the call's logits processors score every position with the context vanilla's saw.
+    """
+    steps = max(r.length - r.prompt_width for r in rows)
+    fill = int(pad_id) if pad_id is not None else 0
+    for r in rows:
+        missing = steps - (r.length - r.prompt_width)  # positions of vanilla's output this row has no scores for
+        if missing <= 0:
+            continue
+        device = r.buf.device
+        pads = torch.full((missing - 1,), fill, dtype=torch.long, device=device)
+        ids = torch.cat([r.context, pads])  # [W + g + missing - 1]
+        mask = torch.ones_like(ids)
+        if attention_mask is not None:
+            mask[: r.prompt_width] = attention_mask[r.index].to(device=device, dtype=mask.dtype)
+        positions = (mask.cumsum(0) - 1).masked_fill(mask == 0, 0)
+        out = call.model(
+            input_ids=ids[None], attention_mask=mask[None], position_ids=positions[None], use_cache=False,
+            logits_to_keep=missing,
+        )  # fmt: skip
+        raw = out.logits[0, -missing:].to(dtype=torch.float32)  # [missing, V]: after the last token, then each pad
+        chain = DraftTree.from_parents(pads, list(range(-1, missing - 2))) if missing > 1 else DraftTree.empty(device)
+        scores = call.scorer(r.context, chain, raw, r.index)  # [missing, V] each with the context vanilla's saw
+        if call.want_scores:
+            r.scores.extend(scores.to(r.scores[0].device if r.scores else scores.device).unbind(0))
+        if call.want_logits:
+            r.logits.extend(raw.unbind(0))
+
+
+def _output(call: _Call, input_ids: torch.Tensor, rows: Sequence[_Row], generation_config):
+    """Vanilla's return value: `[B, W + G]` ids, or a `GenerateDecoderOnlyOutput` with ``spec_stats``."""
+    pad_id = _pad_id(generation_config)
     sequences = _assemble(input_ids, rows, pad_id)
     if not generation_config.return_dict_in_generate:
         return sequences
@@ -523,7 +595,8 @@ def _assemble(input_ids: torch.Tensor, rows: Sequence[_Row], pad_id) -> torch.Te
 
 
 def _stack_steps(per_row: list[list[torch.Tensor]], steps: int) -> tuple[torch.Tensor, ...]:
-    """Vanilla's layout: one `[B, V]` tensor per generated position (finished rows' later entries are zeros)."""
+    """Vanilla's layout: one `[B, V]` tensor per generated position (`_score_finished_rows` filled the positions
+    after a row finished)."""
     ref = next(t for row in per_row for t in row)
     out = []
     for t in range(steps):
