@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -40,6 +41,19 @@ def _source_copy(dest: Path) -> Path:
     return dest
 
 
+def _see_installed_dependencies(venv: Path) -> None:
+    """Let ``venv`` import what this interpreter has installed. ``--system-site-packages`` only reaches the *base*
+    interpreter's packages: when the tests themselves run inside a virtual environment (as CI may), torch and the rest
+    live in that environment's site-packages, so they are added as site directories (their ``.pth`` files processed
+    too), after the new environment's own."""
+    if sys.prefix == sys.base_prefix:
+        return  # not inside a venv: --system-site-packages already sees everything
+    (site_dir,) = (venv / "lib").glob("python*/site-packages")
+    outer = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in outer)
+    (site_dir / "_outer_environment.pth").write_text(lines)
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     pytest.importorskip("build", reason="the test extra's `build` is not installed")
@@ -64,6 +78,7 @@ def test_the_wheel_holds_the_heads_the_questions_the_demo_and_the_license(wheel)
 def test_the_wheel_installs_offline_and_works_outside_the_repository(wheel, tmp_path):
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--system-site-packages", venv], tmp_path, dict(os.environ))
+    _see_installed_dependencies(venv)
     bin_dir = venv / "bin"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
