@@ -137,3 +137,75 @@ def test_one_assistant_object_shared_by_concurrent_calls_works_or_says_so(setup)
     assert len(outcomes) == 3 * ROUNDS * 2
     assert set(outcomes) <= {"ok", "in use"}, outcomes
     assert "ok" in outcomes
+
+
+class _Gate:
+    """A streamer (what ``streamer=`` takes) that holds its call at the first generated token (after the prefill,
+    its assistant started) until the other thread has tried the same assistant."""
+
+    def __init__(self, reached: threading.Barrier, go_on: threading.Event):
+        self.reached, self.go_on, self.puts = reached, go_on, 0
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:  # the prompt, then the first generated token
+            self.reached.wait(timeout=30)
+            assert self.go_on.wait(timeout=60)
+
+    def end(self) -> None:
+        pass
+
+
+def test_a_shared_fallback_assistant_refuses_the_second_call_and_the_first_goes_on(setup):
+    """The first call holds a FallbackAssistant over unbound Medusa heads; a second thread's call with it used to
+    re-resolve its proposers in validate() before the claim, so the *first* call died ("call heads.bind(model)")."""
+    from hf_specdec import FallbackAssistant, MedusaHeads
+
+    model, _ = setup
+    heads = MedusaHeads(hidden_size=model.config.hidden_size, num_heads=2, vocab_size=model.config.vocab_size)
+    shared = FallbackAssistant(NgramAssistant(), heads)  # the heads are resolved (and bound) per call
+    ids = torch.tensor([PROMPTS[1]])
+    vanilla = model.generate(ids, max_new_tokens=12, do_sample=False)
+    reached, go_on = threading.Barrier(2), threading.Event()
+    results: dict[str, object] = {}
+
+    def first() -> None:
+        try:
+            results["first"] = model.generate(
+                ids, max_new_tokens=12, do_sample=False, assistant=shared, streamer=_Gate(reached, go_on)
+            )
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            results["first"] = exc
+
+    def second() -> None:
+        reached.wait(timeout=30)  # the first call is inside generate, its assistant claimed
+        try:
+            results["second"] = model.generate(ids, max_new_tokens=12, do_sample=False, assistant=shared)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            results["second"] = exc
+        finally:
+            go_on.set()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert isinstance(results["second"], RuntimeError), results["second"]
+    assert "already in use by another generate call" in str(results["second"])
+    assert isinstance(results["first"], torch.Tensor), results["first"]
+    assert torch.equal(results["first"], vanilla)
+    # free again afterwards
+    assert torch.equal(model.generate(ids, max_new_tokens=12, do_sample=False, assistant=shared), vanilla)
+
+
+def test_one_assistant_twice_in_a_fallback_assistant_is_refused_when_built():
+    from hf_specdec import FallbackAssistant
+
+    ngram = NgramAssistant()
+    with pytest.raises(ValueError, match=r"same NgramAssistant object twice \(assistants 0 and 1\).*pass it once"):
+        FallbackAssistant(ngram, ngram)
+    inner = FallbackAssistant(ngram, NgramAssistant())
+    with pytest.raises(ValueError, match=r"same NgramAssistant object twice \(assistants 0.0 and 1\)"):
+        FallbackAssistant(inner, ngram)

@@ -50,6 +50,7 @@ class FallbackAssistant(Proposer):
                 raise TypeError("pass the assistants as separate arguments: FallbackAssistant(first, second, ...)")
         if len(assistants) < 2:
             raise ValueError(f"FallbackAssistant needs at least two assistants, got {len(assistants)}")
+        _refuse_repeats(assistants)
         self.assistants = assistants
         self.handoff = float(handoff)
         self.proposers: list[Proposer] = [a for a in assistants if isinstance(a, Proposer)]
@@ -79,11 +80,14 @@ class FallbackAssistant(Proposer):
 
     @contextlib.contextmanager
     def claimed(self) -> Iterator[None]:
-        """Claims this object and every assistant in it (see `Proposer.claimed`)."""
+        """Claims this object and every assistant object passed to it (see `Proposer.claimed`), before anything is
+        resolved: `validate` replaces ``proposers``, which another thread's call may be using. The proposers that
+        `validate` resolves from heads or draft models are this object's own, so its claim covers them."""
         with contextlib.ExitStack() as stack:
             stack.enter_context(super().claimed())
-            for p in self.proposers:
-                stack.enter_context(p.claimed())
+            for a in self.assistants:
+                if isinstance(a, Proposer):
+                    stack.enter_context(a.claimed())
             yield
 
     def start(self, setup: ProposerSetup) -> None:
@@ -148,6 +152,29 @@ class FallbackAssistant(Proposer):
         layers = p.hidden_state_layers
         hidden = None if not layers or fb.hidden_states is None else {k: fb.hidden_states[k] for k in layers}
         return RowFeedback(fb.new_tokens, accepted, fb.next_token, tree, hidden, verified)
+
+
+def _refuse_repeats(assistants: Sequence) -> None:
+    """One `Proposer` object twice (directly or inside a nested `FallbackAssistant`) would be asked for every row
+    twice and claimed twice by one call: refuse it by its positions."""
+    seen: dict[int, str] = {}
+
+    def walk(items: Sequence, prefix: str) -> None:
+        for i, a in enumerate(items):
+            if not isinstance(a, Proposer):  # heads or a draft model: each place resolves to its own proposer
+                continue
+            where = f"{prefix}{i}"
+            if id(a) in seen:
+                raise ValueError(
+                    f"FallbackAssistant got the same {type(a).__name__} object twice (assistants {seen[id(a)]} and "
+                    f"{where}); an assistant keeps per-call state, so one object cannot take two places: pass it "
+                    f"once, or a second instance (e.g. {type(a).__name__}(...) again)"
+                )
+            seen[id(a)] = where
+            if isinstance(a, FallbackAssistant):
+                walk(a.assistants, f"{where}.")
+
+    walk(assistants, "")
 
 
 def _row_for(p: Proposer, row: RowState) -> RowState:
