@@ -84,6 +84,74 @@ class MedusaCheckpoint:
         )
 
 
+# ------------------------------------------------------------------------------------------------ checks
+def check_tree_choices(choices, num_heads: int, vocab: int | None, where: str) -> list[list[int]] | None:
+    """A Medusa choices list, checked field by field: a list of paths, each a list of integer ranks >= 0 (``[0, 1]``:
+    head 0's best guess, then head 1's second best under it), at most ``num_heads`` deep, each rank below the
+    ``vocab`` tokens the heads draft from (when known), and every path's prefix also in the list (a path hangs under
+    its prefix). ``where`` names what is checked (a file and its field, or an argument) in the error.
+
+    Returns:
+        the paths as lists of ints (empty paths, the root, dropped), or None for None.
+    """
+    if choices is None:
+        return None
+    example = "a list of paths such as [[0], [0, 0], [1]] (each path: the ranks of heads 0, 1, ... along it)"
+    if isinstance(choices, (str, bytes)) or not isinstance(choices, (list, tuple)):
+        raise TypeError(f"{where} must be {example}, got {choices!r} ({type(choices).__name__})")
+    paths: list[tuple[int, ...]] = []
+    for i, path in enumerate(choices):
+        if isinstance(path, (str, bytes)) or not isinstance(path, (list, tuple)):
+            raise TypeError(f"{where}: entry {i} is {path!r} ({type(path).__name__}); it must be {example}")
+        for rank in path:
+            if isinstance(rank, bool) or not isinstance(rank, int):
+                raise TypeError(
+                    f"{where}: path {i} {list(path)!r} holds {rank!r} ({type(rank).__name__}); ranks are integers "
+                    "(0 = a head's best guess, 1 = its second best, ...)"
+                )
+            if rank < 0:
+                raise ValueError(f"{where}: path {i} {list(path)} has the negative rank {rank}; ranks start at 0")
+            if vocab is not None and rank >= vocab:
+                raise ValueError(
+                    f"{where}: path {i} {list(path)} uses rank {rank}, but the heads draft from {vocab} tokens "
+                    f"(ranks 0..{vocab - 1})"
+                )
+        if len(path) > num_heads:
+            raise ValueError(
+                f"{where}: path {i} {list(path)} is {len(path)} deep but the Medusa heads have {num_heads} heads "
+                f"(one per depth); use paths at most {num_heads} deep"
+            )
+        if path:
+            paths.append(tuple(int(r) for r in path))
+    known = set(paths)
+    for path in paths:
+        if len(path) > 1 and path[:-1] not in known:
+            raise ValueError(
+                f"{where}: path {list(path)} hangs under {list(path[:-1])}, which is not in the list; every prefix of "
+                "a path must be a path too"
+            )
+    return [list(p) for p in paths]
+
+
+def check_token_map(token_map: torch.Tensor | None, vocab: int | None, where: str, vocab_source: str) -> None:
+    """``token_map`` `[V']` (draft index -> token id) must hold integer ids in ``[0, vocab)``; ``where`` names the
+    tensor and ``vocab_source`` where ``vocab`` comes from, in the error."""
+    if token_map is None:
+        return
+    if token_map.is_floating_point() or token_map.is_complex() or token_map.dtype == torch.bool:
+        raise ValueError(f"{where} must hold integer token ids, got dtype {token_map.dtype}")
+    if vocab is None or token_map.numel() == 0:
+        return
+    bad = ((token_map < 0) | (token_map >= vocab)).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise ValueError(
+            f"{where} maps draft index {i} to token id {int(token_map[i])}, outside the vocabulary of {vocab} ids "
+            f"(0..{vocab - 1}) of {vocab_source}; the map must hold the target's token ids: rebuild it, or load heads "
+            "made for this vocabulary"
+        )
+
+
 def medusa_expected_shapes(
     num_heads: int,
     num_layers: int,
@@ -121,6 +189,10 @@ def medusa_from_ours(config: Mapping, tensors: dict[str, torch.Tensor], where: s
         config["num_heads"], config["num_layers"], config["hidden_size"], share, bias, rows, draft_vocab
     )
     check_shapes(OWNER, tensors, expected, f"{where}/{WEIGHTS_NAME}")
+    check_token_map(
+        tensors.get("token_map"), vocab, f"{OWNER}: tensor 'token_map' of {where}/{WEIGHTS_NAME}",
+        f"the field 'vocab_size' of {path}",
+    )  # fmt: skip
     return MedusaCheckpoint(
         num_heads=config["num_heads"],
         num_layers=config["num_layers"],
@@ -360,8 +432,7 @@ def medusa_from_layout(
             ]
             out[name] = torch.stack(per_head).to(first.dtype)  # [num_heads, num_layers, H(, H)]
     if lm.token_map is not None:
-        if lm.vocab is not None and (int(lm.token_map.max()) >= lm.vocab or int(lm.token_map.min()) < 0):
-            raise ValueError(f"{OWNER}: 'token_map' in {where} holds token ids outside [0, {lm.vocab})")
+        check_token_map(lm.token_map, lm.vocab, f"{OWNER}: tensor 'token_map' in {where}", "its config's vocab_size")
         out["token_map"] = lm.token_map
     if lm.keys:
         weights = [tensors[k] for k in lm.keys]  # cut full-vocabulary rows to the token map's
@@ -467,7 +538,19 @@ def medusa_from_tensors(
 
 
 def read_medusa_checkpoint(source: HeadSource) -> MedusaCheckpoint:
-    """Find, detect and convert the Medusa heads of a folder or Hub repo (any layout of docs/formats.md)."""
+    """Find, detect and convert the Medusa heads of a folder or Hub repo (any layout of docs/formats.md); the
+    config's ``tree_choices`` are checked field by field (`check_tree_choices`)."""
+    ckpt = _read_medusa_checkpoint(source)
+    ckpt.tree_choices = check_tree_choices(
+        ckpt.tree_choices,
+        ckpt.num_heads,
+        ckpt.draft_vocab_size or ckpt.vocab_size,
+        f"{OWNER}: {source}/{CONFIG_NAME} field 'tree_choices'",
+    )
+    return ckpt
+
+
+def _read_medusa_checkpoint(source: HeadSource) -> MedusaCheckpoint:
     config = source.json(CONFIG_NAME) or {}
     head_type = config.get("head_type")
     if head_type is not None:

@@ -21,7 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .convert import medusa_expected_shapes, medusa_to_vllm, read_medusa_checkpoint
+from .convert import (
+    check_token_map,
+    check_tree_choices,
+    medusa_expected_shapes,
+    medusa_to_vllm,
+    read_medusa_checkpoint,
+)
 from .derived import drafting_copy, lm_head_logits
 from .hub import (
     CONFIG_NAME,
@@ -115,7 +121,9 @@ class MedusaHeads(
         self.share_lm_head = bool(share_lm_head)
         self.draft_vocab_size = None if draft_vocab_size is None else int(draft_vocab_size)
         self.base_model_name_or_path = base_model_name_or_path
-        self.tree_choices = [list(c) for c in tree_choices] if tree_choices is not None else None
+        self.tree_choices = check_tree_choices(
+            tree_choices, self.num_heads, self.draft_vocab_size or self.vocab_size, "MedusaHeads tree_choices"
+        )
         self.model_card = dict(model_card or {})
         self.source = None  # where from_pretrained read the heads
         self.source_format = "hf-specdec"
@@ -188,6 +196,11 @@ class MedusaHeads(
     def check_compatible(self, model: nn.Module) -> None:
         """Refuse a base model whose hidden size or vocabulary differ from these heads' (the message names both)."""
         check_base_model("MedusaHeads", model, self.hidden_size, self.vocab_size, self.base_model_name_or_path)
+        if self.token_map is not None and self.token_map.device.type != "meta":
+            check_token_map(
+                self.token_map, base_model_dims(model)[1], "MedusaHeads: the token_map (draft index -> token id)",
+                f"the target {type(model).__name__}",
+            )  # fmt: skip
         if (
             self.share_lm_head
             and (model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None) is None

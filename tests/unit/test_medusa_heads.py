@@ -573,3 +573,88 @@ def test_push_to_hub_uploads_a_loadable_folder_with_a_card(tmp_path, monkeypatch
         warnings.simplefilter("error")
         loaded = MedusaHeads.from_pretrained(pushed)
     assert torch.equal(loaded(x, lm_head=base_lm), heads(x, lm_head=base_lm))
+
+
+# ----------------------------------------------------------------------------------------------- bad trees and maps
+# a bad ``tree_choices`` and the words its error names (besides the file and field, or the argument)
+BAD_TREES = [
+    ("abc", ["'abc'", "a list of paths"]),
+    ([["a"], ["b"], ["c"]], ["'a'", "ranks are integers"]),  # "abc" as stored by list("abc") paths
+    ([[0], [99]], ["rank 99", "draft from 10 tokens"]),
+    ([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]], ["[0, 0, 0, 0] is 4 deep", "3 heads"]),
+    ([[-1]], ["negative rank -1"]),
+    ([[0], [1, 0]], ["[1, 0] hangs under [1]", "not in the list"]),
+    ([[0.5]], ["0.5", "ranks are integers"]),
+    ([0, 1], ["entry 0 is 0"]),
+]
+
+
+def _heads_with_draft_vocab(num_heads: int = 3) -> MedusaHeads:
+    heads = MedusaHeads(hidden_size=H, num_heads=num_heads, vocab_size=V, share_lm_head=True, draft_vocab_size=10)
+    with torch.no_grad():
+        heads.token_map.copy_(torch.arange(10) * 7)
+    return heads
+
+
+@pytest.mark.parametrize("choices, words", BAD_TREES, ids=[repr(c) for c, _ in BAD_TREES])
+def test_a_bad_tree_in_a_config_file_is_refused_naming_the_file_and_field(tmp_path, choices, words):
+    _heads_with_draft_vocab().save_pretrained(tmp_path / "h")
+    config_path = tmp_path / "h" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["tree_choices"] = choices
+    write_json(config_path, config)
+    with pytest.raises((TypeError, ValueError)) as info:
+        MedusaHeads.from_pretrained(tmp_path / "h")
+    message = str(info.value)
+    assert f"{config_path} field 'tree_choices'" in message, message
+    assert not [w for w in words if w not in message], message
+
+
+@pytest.mark.parametrize("choices, words", BAD_TREES, ids=[repr(c) for c, _ in BAD_TREES])
+def test_a_bad_tree_argument_is_refused_naming_the_argument(choices, words):
+    from hf_specdec.generation.proposers.medusa import MedusaAssistant
+
+    heads = _heads_with_draft_vocab()
+    with pytest.raises((TypeError, ValueError)) as info:
+        MedusaAssistant(heads, tree_choices=choices)
+    message = str(info.value)
+    assert message.startswith("MedusaAssistant tree_choices") and "invalid literal" not in message, message
+    assert not [w for w in words if w not in message], message
+
+
+def test_a_tree_ranked_past_the_target_vocabulary_is_refused_at_generate():
+    """Heads that take the target's lm_head and were built without its vocabulary size learn it from the target."""
+    from hf_specdec.generation.proposers.medusa import MedusaAssistant
+
+    model = tiny_causal_lm("llama", hidden_size=H)
+    heads = MedusaHeads(hidden_size=H, num_heads=2, share_lm_head=True)
+    assistant = MedusaAssistant(heads, tree_choices=[[0], [120]])
+    with pytest.raises(ValueError, match=r"tree_choices use rank 120.*97 tokens"):
+        model.generate(torch.tensor([[1, 5, 7]]), max_new_tokens=3, do_sample=False, assistant=assistant)
+
+
+def test_a_token_map_outside_the_vocabulary_is_refused_on_load_naming_the_file(tmp_path):
+    from safetensors.torch import load_file
+
+    _heads_with_draft_vocab().save_pretrained(tmp_path / "h")
+    weights = tmp_path / "h" / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["token_map"][3] = 10**12
+    save_file(tensors, weights)
+    with pytest.raises(ValueError) as info:
+        MedusaHeads.from_pretrained(tmp_path / "h")
+    message = str(info.value)
+    for words in ("tensor 'token_map'", str(weights), "draft index 3", str(10**12), f"vocabulary of {V} ids",
+                  "field 'vocab_size'"):  # fmt: skip
+        assert words in message, message
+
+
+def test_a_token_map_outside_the_target_vocabulary_is_refused_at_bind_and_generate():
+    model = tiny_causal_lm("llama", hidden_size=H)
+    heads = _heads_with_draft_vocab(num_heads=2)
+    with torch.no_grad():
+        heads.token_map[5] = 10**12  # changed in memory after construction
+    with pytest.raises(ValueError, match=r"token_map.*draft index 5 to token id 1000000000000.*97 ids"):
+        heads.bind(model)
+    with pytest.raises(ValueError, match=r"token_map.*draft index 5 to token id 1000000000000.*97 ids"):
+        model.generate(torch.tensor([[1, 5, 7]]), max_new_tokens=3, do_sample=False, assistant=heads)

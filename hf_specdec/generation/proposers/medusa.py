@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ...heads.convert import check_tree_choices
+from ...heads.hub import base_model_dims
 from ...heads.medusa import MedusaHeads
 from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
@@ -120,10 +122,12 @@ class MedusaAssistant(FinalStateAssistant):
         if not isinstance(heads, MedusaHeads):
             raise TypeError(f"MedusaAssistant needs MedusaHeads, got {type(heads).__name__}")
         self.heads = heads
+        vocab = heads.draft_vocab_size or heads.vocab_size
         if tree_choices is None:
             tree_choices = default_tree_choices(heads.num_heads, num_nodes)
+        else:
+            tree_choices = check_tree_choices(tree_choices, heads.num_heads, vocab, "MedusaAssistant tree_choices")
         self.template = StaticTreeTemplate(tree_choices, heads.num_heads)
-        vocab = heads.draft_vocab_size or heads.vocab_size
         if vocab is not None and self.template.k > vocab:
             raise ValueError(f"the tree uses rank {self.template.k - 1} but the heads predict only {vocab} tokens")
         self._last_hidden: dict[int, torch.Tensor] = {}
@@ -139,6 +143,12 @@ class MedusaAssistant(FinalStateAssistant):
 
     def validate(self, target: torch.nn.Module) -> None:
         self.heads.check_compatible(target)
+        vocab = self.heads.draft_vocab_size or self.heads.vocab_size or base_model_dims(target)[1]
+        if self.template.k > vocab:  # heads that take the target's lm_head and did not know its vocabulary
+            raise ValueError(
+                f"MedusaAssistant tree_choices use rank {self.template.k - 1}, but the heads draft from the "
+                f"{vocab} tokens of {type(target).__name__}'s vocabulary (ranks 0..{vocab - 1})"
+            )
 
     def start(self, setup: ProposerSetup) -> None:
         super().start(setup)
