@@ -9,7 +9,6 @@ import importlib
 
 from .attention.backend import register as _register_attention
 from .cache.paged import PagedCache
-from .attention.unsupported import UnsupportedModelError
 from .generation.hook import install, uninstall
 from .generation.logits import register_per_node_processor
 from .generation.loop import generate
