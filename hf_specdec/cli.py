@@ -36,8 +36,10 @@ from .cli_args import (
     check_device_argument,
     check_draft_layers,
     check_model_argument,
+    check_out_folder,
     check_sampling_arguments,
     load_model_argument,
+    missing_folders,
     non_negative_int,
     positive_float,
     positive_int,
@@ -213,6 +215,7 @@ def train_medusa_main(args: argparse.Namespace) -> int:
 
     check_model_argument(args.model)
     check_device_argument(args.device)
+    _check_out_folders(args)
     out = Path(args.out)
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
     t0 = time.perf_counter()
@@ -271,11 +274,34 @@ def train_medusa_main(args: argparse.Namespace) -> int:
 _BENCH_WORKLOADS = {"spec-bench": "hf_specdec.bench.spec_bench", "agentic": "hf_specdec.bench.agentic"}
 
 
+def _check_out_folders(args: argparse.Namespace) -> None:
+    """``--out`` (and ``--data-dir`` when given) of a training or export command: folders that can be made and
+    written, checked before any model is loaded."""
+    check_out_folder(args.out, holds="what the command writes")
+    if getattr(args, "data_dir", None):
+        check_out_folder(args.data_dir, "--data-dir", holds="the self-distillation data")
+
+
+def _train_mlp_speculator_main(args: argparse.Namespace) -> int:
+    from .training import mlp_speculator as train_mlp
+
+    _check_out_folders(args)
+    return train_mlp.main(args)
+
+
+def _export_main(args: argparse.Namespace) -> int:
+    from . import export_cli
+
+    _check_out_folders(args)
+    return export_cli.export_main(args)
+
+
 def _train_eagle_main(args: argparse.Namespace) -> int:
     """``train eagle``: ``--init-head shipped`` names the package's EAGLE head folder, then the trainer runs."""
     from .assistants import EAGLE
     from .training import eagle_cli
 
+    _check_out_folders(args)
     if args.init_head == "shipped":
         args.init_head = str(EAGLE.folder)
     elif args.init_head is not None and not (Path(args.init_head) / "config.json").is_file():
@@ -315,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     mlp = train_sub.add_parser("mlp-speculator", help="an MLP speculator (IBM accelerator) by self-distillation")
     train_mlp.add_arguments(mlp)
-    mlp.set_defaults(func=train_mlp.main)
+    mlp.set_defaults(func=_train_mlp_speculator_main)
     from .training import eagle_cli
 
     what = "an EAGLE head (EAGLE-1/2, or EAGLE-3 with --version 3) on six-task self-distillation data"
@@ -327,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="write a head in the layout vLLM or SGLang serves, with a model card")
     export_cli.add_arguments(export)
-    export.set_defaults(func=export_cli.export_main)
+    export.set_defaults(func=_export_main)
     demo = sub.add_parser(
         "demo", help="Gradio demo: vanilla generate vs speculative decoding side by side (extra: demo)"
     )
@@ -338,12 +364,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; a value that cannot work is one ``hf-specdec: error: ...`` line and exit code 2 (argparse's
-    convention), not a traceback."""
+    convention), not a traceback. Ctrl-C during ``train`` is one line saying what was kept and how to go on (exit
+    code 130); an output folder the run made and left empty is removed."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    training = args.command == "train"
+    made = missing_folders(args.out) if training else []
     try:
         if getattr(args, "threads", None):  # --threads, the same for every subcommand
             import torch
@@ -352,6 +381,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except UsageError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
+    except KeyboardInterrupt:
+        if not training:
+            raise
+        from .training.run import interrupted_summary
+
+        parser.exit(130, f"\n{parser.prog}: {interrupted_summary(args.out, made)}\n")
 
 
 if __name__ == "__main__":

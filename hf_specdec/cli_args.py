@@ -14,6 +14,7 @@ and `UsageError` carries the checks argparse cannot make alone (combinations, fo
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
 
@@ -126,6 +127,35 @@ def check_device_argument(device: str | None) -> None:
         raise UsageError(f"--device {device}: not a torch device (cpu, cuda, cuda:1 ...)") from err
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {device}: torch sees no CUDA device on this machine")
+
+
+def check_out_folder(out: str, option: str = "--out", holds: str = "the results") -> None:
+    """``--out`` (or another folder option): a folder ``holds`` can be written to, tried by making it and a file in
+    it, then removing what the check made, so that a path that cannot hold them fails before any model is loaded."""
+    path = Path(out).expanduser()
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {out}: a file is there; pass a folder for {holds}")
+    made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+    probe = path / ".hf-specdec-write-check"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+    except OSError as err:
+        raise UsageError(
+            f"{option} {out}: cannot create that folder or write in it ({err.strerror or err}); pass a folder you "
+            "can write to"
+        ) from err
+    finally:
+        for p in (probe, *made):
+            with contextlib.suppress(OSError):
+                p.rmdir() if p.is_dir() else p.unlink()
+
+
+def missing_folders(out: str) -> list[Path]:
+    """The folders of ``out`` (itself, then its parents) that do not exist yet, deepest first: what a run writing
+    there will have made."""
+    path = Path(out).expanduser()
+    return [p for p in (path, *path.parents) if not p.exists()]
 
 
 def check_model_argument(name: str | None) -> None:

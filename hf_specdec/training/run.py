@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -183,6 +184,37 @@ def save_checkpoint(out_dir: Path, state: dict, keep: int) -> Path:
     for old in _checkpoints(out_dir)[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
     return path
+
+
+def interrupted_summary(out: str | os.PathLike, made: Sequence[Path] = ()) -> str:
+    """One line on what a training run stopped by Ctrl-C kept in its output folder ``out`` and how to go on; the
+    folders in ``made`` (those the run created, deepest first) are removed when they hold no file."""
+    out = Path(out)
+    ckpt = latest_checkpoint(out) if out.is_dir() else None
+    if ckpt is not None:
+        step = int(ckpt.stem.split("-")[1])
+        return (
+            f"interrupted: kept {out} with its latest checkpoint {ckpt.relative_to(out)} (step {step}); run the same "
+            "command with --resume to continue from it"
+        )
+    files = sorted(p for p in out.rglob("*") if p.is_file()) if out.is_dir() else []
+    if files:
+        shown = ", ".join(str(p.relative_to(out)) for p in files[:3]) + (", ..." if len(files) > 3 else "")
+        return (
+            f"interrupted before the first checkpoint: kept {out} ({len(files)} files: {shown}); run the same command "
+            "again: a data build resumes after its last finished shard, training starts from step 0"
+        )
+    removed = []
+    for folder in made:  # deepest first; only folders without a file in them
+        if folder.is_dir() and not any(p.is_file() for p in folder.rglob("*")):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    if removed:
+        return (
+            f"interrupted before anything was written: removed the empty folder {removed[-1]} that the run made; "
+            "nothing to resume: run the same command again to start"
+        )
+    return f"interrupted before anything was written to {out}; nothing to resume: run the same command again to start"
 
 
 # ---------------------------------------------------------------------------------------------------- the run

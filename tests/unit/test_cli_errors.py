@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -43,6 +44,15 @@ CASES = [
     (["train", "medusa", "--out", "x", "--loss-vocab", "-5"], ["--loss-vocab", "0 or more", "-5"]),
     (["train", "medusa", "--out", "x", "--lr", "0"], ["--lr", "greater than 0"]),
     (["train", "eagle", "--out", "x", "--init-head", "no/such/head"], ["--init-head", "no/such/head", "EagleHead"]),
+    # an --out that cannot be made or written (a file in the way, a path under a file, /proc) fails before loading
+    (["train", "medusa", "--out", "/dev/null"], ["--out", "/dev/null", "a file is there"]),
+    (["train", "medusa", "--out", "/dev/null/heads"], ["--out", "/dev/null/heads", "cannot create", "write to"]),
+    (["train", "medusa", "--out", "/proc/hf-specdec-heads"], ["--out", "/proc/hf-specdec-heads", "cannot create"]),
+    (["train", "medusa", "--out", "ok", "--data-dir", "/dev/null/d"], ["--data-dir", "/dev/null/d", "cannot create"]),
+    (["train", "mlp-speculator", "--out", "/dev/null/s"], ["--out", "/dev/null/s", "cannot create"]),
+    (["train", "eagle", "--out", "/dev/null/e"], ["--out", "/dev/null/e", "cannot create"]),
+    (["export", "medusa", "--format", "medusa", "--out", "/dev/null/m"], ["--out", "/dev/null/m", "cannot create"]),
+    (["export", "eagle", "--format", "eagle", "--out", "/proc/hf-specdec-x"], ["--out", "/proc/hf-specdec-x"]),
     (["demo", "--threads", "0"], ["--threads", "at least 1", "0"]),
     (["demo", "--port", "70000"], ["--port", "between 1 and 65535", "70000"]),
     (["demo", "--concurrency", "0"], ["--concurrency", "at least 1", "0"]),
@@ -125,3 +135,84 @@ def test_the_kernel_benchmark_refuses_bad_values_in_one_line(capsys, argv, words
     assert info.value.code == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(lines) == 1 and not [w for w in words if w not in lines[0]], lines
+
+
+# ----------------------------------------------------------------------------------------------- Ctrl-C in train
+@pytest.fixture(scope="module")
+def tiny_training_setup(tmp_path_factory):
+    """A tiny model folder (with a tokenizer) and self-distillation data it answered, for `train medusa`."""
+    from hf_specdec.testing import tiny_causal_lm, tiny_chat_tokenizer, torch_threads, toy_encode
+    from hf_specdec.training import build_distillation_data, make_prompts, prompt_recipe
+
+    root = tmp_path_factory.mktemp("tiny_train")
+    model = tiny_causal_lm("llama", hidden_size=32)
+    model.save_pretrained(root / "model")
+    tiny_chat_tokenizer(["hello"]).save_pretrained(root / "model")
+    prompts = make_prompts(24, seed=0)
+    with torch_threads(1):
+        build_distillation_data(
+            model, [toy_encode(p) for p in prompts], root / "data", recipe=prompt_recipe(24, 0), max_new_tokens=16,
+            batch_size=8, shard_size=8, base_model_name="tiny-llama", progress=False,
+        )  # fmt: skip
+    return root
+
+
+def _train(root, out, *extra) -> list[str]:
+    return ["train", "medusa", "--out", str(out), "--model", str(root / "model"), "--data", str(root / "data"),
+            "--num-heads", "2", "--positions-per-step", "16", "--max-steps", "6", "--no-tune-tree", "--threads", "1",
+            *extra]  # fmt: skip
+
+
+@pytest.fixture
+def ctrl_c_at_step():
+    """Ctrl-C (KeyboardInterrupt) raised by a real optimizer hook when the n-th optimizer step of the run ends."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    handles = []
+
+    def arm(n: int) -> None:
+        steps = [0]
+
+        def hook(optimizer, args, kwargs):
+            steps[0] += 1
+            if steps[0] == n:
+                raise KeyboardInterrupt
+
+        handles.append(register_optimizer_step_post_hook(hook))
+
+    yield arm
+    for h in handles:
+        h.remove()
+
+
+def test_ctrl_c_in_train_keeps_the_checkpoints_and_says_how_to_resume(capsys, tmp_path, tiny_training_setup,
+                                                                      ctrl_c_at_step):  # fmt: skip
+    out = tmp_path / "run"
+    ctrl_c_at_step(3)  # steps 1 and 2 were checkpointed
+    with pytest.raises(SystemExit) as info:
+        main(_train(tiny_training_setup, out, "--checkpoint-every", "1"))
+    assert info.value.code == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("hf-specdec:")]
+    assert len(lines) == 1, err
+    assert f"kept {out}" in lines[0] and "step-0000002.pt (step 2)" in lines[0] and "--resume" in lines[0], lines[0]
+    # the line's advice works: the same command with --resume finishes the run
+    assert main(_train(tiny_training_setup, out, "--checkpoint-every", "1", "--resume")) == 0
+    report = json.loads((out / "training_report.json").read_text())
+    assert report["steps"] == 6
+
+
+def test_ctrl_c_before_anything_was_written_removes_the_folder_the_run_made(capsys, tmp_path, tiny_training_setup,
+                                                                             ctrl_c_at_step):  # fmt: skip
+    out = tmp_path / "new" / "run"  # neither folder exists yet
+    ctrl_c_at_step(1)
+    with pytest.raises(SystemExit) as info:
+        main(_train(tiny_training_setup, out, "--checkpoint-every", "0"))
+    assert info.value.code == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("hf-specdec:")]
+    assert len(lines) == 1 and "removed the empty folder" in lines[0], err
+    assert not (tmp_path / "new").exists()
+    assert tmp_path.exists()  # what existed before the run stays
