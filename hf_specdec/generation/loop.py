@@ -13,6 +13,7 @@ proposer what was committed.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Sequence
@@ -552,10 +553,11 @@ def _score_finished_rows(
         if attention_mask is not None:
             mask[: r.prompt_width] = attention_mask[r.index].to(device=device, dtype=mask.dtype)
         positions = (mask.cumsum(0) - 1).masked_fill(mask == 0, 0)
+        accepts = "logits_to_keep" in inspect.signature(call.model.forward).parameters
+        keep = {"logits_to_keep": missing} if accepts else {}
         out = call.model(
-            input_ids=ids[None], attention_mask=mask[None], position_ids=positions[None], use_cache=False,
-            logits_to_keep=missing,
-        )  # fmt: skip
+            input_ids=ids[None], attention_mask=mask[None], position_ids=positions[None], use_cache=False, **keep
+        )
         raw = out.logits[0, -missing:].to(dtype=torch.float32)  # [missing, V]: after the last token, then each pad
         chain = DraftTree.from_parents(pads, list(range(-1, missing - 2))) if missing > 1 else DraftTree.empty(device)
         scores = call.scorer(r.context, chain, raw, r.index)  # [missing, V] each with the context vanilla's saw
