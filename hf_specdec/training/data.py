@@ -387,8 +387,9 @@ def greedy_answers_with_states(
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         out = decoder(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, **past)
         h, hs = out.last_hidden_state, states_of(out)  # [b, 1, H]: the state of the token just chosen
+        hs = hs.cpu()  # one copy per step, not one per row (on a GPU each .cpu() is a synchronising transfer)
         for j, r in enumerate(rows.tolist()):
-            states[r].append(hs[j].cpu())
+            states[r].append(hs[j])
         keep = torch.tensor(live, device=device)
         if not keep.all():
             if not keep.any():

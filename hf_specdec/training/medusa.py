@@ -335,7 +335,9 @@ def train_medusa(
         return evaluate_medusa(run.module, data, split.eval_pos, lm_weight, lm_bias, cfg.decay)
 
     held = evaluate if split.eval_pos.numel() else None
-    before, after = run.train(split.train_pos, total, loss_of, held, desc="medusa heads", metric="top1_per_head")
+    before, after = run.train(
+        split.train_pos, total, loss_of, held, desc="medusa heads", metric="top1_per_head", progress=progress
+    )
     heads = run.module.to("cpu").eval()
     report = {"base_model": heads.base_model_name_or_path, **run.report(data, split, before, after)}
     report["device"] = str(device)

