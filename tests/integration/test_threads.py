@@ -209,3 +209,23 @@ def test_one_assistant_twice_in_a_fallback_assistant_is_refused_when_built():
     inner = FallbackAssistant(ngram, NgramAssistant())
     with pytest.raises(ValueError, match=r"same NgramAssistant object twice \(assistants 0.0 and 1\)"):
         FallbackAssistant(inner, ngram)
+
+
+def test_a_nested_call_with_the_same_assistant_in_one_thread_says_so(setup):
+    """A generate call made while another with the same assistant runs in the same thread (here from its streamer)
+    is not "another thread"."""
+    model, _ = setup
+    shared = NgramAssistant()
+    ids = torch.tensor([PROMPTS[0]])
+
+    class Nested:
+        def put(self, value) -> None:
+            model.generate(ids, max_new_tokens=2, do_sample=False, assistant=shared)
+
+        def end(self) -> None:
+            pass
+
+    with pytest.raises(RuntimeError, match="already in use by another generate call in this same thread"):
+        model.generate(ids, max_new_tokens=4, do_sample=False, assistant=shared, streamer=Nested())
+    out = model.generate(ids, max_new_tokens=4, do_sample=False, assistant=shared)  # free again
+    assert torch.equal(out, model.generate(ids, max_new_tokens=4, do_sample=False))

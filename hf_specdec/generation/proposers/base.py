@@ -172,13 +172,22 @@ class Proposer:
         serve two calls at once (two threads); the second gets a clear error instead of corrupted drafts."""
         lock = self.__dict__.setdefault("_hf_specdec_call_lock", threading.Lock())  # atomic in CPython
         if not lock.acquire(blocking=False):
+            if self.__dict__.get("_hf_specdec_call_thread") == threading.get_ident():
+                raise RuntimeError(
+                    f"this {type(self).__name__} is already in use by another generate call in this same thread (a "
+                    "generate call made while one with it runs, e.g. from a streamer or a stopping criterion); an "
+                    "assistant keeps per-call state: give the inner call an assistant of its own (one assistant per thread "
+                    "and per call)"
+                )
             raise RuntimeError(
                 f"this {type(self).__name__} is already in use by another generate call (another thread); an "
                 "assistant keeps per-call state: create one assistant per thread"
             )
+        self.__dict__["_hf_specdec_call_thread"] = threading.get_ident()
         try:
             yield
         finally:
+            self.__dict__.pop("_hf_specdec_call_thread", None)
             lock.release()
 
 
