@@ -475,35 +475,35 @@ def train_worker(name: str, work: Path, out: Path, model, cfg: RecipeConfig, dea
     status.update(status="training", load_s=round(time.time() - t_load, 1), tokens=int(data.input_ids.numel()))
     write_json(status_path, status)
     run_dir = work / f"run-{name}"
-    steps_done, step_s, overhead, export_s = 0, 1.0, 0.0, 0.0
-    for attempt in range(2):
+    steps_done, trained_s, step_s, overhead, export_s = 0, 0.0, 1.0, 0.0, 0.0
+    for attempt in range(3):  # calibration, the run sized by it, and one more if the first overestimated the step
         t = time.time()
         if attempt == 0:
             target = cfg.calibration_steps
         else:
             left = deadline - time.time() - overhead - export_s
             target = steps_done + int(max(0.0, left) / max(step_s, 1e-6))
-            if target < steps_done + max(4, cfg.calibration_steps // 4):
-                status["second_run"] = f"skipped: {left:.0f} s left fit {target - steps_done} steps"
+            if target - steps_done < max(4, cfg.calibration_steps // 4, steps_done // 10):
+                status[f"run_{attempt + 1}"] = f"skipped: {left:.0f} s left fit {target - steps_done} more steps"
                 break
         head, report = _train_once(name, model, data, run_dir, cfg, target, resume=attempt > 0)
         wall = time.time() - t
-        done = int(report["steps"])
-        if attempt == 0:
-            step_s = report["training_time_s"] / max(done, 1)
-            overhead = max(0.0, wall - report["training_time_s"])
+        done, total_s = int(report["steps"]), float(report["training_time_s"])  # both cumulative over the runs
+        if done > steps_done:
+            step_s = (total_s - trained_s) / (done - steps_done)  # this run's own step time (no warm-up after run 1)
+        overhead = max(0.0, wall - (total_s - trained_s))
         t_export = time.time()
         exported = export_head(name, head, report, work / "export" / name, out, model, held_data, cfg.device)
         export_s = time.time() - t_export
-        status.update(exported, status="exported", steps=done, training_time_s=round(report["training_time_s"], 1),
-                      step_s=round(report["training_time_s"] / max(done, 1), 4), run_wall_s=round(wall, 1),
-                      export_s=round(export_s, 1), trainer_held_out_top1=_trainer_top1(report),
-                      train_tokens=report.get("num_tokens"), train_sequences=report.get("num_sequences"))  # fmt: skip
+        status.update(exported, status="exported", steps=done, runs=attempt + 1, training_time_s=round(total_s, 1),
+                      step_s=round(step_s, 4), last_run_wall_s=round(wall, 1), export_s=round(export_s, 1),
+                      trainer_held_out_top1=_trainer_top1(report), train_tokens=report.get("num_tokens"),
+                      train_sequences=report.get("num_sequences"))  # fmt: skip
         write_json(status_path, status)
         if done < target:  # the epochs cap ended the run: all the data was seen
-            status["second_run"] = status.get("second_run") or "not needed: the epochs cap was reached"
+            status["epochs_cap_reached"] = True
             break
-        steps_done = done
+        steps_done, trained_s = done, total_s
     status["status"] = "done"
     write_json(status_path, status)
     return status
