@@ -34,7 +34,8 @@ case "${1:-}" in
 esac
 if [ "$mode" = dry ]; then BUDGET_S="${BUDGET_S:-300}"; else BUDGET_S="${BUDGET_S:-540}"; fi
 
-# 1. what the machine has
+# 1. what the machine has (a stage-only call after the first skips it: each call's seconds count)
+if [ "$mode" != stage ] || [ ! -f "$STAGE_DIR/carry.json" ]; then
 "$PY" - "$mode" <<'EOF' || exit 3
 import importlib.util, platform, sys
 mode = sys.argv[1]
@@ -53,14 +54,31 @@ if torch.cuda.is_available():
 elif mode == "run":
     sys.exit("gpu_train_heads.sh: no CUDA device visible to torch (use --dry-run for the CPU check)")
 EOF
+fi
 
-# 2. stage what was carried (a no-op when nothing was)
-if [ -d .gpu_carry ] || [ -d "$STAGE_DIR" ]; then
-  staged=$("$PY" -m hf_specdec.training.gpu_recipe stage --stage-dir "$STAGE_DIR") || { echo "$staged"; exit 4; }
+# 2. stage what was carried (a no-op when nothing was): copy it to $STAGE_DIR, where it outlives the call while the
+#    machine stays warm; the recipe's call joins and checks the model's parts
+if [ -d .gpu_carry ]; then mkdir -p "$STAGE_DIR" && cp -f .gpu_carry/*/* "$STAGE_DIR"/ || exit 4; fi
+if [ "$mode" = stage ]; then
+  "$PY" - "$STAGE_DIR" <<'EOF'
+import json, os, sys
+stage = sys.argv[1]
+try:
+    manifest = json.load(open(os.path.join(stage, "carry.json")))
+except OSError:
+    sys.exit(f"gpu_train_heads.sh: {stage}/carry.json is missing: the first call carries .gpu_carry/base")
+have = [p["folder"] for p in manifest["parts"] if os.path.isfile(os.path.join(stage, p["file"]))]
+missing = [p["folder"] for p in manifest["parts"] if p["folder"] not in have]
+print(f"staged in {stage}: parts {have}; still to carry: {missing or 'nothing'}")
+EOF
+  exit $?
+fi
+if [ -f "$STAGE_DIR/carry.json" ]; then
+  staged=$("$PY" -m hf_specdec.training.gpu_recipe stage --stage-dir "$STAGE_DIR") || {
+    echo "$staged"; echo "gpu_train_heads.sh: the model's parts above are missing or damaged: carry them first"; exit 4; }
   echo "$staged"
   if [ -d "$STAGE_DIR/py" ]; then export PYTHONPATH="$PYTHONPATH:$STAGE_DIR/py"; fi
 fi
-if [ "$mode" = stage ]; then exit 0; fi
 "$PY" - <<'EOF' || exit 5
 import sys
 from hf_specdec.models import _is_complete, default_model_dir, gguf_path

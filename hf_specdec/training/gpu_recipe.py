@@ -339,12 +339,18 @@ def build_worker(work: Path, model, tokenizer, cfg: RecipeConfig, deadline: floa
     status = {"worker": worker, "chunks": [], "stopped": None}
     last: float | None = None  # seconds of the last unit built (turn 1 or turn 2 of a chunk)
 
+    aux_layers = ()
+    if cfg.eagle_version == 3 and "eagle" in cfg.heads:  # EAGLE-3 reads three layers' states: store them too
+        from ..heads.eagle import eagle3_feature_layers
+
+        aux_layers = tuple(eagle3_feature_layers(model))
+
     def build(name: str, convs: list[Conversation], turns: int) -> None:
         source = ConversationSet(train=convs, held_out=[], counts=layout["source_counts"])
         build_conversation_data(model, tokenizer, work / "data" / name, mode="self", num_conversations=None,
                                 seed=cfg.seed, max_tokens=cfg.max_prompt_tokens, max_new_tokens=cfg.max_new_tokens,
                                 turns=turns, batch_size=cfg.batch_size, source=source, progress=False,
-                                shard_size=cfg.batch_size)  # fmt: skip
+                                shard_size=cfg.batch_size, aux_layers=aux_layers)  # fmt: skip
 
     for name in ["heldout"] + [f"chunk-{i:05d}" for i in range(layout["num_chunks"])]:
         if time.time() + (last or 0.0) > deadline:
@@ -1024,8 +1030,8 @@ def _config_from_args(args) -> RecipeConfig:
             values[name] = value
     if args.heads:
         values["heads"] = tuple(args.heads)
-    if args.sequential_train:
-        values["parallel_train"] = False
+    if args.sequential_train or args.parallel_train:
+        values["parallel_train"] = bool(args.parallel_train)
     return RecipeConfig(**values)
 
 
@@ -1059,7 +1065,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=None)
     p.add_argument("--eagle-version", type=int, default=None)
     p.add_argument("--heads", nargs="+", choices=HEADS, default=None)
-    p.add_argument("--sequential-train", action="store_true")
+    p.add_argument("--sequential-train", action="store_true", help="the trainers one after the other")
+    p.add_argument("--parallel-train", action="store_true", help="the trainers side by side (the default on a GPU)")
     p = sub.add_parser("worker-data")
     p.add_argument("--work", required=True)
     p.add_argument("--model", required=True)
@@ -1078,8 +1085,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: manifest[k] for k in ("parts", "conversations", "tree_bytes_at_pack", "calls")}, indent=1))
         return 0
     if args.command == "stage":
-        print(json.dumps(stage(args.repo, args.stage_dir), indent=1))
-        return 0
+        result = stage(args.repo, args.stage_dir)
+        print(json.dumps(result, indent=1))
+        return 0 if result["staged"] or "reason" in result else 6  # 6: a manifest was carried, parts are missing
     if args.command == "run":
         cfg = _config_from_args(args)
         state = run_recipe(cfg, args.out, args.work, model_spec=args.model, conversations=args.conversations)
