@@ -40,6 +40,7 @@ import lzma
 import math
 import os
 import platform
+import random
 import shutil
 import signal
 import subprocess
@@ -411,7 +412,10 @@ def data_counts(folders: list[Path]) -> dict:
 
 
 def plan_chunks(work: Path, source: ConversationSet, cfg: RecipeConfig) -> dict:
-    """Write the chunks of conversations the workers claim (train split in the seeded order; held-out set)."""
+    """Write the chunks of conversations the workers claim: the train split's first ``max_conversations`` in the
+    seeded order, sorted by the length of their first user turn and cut into chunks (a batch pads little), the
+    chunks then in a seeded random order (whatever number of them the time allows is a sample of every length);
+    and the held-out set."""
     from .conversation_data import pick_conversations
 
     chunks = work / "chunks"
@@ -419,7 +423,9 @@ def plan_chunks(work: Path, source: ConversationSet, cfg: RecipeConfig) -> dict:
     train = pick_conversations(source, cfg.max_conversations, cfg.seed, "train")
     held = pick_conversations(source, cfg.heldout_conversations, cfg.seed, "held_out")
     size = cfg.chunk_conversations
-    pieces = [train[i : i + size] for i in range(0, len(train), size)]
+    by_length = sorted(train, key=lambda c: len(c.user_turns[0]))
+    pieces = [by_length[i : i + size] for i in range(0, len(by_length), size)]
+    random.Random(cfg.seed + 1).shuffle(pieces)
     for i, piece in enumerate(pieces):
         (chunks / f"chunk-{i:05d}.json").write_text(json.dumps([_conv_to_json(c) for c in piece]), "utf-8")
     (chunks / "heldout.json").write_text(json.dumps([_conv_to_json(c) for c in held]), "utf-8")
