@@ -53,7 +53,10 @@ class _Row:
     prompt_width: int  # padded prompt width W
     cache_row: int = -1
     root: int = -1  # the last token (the next tree's root), kept on the host so no step reads it back
-    finished: bool = False
+    finished: bool = False  # no longer decoded
+    # generated length when a stopping criterion fired (vanilla's ``unfinished_sequences`` turned 0); a row whose
+    # call has no EOS criterion keeps decoding after it, as vanilla does
+    done_at: int | None = None
     scores: list[torch.Tensor] = field(default_factory=list)  # per generated token [V] processed scores, if kept
     logits: list[torch.Tensor] = field(default_factory=list)  # per generated token [V] raw logits, if kept
 
@@ -102,6 +105,8 @@ class _StopChecker:
                 self.eos |= set(torch.as_tensor(c.eos_token_id).reshape(-1).tolist())
             else:
                 self.others.append(c)
+        # vanilla pads a finished row only when an EOS criterion is present; without one it keeps decoding it
+        self.has_eos = bool(self.eos) or any(hasattr(c, "eos_token_id") for c in self.others)
 
     def __call__(self, context: torch.Tensor, token: int) -> bool:
         """Whether the row stops after ``context`` `[L]` (which ends with ``token``)."""
@@ -245,8 +250,9 @@ def _run(
         try:
             proposer.start(_setup(call, generation_config, logits_processor, len(rows)))
             _prefill(call, rows)
-            while active := [r for r in rows if not r.finished]:
+            while (active := [r for r in rows if not r.finished]) and any(r.done_at is None for r in rows):
                 _step(call, active)
+            _cut_to_vanilla_length(rows)
             call.stats.packed_weight_bytes = target.packed_bytes()
             if tree_budget is True:
                 keep_calibration(model, call.budget.calibration)
@@ -418,21 +424,41 @@ def _settle(call: _Call, results: Sequence[_RowResult]) -> None:
 
 
 def _emit(call: _Call, res: _RowResult) -> None:
-    """Append ``res.tokens`` to the row until a stopping criterion fires; stream what was appended."""
-    row, n = res.row, 0
+    """Append ``res.tokens`` to the row until a stopping criterion fires; stream what was appended.
+
+    Without an EOS criterion vanilla keeps decoding a row whose criteria fired (its tokens are not replaced by pad):
+    such a row stays active while another row is not done (`_cut_to_vanilla_length` trims it at the end).
+    """
+    row, n, shown = res.row, 0, 0
     for i, tok in enumerate(res.tokens):
         row.append(tok)
         n += 1
+        shown += row.done_at is None
         if res.scores is not None:
             row.scores.append(res.scores[i])
         if res.logits is not None:
             row.logits.append(res.logits[i])
-        if call.stopper(row.context, tok) or row.length >= call.max_length:
+        stopped = row.done_at is None and call.stopper(row.context, tok)
+        if stopped:
+            row.done_at = row.length - row.prompt_width
+        if (stopped and call.stopper.has_eos) or row.length >= call.max_length:
             row.finished = True
+            row.done_at = row.length - row.prompt_width if row.done_at is None else row.done_at
             break
     call.stats.emitted_tokens += n
-    if call.streamer is not None and n:
-        call.streamer.put(row.buf[row.length - n : row.length].cpu())
+    if call.streamer is not None and shown:
+        call.streamer.put(row.buf[row.length - n : row.length - n + shown].cpu())
+
+
+def _cut_to_vanilla_length(rows: Sequence[_Row]) -> None:
+    """Vanilla stops when its last row is done: rows it kept decoding after their criteria fired (no EOS criterion)
+    end there too, however many tokens their last step accepted."""
+    width = max(r.done_at if r.done_at is not None else r.length - r.prompt_width for r in rows)
+    for r in rows:
+        r.finished = True
+        if r.length - r.prompt_width > width:
+            r.length = r.prompt_width + width
+            del r.scores[width:], r.logits[width:]
 
 
 def _hidden_at(out: PlannedOutput, index: slice | torch.Tensor) -> dict[int, torch.Tensor] | None:

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.utils import logging as hf_logging
 
 import hf_specdec
@@ -42,6 +43,38 @@ def test_scores_and_logits_of_a_finished_row_match_vanilla(model, assistant, pro
     assert torch.equal(ours.sequences, vanilla.sequences)
     row0 = ours.sequences[0, PROMPTS.shape[1] :].tolist()
     assert 2 in row0 and row0.index(2) < len(row0) - 1, "row 0 must finish before row 1 for this test"
+    for name in ("scores", "logits"):
+        torch.testing.assert_close(torch.stack(getattr(ours, name)), torch.stack(getattr(vanilla, name)))
+
+
+class _StopAfter(StoppingCriteria):
+    """Stops a row when it generates ``token`` (a criterion without an EOS id: vanilla then keeps decoding it)."""
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+@pytest.mark.parametrize("assistant", ["ngram", "medusa"])
+def test_without_an_eos_criterion_a_stopped_row_keeps_decoding_as_in_vanilla(model, assistant):
+    """Vanilla replaces a finished row's tokens by pad only when an EOS criterion is present; without one the row's
+    own tokens (and their scores) go on until the last row is done."""
+    kwargs = dict(
+        attention_mask=MASK, max_new_tokens=6, do_sample=False, return_dict_in_generate=True, output_scores=True,
+        output_logits=True, eos_token_id=None, stopping_criteria=StoppingCriteriaList([_StopAfter(58)]),
+    )  # fmt: skip
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = None
+    try:
+        vanilla = model.generate(PROMPTS, **kwargs)
+        helper = NgramAssistant() if assistant == "ngram" else random_medusa_heads(model, num_heads=2)
+        ours = model.generate(PROMPTS, assistant=helper, **kwargs)
+    finally:
+        model.generation_config.eos_token_id = saved
+    assert 58 in vanilla.sequences[0, PROMPTS.shape[1] : -1].tolist(), "row 0 must stop before the end"
+    assert torch.equal(ours.sequences, vanilla.sequences)
     for name in ("scores", "logits"):
         torch.testing.assert_close(torch.stack(getattr(ours, name)), torch.stack(getattr(vanilla, name)))
 
