@@ -8,6 +8,7 @@
 import importlib
 
 from .attention.backend import register as _register_attention
+from .attention.unsupported import UnsupportedModelError
 from .cache.paged import PagedCache
 from .generation.hook import install, uninstall
 from .generation.logits import register_per_node_processor

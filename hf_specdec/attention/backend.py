@@ -33,6 +33,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .plan import BACKENDS, AttentionPlan
 from .reference import paged_attention_reference
+from .unsupported import UnsupportedModelError
 
 ATTENTION_NAME = "hf_specdec"
 BACKEND_ENV = "HF_SPECDEC_ATTENTION"
@@ -146,22 +147,30 @@ def paged_attention(
     """
     if query.shape[0] != 1:
         raise ValueError(f"hf_specdec attention expects a packed batch of size 1, got {query.shape[0]}")
-    if kwargs.get("s_aux") is not None:
-        raise NotImplementedError("hf_specdec attention does not support attention sinks (s_aux) yet")
+    if not isinstance(getattr(module, "layer_idx", None), int):
+        raise UnsupportedModelError(
+            f"{type(module).__name__} runs attention without a layer index (layer_idx), so hf_specdec cannot tell "
+            "which cache layer it reads",
+            f"its attention ({type(module).__name__}) has no layer index",
+        )
     if dropout and module.training:
         raise NotImplementedError("hf_specdec attention is for inference; dropout is not supported")
-    plan.layers_run += 1
+    plan.attention_modules.append(module)
+    if plan.checking:
+        plan.attention_windows.append(kwargs.get("sliding_window"))
     layer = plan.cache.layer(module.layer_idx)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     layer.write(plan.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))  # [N, H_kv, D]
-    sliding_window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
-    if plan.backend == "triton" and softcap is None and sliding_window is None:
+    sliding_window, softcap, sinks = kwargs.get("sliding_window"), kwargs.get("softcap"), kwargs.get("s_aux")
+    if plan.backend == "triton" and softcap is None and sliding_window is None and sinks is None:
         if layer.head_major:
             raise ValueError("the Triton tree attention reads slot-major pools; this PagedCache is head-major")
         out = triton_tree_attention(query[0].transpose(0, 1), layer.keys, layer.values, plan, scale)
-        return out.unsqueeze(0), None  # [1, N, H_q, D]
-    out = paged_attention_reference(query, layer, plan, scale, sliding_window=sliding_window, softcap=softcap)
-    return out, None  # [1, N, H_q, D]
+        return out.unsqueeze(0).contiguous(), None  # [1, N, H_q, D]
+    out = paged_attention_reference(
+        query, layer, plan, scale, sliding_window=sliding_window, softcap=softcap, sinks=sinks
+    )
+    return out.contiguous(), None  # [1, N, H_q, D], contiguous as SDPA's (some layers .view() it)
 
 
 # ---------------------------------------------------------------------------------------------- transformers hooks
@@ -181,6 +190,12 @@ def _wrap_attention(fallback: Callable) -> Callable:
         plan = _ACTIVE_PLAN.get()
         if plan is None:
             return fallback(module, query, key, value, attention_mask, *args, **kwargs)
+        if attention_mask is not None:  # the mask hook gave none: the layer computed a mask of its own
+            raise UnsupportedModelError(
+                f"{type(module).__name__} builds an attention mask of its own (not transformers' causal, sliding or "
+                "padding mask, which hf_specdec replaces by its tree masks)",
+                f"its attention ({type(module).__name__}) builds a mask of its own",
+            )
         return paged_attention(module, query, key, value, plan, *args, **kwargs)
 
     attention.hf_specdec_fallback = fallback
@@ -189,7 +204,10 @@ def _wrap_attention(fallback: Callable) -> Callable:
 
 def _wrap_mask(fallback: Callable) -> Callable:
     def mask(*args, **kwargs):
-        if _ACTIVE_PLAN.get() is not None:
+        plan = _ACTIVE_PLAN.get()
+        if plan is not None:
+            if plan.checking:
+                plan.mask_windows.append(kwargs.get("local_size"))  # a sliding window's (or chunk's) size
             return None  # the plan carries the masks
         return fallback(*args, **kwargs)
 

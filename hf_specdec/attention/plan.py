@@ -121,7 +121,11 @@ class AttentionPlan:
         kernel_metadata: the Triton kernel's metadata per (query heads per KV head, largest work tile), built by the
             first layer that needs it (``backend.py``).
         row_reads: the torch path's `RowRead` per row, built by the first layer that needs them.
-        layers_run: attention layers that served this plan so far.
+        attention_modules: the attention modules that served this plan so far, in call order.
+        checking: whether this forward records what the model asks of attention (the call's first forward; see
+            ``generation/support.py``): ``attention_windows`` (each call's ``sliding_window`` argument) and
+            ``mask_windows`` (the window of each mask transformers was asked to build: its ``local_size``, None
+            for a plain causal mask).
     """
 
     cache: PagedCache
@@ -135,7 +139,10 @@ class AttentionPlan:
     backend: str = "torch"
     kernel_metadata: dict[tuple[int, int], object] = field(default_factory=dict)
     row_reads: list[RowRead] | None = None
-    layers_run: int = 0
+    attention_modules: list = field(default_factory=list)
+    checking: bool = False
+    attention_windows: list = field(default_factory=list)
+    mask_windows: list = field(default_factory=list)
 
     @property
     def has_pending(self) -> bool:

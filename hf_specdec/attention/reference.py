@@ -22,6 +22,7 @@ def paged_attention_reference(
     scale: float,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the packed new tokens over their rows' pages.
 
@@ -32,11 +33,14 @@ def paged_attention_reference(
         scale: softmax scale.
         sliding_window: if set, a query at position p only sees keys at positions > p - sliding_window.
         softcap: if set, scores are ``softcap * tanh(scores / softcap)`` before the softmax.
+        sinks: `[H_q]` attention-sink logits (gpt-oss's ``s_aux``): each query's softmax also spreads over a sink.
     Returns:
         `[1, N, H_q, D]` (`[N, H_q, D]` for a 3-D query).
     """
     if query.dim() == 3:
-        return paged_attention_reference(query.transpose(0, 1)[None], layer, plan, scale, sliding_window, softcap)[0]
+        return paged_attention_reference(
+            query.transpose(0, 1)[None], layer, plan, scale, sliding_window, softcap, sinks
+        )[0]
     outs = []
     for b, read in enumerate(_row_reads(plan, query.device)):
         s, e, total, mask = read.start, read.end, read.total, read.mask
@@ -45,22 +49,18 @@ def paged_attention_reference(
         q = query[:, :, s:e]  # [1, H_q, n, D]
         k = k.unsqueeze(0).to(q.dtype)  # [1, H_kv, L + P + n, D]
         v = v.unsqueeze(0).to(q.dtype)
-        if sliding_window is None and softcap is None:
+        if sliding_window is None and softcap is None and sinks is None:
             causal = mask is None and n > 1
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         else:
-            prefix, pending = int(plan.prefix_lens[b]), int(plan.pending_lens[b])
+            prefix = int(plan.prefix_lens[b]) + int(plan.pending_lens[b])
             if mask is None:
                 mask = torch.ones(n, total, dtype=torch.bool, device=q.device)
                 if n > 1:
                     mask[:, prefix:] = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
             if sliding_window is not None:
-                if pending:
-                    raise NotImplementedError("sliding-window attention with pending draft tokens")
-                key_pos = _key_positions(plan, b, q.device)  # [L + n]
-                q_pos = plan.positions[s:e].to(q.device)  # [n]
-                mask = mask & (q_pos[:, None] - key_pos[None, :] < sliding_window)
-            o = _explicit_attention(q, k, v, mask, scale, softcap)
+                mask = mask & (_distances(mask) < sliding_window)
+            o = _explicit_attention(q, k, v, mask, scale, softcap, sinks)
         outs.append(o)
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [1, H_q, N, D]
     return out.transpose(1, 2)
@@ -81,15 +81,19 @@ def _row_reads(plan: AttentionPlan, device: torch.device) -> list[RowRead]:
     return plan.row_reads
 
 
-def _key_positions(plan: AttentionPlan, b: int, device: torch.device) -> torch.Tensor:
-    """Position ids of row b's keys: the committed prefix counts up, new tokens carry their own positions."""
-    s, e = int(plan.cu_seqlens[b]), int(plan.cu_seqlens[b + 1])
-    prefix = torch.arange(int(plan.prefix_lens[b]), device=device)
-    return torch.cat([prefix, plan.positions[s:e].to(device)])
+def _distances(mask: torch.Tensor) -> torch.Tensor:
+    """`[n, total]` how many positions each visible key lies before its query.
+
+    What a token sees is a chain: the row's prefix and its own path through the tree (pending ancestors, new
+    ancestors, itself), whose positions count up by one, so a visible key's distance is the number of visible keys
+    after it. This holds for causal chunks, trees and a draft model's pending levels alike."""
+    seen = mask.to(torch.int32).cumsum(-1)  # [n, total]
+    return seen[:, -1:] - seen
 
 
-def _explicit_attention(q, k, v, mask, scale, softcap):
-    """`[1, H_q, n, D]` attention with a boolean mask, optional soft-capping, GQA by head repetition."""
+def _explicit_attention(q, k, v, mask, scale, softcap, sinks=None):
+    """`[1, H_q, n, D]` attention with a boolean mask, optional soft-capping, GQA by head repetition, and optional
+    attention sinks (`[H_q]` logits of a key with no value that every query also attends to, as gpt-oss has)."""
     rep = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(rep, dim=1)
     v = v.repeat_interleave(rep, dim=1)
@@ -97,7 +101,11 @@ def _explicit_attention(q, k, v, mask, scale, softcap):
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)
+    if sinks is None:
+        return torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)
+    sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1).float(), dim=-1)[..., :-1]  # the sink's share dropped
+    return torch.matmul(probs.to(v.dtype), v)
 
 
 def dense_tree_attention(

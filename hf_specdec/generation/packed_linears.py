@@ -102,6 +102,7 @@ def _eligible(module: nn.Module) -> bool:
     own = module.__dict__.get("forward")
     return (
         type(module) is nn.Linear
+        and type(module.weight.data) is torch.Tensor  # not a quantized or distributed tensor subclass
         and (own is None or getattr(own, "hf_specdec_packed", False))
         and module.weight.device.type == "cpu"
         and module.weight.dtype == torch.float32

@@ -29,8 +29,10 @@ import torch
 
 from ..attention.backend import choose_backend, install_for, planned
 from ..attention.plan import AttentionPlan, TailMask, build_plan
+from ..attention.unsupported import UnsupportedModelError
 from ..cache.paged import PagedCache
 from .packed_linears import packed_bytes, packed_linears, tuning_calls
+from .support import check_config, check_forward, naming_the_model, unclear_failure
 
 
 @dataclass
@@ -82,6 +84,7 @@ class PlannedModel:
         self._pack_linears = pack_linears
         self._keep_packed = keep_packed
         self._stack: contextlib.ExitStack | None = None
+        self._checked = False  # the first forward checks the model (generation/support.py)
 
     # ------------------------------------------------------------------ call scope
     def __enter__(self) -> PlannedModel:
@@ -140,6 +143,14 @@ class PlannedModel:
         self.cache.rollback(row, length)
 
     # ------------------------------------------------------------------ forwards
+    def _check_first_forward(self, plan: AttentionPlan) -> None:
+        """After the call's first forward: the model's every layer ran the plan's attention once, nothing stateful
+        beside it (``generation/support.py``), else a refusal naming what is unsupported."""
+        check_forward(
+            self.model, plan.attention_modules, len(self.cache.layers), plan.attention_windows, plan.mask_windows
+        )
+        self._checked = True
+
     def plan(
         self,
         rows: Sequence[int],
@@ -183,21 +194,26 @@ class PlannedModel:
             raise RuntimeError("PlannedModel.forward runs inside its call scope: use `with PlannedModel(model) as m:`")
         plan = self.plan(rows, positions, q_lens, masks, pending_lens)
         trials = tuning_calls()
+        first = plan.checking = not self._checked
+        if first:
+            check_config(self.model)
         with planned(plan):
-            out = self.model(
-                input_ids=tokens[None],
-                position_ids=plan.positions[None],
-                use_cache=False,
-                logits_to_keep=logits_to_keep,
-                output_hidden_states=bool(hidden_layers),
-            )
-        if not plan.layers_run:
-            impl = getattr(self.model.config, "_attn_implementation", None)
-            raise RuntimeError(
-                f"{type(self.model).__name__}'s attention ({impl!r}) did not run hf_specdec's planned attention: its "
-                "attention layers do not dispatch through transformers' AttentionInterface; load the model with "
-                "attn_implementation='sdpa' or 'eager'"
-            )
+            try:
+                out = self.model(
+                    input_ids=tokens[None],
+                    position_ids=plan.positions[None],
+                    use_cache=False,
+                    logits_to_keep=logits_to_keep,
+                    output_hidden_states=bool(hidden_layers),
+                )
+            except UnsupportedModelError as exc:
+                raise naming_the_model(self.model, exc) from exc
+            except Exception as exc:
+                if first and not isinstance(exc, NotImplementedError):
+                    raise unclear_failure(self.model, exc) from exc
+                raise
+        if first:
+            self._check_first_forward(plan)
         hidden = None
         if hidden_layers:
             hidden = {layer: out.hidden_states[layer][0] for layer in hidden_layers}  # layer -> [N, H]

@@ -45,7 +45,7 @@ def gemm(
     if form == "linear":
         return F.linear(x2, weight, bias)
     if form == "weight_major":
-        y = torch.mm(weight, x2.t()).t()
+        y = torch.mm(weight, x2.t()).t().contiguous()  # row-major like F.linear's: layers may view() it
         return y if bias is None else y + bias
     if form != "packed" or packed is None:
         raise ValueError(f"GEMM form {form!r}: expected one of {GEMM_FORMS} (and the packed weight for 'packed')")

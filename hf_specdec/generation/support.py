@@ -1,0 +1,188 @@
+"""Which models speculative decoding can verify exactly: a positive check, before the first verify forward.
+
+A token tree is verified in one forward whose every layer must read the context and the tree through the
+`PagedCache`: attention layers do (their K/V are paged, committed and rolled back per node), and nothing else may
+carry state from one forward to the next, since a rejected branch would leave its mark there. So a model runs only
+when all of this holds, and is refused by name (`UnsupportedModelError`) otherwise:
+
+- `check_config`, before any forward: every entry of the config's ``layer_types`` is a kind of attention we page
+  (``full_attention``, ``sliding_attention``); a Mamba, gated-delta, short-convolution, linear-attention, chunked or
+  indexed layer is named with its model type.
+- `check_forward`, after the call's first planned forward (the prefill, which only writes hf_specdec's own cache):
+  every layer of the cache ran attention through the plan exactly once (a layer that ran none keeps its state
+  elsewhere; a layer that ran twice, or one attention module serving several layers, would read one K/V set for two
+  purposes), and no module that takes a cache argument (``past_key_values``, ``cache_params``, ...) ran outside
+  those attention calls and their parents: such a module keeps a state we do not page.
+- `unclear_failure`, when the first forward itself fails: the error is re-raised naming the model type and saying
+  that the architecture cannot run hf_specdec's planned forwards, the original error attached.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections import Counter
+
+import torch
+
+from ..attention.unsupported import UnsupportedModelError
+
+# layer kinds (transformers' ``config.layer_types`` vocabulary) whose only state is attention K/V we page
+PAGED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+# what a kind of layer keeps, for the refusal
+_STATE_OF = {
+    "linear_attention": "a recurrent state (Mamba / gated delta net / linear attention)",
+    "conv": "a short-convolution state",
+    "hybrid": "a recurrent state beside its attention",
+    "hybrid_sliding": "a recurrent state beside its attention",
+    "chunked_attention": "chunked attention (a mask hf_specdec does not build yet)",
+    "indexed_attention": "a sparse-attention indexer over its own key cache",
+}
+# forward arguments through which transformers modules receive the state they keep between forwards
+CACHE_ARGUMENTS = ("past_key_values", "past_key_value", "cache_params", "layer_past", "cache", "past_state")
+
+_WORKS = (
+    "Models whose every layer is full or sliding-window attention are supported (Llama, Qwen2/3, Mistral, Gemma, "
+    "Phi, ...); docs/architectures.md lists every model type with its outcome"
+)
+
+
+def _text_config(model):
+    config = model.config
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def _name(model) -> str:
+    return f"{type(model).__name__} (model type {getattr(_text_config(model), 'model_type', '?')!r})"
+
+
+def refusal(model, reason: str, why: str = "") -> UnsupportedModelError:
+    """The error for ``model``: its class and type, what is unsupported, why that matters, and what works."""
+    why = why or "hf_specdec neither pages nor rolls back that state, so a rejected draft would change later tokens"
+    return UnsupportedModelError(
+        f"{_name(model)} cannot be verified on token trees by hf_specdec: {reason}; {why}. {_WORKS}; use vanilla "
+        "generate (or transformers' own assisted generation) for this model.",
+        reason,
+    )
+
+
+def check_config(model) -> None:
+    """Refuse ``model`` when its config declares layers that keep a state other than paged attention K/V."""
+    kinds = getattr(_text_config(model), "layer_types", None) or []
+    other = [k for k in dict.fromkeys(kinds) if k not in PAGED_LAYER_TYPES]
+    if other:
+        layers = {k: [i for i, x in enumerate(kinds) if x == k] for k in other}
+        raise refusal(
+            model,
+            "; ".join(
+                f"its {k!r} layers {layers[k][:6]} keep {_STATE_OF.get(k, 'a state of their own')}" for k in other
+            ),
+        )
+
+
+@functools.cache
+def _takes_cache(cls: type) -> bool:
+    """Whether modules of ``cls`` take a cache argument in ``forward`` (they keep state between forwards)."""
+    try:
+        params = inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return any(name in params for name in CACHE_ARGUMENTS)
+
+
+def check_forward(
+    model,
+    attention_modules: list[torch.nn.Module],
+    num_layers: int,
+    attention_windows: list[int | None] = (),
+    mask_windows: list[int | None] = (),
+) -> None:
+    """Refuse ``model`` unless its first planned forward ran paged attention once per layer and nothing stateful
+    beside it.
+
+    Args:
+        model: the model that ran the forward.
+        attention_modules: the modules that called hf_specdec's attention during the forward, in call order.
+        num_layers: the layers of the forward's `PagedCache` (the config's ``num_hidden_layers``).
+        attention_windows: each attention call's ``sliding_window`` argument (what hf_specdec's attention applies).
+        mask_windows: the window of each mask the model asked transformers for (its ``local_size``: a sliding
+            window or a chunk; None: causal): what vanilla applies.
+    """
+    if not attention_modules:
+        impl = getattr(model.config, "_attn_implementation", None)
+        fix = (
+            "; loading it with attn_implementation='sdpa' may help"
+            if impl != "sdpa" and getattr(model, "_supports_sdpa", False)
+            else ""
+        )
+        raise refusal(
+            model,
+            f"it ran no attention through transformers' AttentionInterface (implementation {impl!r}){fix}",
+            "its layers keep their state in their own code, where hf_specdec cannot page or roll it back",
+        )
+    per_layer = Counter(getattr(m, "layer_idx", None) for m in attention_modules)
+    per_module = Counter(id(m) for m in attention_modules)
+    twice = sorted((i, n) for i, n in per_layer.items() if n > 1)
+    if twice or max(per_module.values()) > 1:
+        cls = type(attention_modules[0]).__name__
+        raise refusal(
+            model,
+            f"it runs attention more than once per layer in one forward ({cls}; layer and calls: "
+            f"{twice or 'one module for several layers'})",
+            "hf_specdec pages one K/V set per layer and call",
+        )
+    _check_windows(model, attention_windows, mask_windows)
+    stateful = _unknown_stateful_modules(model, attention_modules)
+    if stateful:
+        more = ", ..." if len(stateful) > 3 else ""
+        raise refusal(model, f"its modules {', '.join(stateful[:3])}{more} keep a state of their own")
+    silent = sorted(set(range(num_layers)) - set(per_layer))
+    if silent:
+        raise refusal(model, f"its layers {silent[:8]} ran no attention through hf_specdec in a forward")
+
+
+def _check_windows(model, attention_windows, mask_windows) -> None:
+    """The windows of the masks vanilla builds must reach the attention calls, where hf_specdec applies them: a window
+    given to the mask alone (PhiMoE's) would silently widen what a token sees."""
+    masks = {w for w in mask_windows if w is not None}
+    calls = {w for w in attention_windows if w is not None}
+    if not masks <= calls:
+        raise refusal(
+            model,
+            f"its masks limit attention to windows (or chunks) of {sorted(masks)} tokens that its attention calls "
+            f"are not given (their sliding_window arguments: {sorted(calls) or 'none'})",
+            "hf_specdec applies the window an attention call is given, so it would let tokens see too far",
+        )
+
+
+def _unknown_stateful_modules(model, attention_modules: list[torch.nn.Module]) -> list[str]:
+    """Innermost modules (``name (Class)``) that take a cache argument and are neither an attention module that
+    served the plan nor a parent of one."""
+    callers = {id(m) for m in attention_modules}
+    names = [name for name, m in model.named_modules() if id(m) in callers]
+    parents = {name.rsplit(".", i)[0] for name in names for i in range(1, name.count(".") + 1)} | {""}
+    flagged = [
+        (name, m)
+        for name, m in model.named_modules()
+        if id(m) not in callers and name not in parents and _takes_cache(type(m))
+    ]
+    inner = [(n, m) for n, m in flagged if not any(o.startswith(n + ".") for o, _ in flagged)]
+    return [f"{n} ({type(m).__name__})" for n, m in inner]
+
+
+def unclear_failure(model, exc: Exception) -> UnsupportedModelError:
+    """The error for a first planned forward that failed inside the model's own code: what is unsupported, named."""
+    return refusal(
+        model,
+        f"its forward failed when run through hf_specdec's paged attention ({type(exc).__name__}: {exc})",
+        "it computes something (an attention mask, a cache of its own, ...) that hf_specdec's planned forwards do not "
+        "provide",
+    )
+
+
+def naming_the_model(model, exc: UnsupportedModelError) -> UnsupportedModelError:
+    """A refusal raised inside the forward (by an attention call, which knows its module only), with the model and
+    its type in front."""
+    if repr(_text_config(model).model_type) in str(exc):
+        return exc
+    return refusal(model, exc.reason, str(exc))

@@ -1,0 +1,100 @@
+"""Every stock causal LM type transformers maps is exact against vanilla greedy `generate` or refused by name before
+generating (hf_specdec/architectures.py, docs/architectures.md): no silent difference, no unclear crash. CI sweeps
+every type with one assistant of each kind; HF_SPECDEC_SWEEP=full runs every assistant, with and without the budget,
+batch 1 and 2 (the table's sweep)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import hf_specdec
+from hf_specdec.architectures import causal_lm_types, read_table, sweep_type, tiny_model
+from hf_specdec.generation.support import check_forward
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "architectures.md"
+FULL = os.environ.get("HF_SPECDEC_SWEEP", "quick") == "full"
+FAILURES = ("silent difference", "crash", "vanilla fails")
+
+
+@pytest.fixture(scope="module")
+def documented() -> dict[str, str]:
+    return read_table(DOC)
+
+
+def test_the_table_lists_every_stock_causal_lm_type(documented):
+    """A new transformers version that maps other types says which (regenerate the table)."""
+    types = causal_lm_types()
+    assert set(types) == set(documented), (
+        f"new types: {sorted(set(types) - set(documented))}, gone: {sorted(set(documented) - set(types))}: "
+        "run `python -m hf_specdec.architectures --write docs/architectures.md`"
+    )
+    assert not any(v in FAILURES for v in documented.values()), "the documented sweep holds a failure"
+
+
+@pytest.mark.parametrize("model_type", causal_lm_types())
+def test_every_type_is_exact_or_refused_by_name(model_type, documented):
+    with torch.no_grad():
+        outcome = sweep_type(model_type, full=FULL)
+    assert outcome.verdict not in FAILURES, f"{model_type}: {outcome.verdict}: {outcome.detail}"
+    assert outcome.verdict == documented.get(model_type), (
+        f"{model_type} is now {outcome.verdict!r} ({outcome.detail}), documented as {documented.get(model_type)!r}: "
+        "regenerate docs/architectures.md if the change is right"
+    )
+    if outcome.verdict == "refused":  # the refusal names the model type and what would work
+        assert repr(model_type) in outcome.detail, outcome.detail
+        assert "docs/architectures.md" in outcome.detail or "vanilla generate" in outcome.detail, outcome.detail
+
+
+@pytest.mark.parametrize(
+    "model_type, words",
+    [
+        ("qwen3_next", ["'linear_attention' layers", "recurrent state"]),  # Qwen3-Next: gated delta net
+        ("qwen3_5_text", ["'linear_attention' layers"]),
+        ("lfm2", ["'conv' layers", "short-convolution"]),
+        ("jamba", ["'linear_attention' layers"]),
+        ("falcon_h1", ["'hybrid' layers"]),  # attention and Mamba side by side in every layer
+        ("llama4_text", ["'chunked_attention' layers"]),
+        ("diffllama", ["more than once per layer"]),
+        ("doge", ["attention mask of its own"]),
+        ("phimoe", ["windows", "[8]"]),  # a sliding window its mask has and its attention call lacks
+        ("mamba", ["'linear_attention' layers", "recurrent state"]),
+        ("bloom", ["ran no attention through transformers' AttentionInterface"]),  # attention in its own code
+    ],
+)
+def test_unsupported_state_is_named_before_any_token(model_type, words):
+    model = tiny_model(model_type)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7]])
+    with pytest.raises(hf_specdec.UnsupportedModelError) as err:
+        model.generate(ids, max_new_tokens=4, do_sample=False, assistant=hf_specdec.NgramAssistant())
+    for word in words:
+        assert word in str(err.value), str(err.value)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "the model was changed"
+    # the same model still generates with vanilla generate afterwards
+    assert model.generate(ids, max_new_tokens=4, do_sample=False).shape == (1, 11)
+
+
+class _Mixer(torch.nn.Module):
+    """A module that keeps a state between forwards (its forward takes a cache argument), beside attention."""
+
+    def forward(self, x, cache_params=None):
+        return x
+
+
+def test_a_stateful_module_beside_attention_is_refused():
+    """Even where every layer runs attention once (Falcon-H1's pattern), a module with a cache argument that is no
+    attention call or parent of one keeps state hf_specdec would not roll back."""
+    model = tiny_model("llama")
+    model.model.layers[0].mixer = _Mixer()
+    attention = [layer.self_attn for layer in model.model.layers]
+    with pytest.raises(hf_specdec.UnsupportedModelError, match=r"model.layers.0.mixer \(_Mixer\)"):
+        check_forward(model, attention, len(attention))
+    del model.model.layers[0].mixer
+    check_forward(model, attention, len(attention))  # the plain model passes
+    # a layer whose attention never reached hf_specdec (it attended in its own code) is named too
+    with pytest.raises(hf_specdec.UnsupportedModelError, match=r"model.layers.1.self_attn \(LlamaAttention\)"):
+        check_forward(model, attention[:1], len(attention))
