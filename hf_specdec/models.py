@@ -276,12 +276,28 @@ def draft_model_from_layers(model, num_layers: int):
     total = int(getattr(config, "num_hidden_layers", 0))
     if not 1 <= num_layers <= total:
         raise ValueError(f"num_layers must be between 1 and the target's {total} decoder layers, got {num_layers}")
+    kinds = getattr(model.config, "layer_types", None)
     config.num_hidden_layers = num_layers
-    if isinstance(getattr(config, "layer_types", None), list):
-        config.layer_types = config.layer_types[:num_layers]
+    if isinstance(kinds, list):
+        try:
+            config.layer_types = kinds[:num_layers]
+        except AttributeError:  # derived from other fields (Jamba's attention period, ...): check what it derives
+            pass
+        if list(config.layer_types)[:num_layers] != list(kinds[:num_layers]):
+            raise ValueError(
+                f"cannot build a {num_layers}-layer draft of {type(model).__name__}: its layer types are derived from "
+                f"other config fields and come out as {list(config.layer_types)[:num_layers]} for the first "
+                f"{num_layers} layers instead of the target's {list(kinds[:num_layers])}"
+            )
     config._name_or_path = f"{getattr(model.config, '_name_or_path', '') or type(model).__name__}-first{num_layers}"
     param = next(model.parameters())
-    draft = type(model)(config).to(dtype=param.dtype)
+    try:
+        draft = type(model)(config).to(dtype=param.dtype)
+    except Exception as exc:  # noqa: BLE001  (an architecture that cannot be built with fewer layers)
+        raise ValueError(
+            f"cannot build a {num_layers}-layer draft of {type(model).__name__} ({type(exc).__name__}: {exc}); "
+            "try more layers, or pass a separately trained draft model as assistant="
+        ) from exc
 
     state = {}
     for key, value in model.state_dict().items():

@@ -250,3 +250,24 @@ def test_default_model_dir_is_a_plain_transformers_folder():
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config
     assert config["architectures"] == ["LlamaForCausalLM"]
+
+
+@pytest.mark.parametrize("model_type", ["jamba", "mamba", "bamba", "falcon_h1", "recurrent_gemma", "gemma2"])
+def test_a_draft_cut_from_any_architecture_keeps_the_targets_first_layer_types(model_type):
+    """Configs whose layer_types is a read-only property derived from other fields (Jamba's attention period,
+    ...) are cut too; the draft's first layers are the target's."""
+    from hf_specdec.architectures import tiny_model
+
+    model = tiny_model(model_type)
+    draft = hm.draft_model_from_layers(model, 1)
+    assert draft.config.num_hidden_layers == 1
+    kinds = getattr(model.config, "layer_types", None)
+    if kinds is not None:
+        assert list(draft.config.layer_types) == list(kinds[:1])
+
+
+def test_a_draft_that_cannot_be_cut_says_why():
+    from hf_specdec.architectures import tiny_model
+
+    with pytest.raises(ValueError, match=r"cannot build a 1-layer draft of RwkvForCausalLM \(ZeroDivisionError"):
+        hm.draft_model_from_layers(tiny_model("rwkv"), 1)
