@@ -18,6 +18,17 @@ _ARCH_KWARGS = {
     "qwen3": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16),
     "mistral": dict(num_attention_heads=4, num_key_value_heads=1, sliding_window=None),
     "gemma": dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16),
+    # soft-capped logits and attention, sliding-window layers beside global ones (windows shorter than the text)
+    "gemma2": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8),
+    # attention sinks (s_aux), sliding windows, a mixture of experts
+    "gpt_oss": dict(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    ),
 }
 
 
@@ -30,7 +41,8 @@ def tiny_causal_lm(
     dtype: torch.dtype = torch.float32,
     **overrides,
 ):
-    """A randomly initialised decoder-only model of ``arch`` (llama, qwen2, qwen3, mistral, gemma), eval mode.
+    """A randomly initialised decoder-only model of ``arch`` (llama, qwen2, qwen3, mistral, gemma, gemma2, gpt_oss),
+    eval mode.
 
     The weights are drawn with a larger-than-usual std so that logits are peaked enough to give non-trivial
     greedy continuations (a near-uniform model would make every draft fail).
