@@ -29,6 +29,8 @@ from ..attention.unsupported import UnsupportedModelError
 
 # layer kinds (transformers' ``config.layer_types`` vocabulary) whose only state is attention K/V we page
 PAGED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+# layer kinds with no state between forwards at all (Nemotron-H's and Dory's feed-forward-only layers)
+STATELESS_LAYER_TYPES = frozenset({"mlp", "moe"})
 # what a kind of layer keeps, for the refusal
 _STATE_OF = {
     "linear_attention": "a recurrent state (Mamba / gated delta net / linear attention)",
@@ -69,7 +71,7 @@ def refusal(model, reason: str, why: str = "") -> UnsupportedModelError:
 def check_config(model) -> None:
     """Refuse ``model`` when its config declares layers that keep a state other than paged attention K/V."""
     kinds = getattr(_text_config(model), "layer_types", None) or []
-    other = [k for k in dict.fromkeys(kinds) if k not in PAGED_LAYER_TYPES]
+    other = [k for k in dict.fromkeys(kinds) if k not in PAGED_LAYER_TYPES | STATELESS_LAYER_TYPES]
     if other:
         layers = {k: [i for i, x in enumerate(kinds) if x == k] for k in other}
         raise refusal(
@@ -131,7 +133,7 @@ def check_forward(
             f"{twice or 'one module for several layers'})",
             "hf_specdec pages one K/V set per layer and call",
         )
-    _check_windows(model, attention_windows, mask_windows)
+    _check_windows(model, attention_modules, attention_windows, mask_windows)
     stateful = _unknown_stateful_modules(model, attention_modules)
     if stateful:
         more = ", ..." if len(stateful) > 3 else ""
@@ -141,9 +143,29 @@ def check_forward(
         raise refusal(model, f"its layers {silent[:8]} ran no attention through hf_specdec in a forward")
 
 
-def _check_windows(model, attention_windows, mask_windows) -> None:
-    """The windows of the masks vanilla builds must reach the attention calls, where hf_specdec applies them: a window
-    given to the mask alone (PhiMoE's) would silently widen what a token sees."""
+def _check_windows(model, attention_modules, attention_windows, mask_windows) -> None:
+    """The window vanilla's mask gives a layer must reach that layer's attention call, where hf_specdec applies it: a
+    window given to the mask alone (PhiMoE's) would silently widen what a token sees.
+
+    With ``layer_types`` the config says which layers get the sliding-window mask (of ``config.sliding_window``); a
+    model may build masks it uses on no layer (Qwen2-MoE builds both kinds always). Without it, every window of a mask
+    the model built must be one some attention call is given."""
+    config = _text_config(model)
+    kinds = getattr(config, "layer_types", None)
+    if kinds and attention_windows:
+        wrong = [
+            (m.layer_idx, w)
+            for m, w in zip(attention_modules, attention_windows)
+            if m.layer_idx < len(kinds) and (kinds[m.layer_idx] == "sliding_attention") != (w is not None)
+        ]
+        if wrong:
+            raise refusal(
+                model,
+                f"its layers {[i for i, _ in wrong][:6]} are {kinds[wrong[0][0]]!r} layers whose attention calls are "
+                f"given the sliding window {wrong[0][1]}",
+                "hf_specdec applies the window an attention call is given, vanilla the mask of the layer's type",
+            )
+        return
     masks = {w for w in mask_windows if w is not None}
     calls = {w for w in attention_windows if w is not None}
     if not masks <= calls:

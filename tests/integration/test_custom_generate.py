@@ -58,7 +58,7 @@ def test_custom_generate_folder_runs_the_speculative_loop(tmp_path):
     tiny_causal_lm("llama").save_pretrained(model_dir)
     repo = tmp_path / "hub-repo"
     shutil.copytree(ROOT / "custom_generate", repo / "custom_generate")
-    assert sorted(p.name for p in (repo / "custom_generate").iterdir()) == ["generate.py", "requirements.txt"]
+    assert sorted(p.name for p in (repo / "custom_generate").iterdir()) == ["README.md", "generate.py", "requirements.txt"]
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-c", USER_CODE, str(model_dir), str(repo)], capture_output=True,
                           text=True, env=env, timeout=300, cwd=tmp_path)  # fmt: skip
