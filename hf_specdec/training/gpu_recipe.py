@@ -59,7 +59,8 @@ HEADS = ("eagle", "medusa", "mlp_speculator")
 MAX_FILE_MIB = 15.5  # a file that comes back from the device machine may hold 16 MiB
 LOG_JSON, LOG_MD = "gpu_recipe.json", "gpu_recipe.md"
 CARRY_DIR = ".gpu_carry"  # in the repository root, ignored (.git/info/exclude); travels with `run(carry=[...])`
-STAGE_DIR = "/tmp/hfsd_carry"  # on the device: the carried files are copied here (kept while the machine is warm)
+# on the device: the carried files are copied here (kept while the machine is warm)
+STAGE_DIR = os.environ.get("HFSD_STAGE_DIR", "/tmp/hfsd_carry")
 CARRY_MANIFEST = "carry.json"
 CONVERSATIONS_FILE = "conversations.json.xz"
 GGUF_PY_FILE = "gguf-py.tar.xz"

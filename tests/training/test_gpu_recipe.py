@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import importlib.machinery
 import json
+import os
+import shutil
 import subprocess
 import tarfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,6 +33,7 @@ from hf_specdec.training.gpu_recipe import (
     stage,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 WORDS = ("the a cat dog sees runs fast slow red blue green house tree river sun moon why how what tell me about "
          "please write short story poem explain once more again and then").split()  # fmt: skip
 
@@ -187,3 +191,35 @@ def test_pack_and_stage_carry_the_model_in_parts(tmp_path):
     joined.unlink()
     with pytest.raises(ValueError, match="p2"):
         stage(repo, staged)
+
+
+def test_the_script_stages_one_part_per_call(tmp_path):
+    """`gpu_train_heads.sh --stage-only` in a copy of the tree: each call copies what it carried to the stage folder
+    and says which parts are still to carry; the recipe's call stops at once while one is missing."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    shutil.copy(ROOT / "scripts" / "gpu_train_heads.sh", repo / "scripts")
+    model_file = tmp_path / "model.gguf"
+    model_file.write_bytes(b"gguf" * 3000)
+    convs = ConversationSet(train=tiny_conversations(3), held_out=[], counts={})
+    manifest = pack(repo, conversations=convs, gguf_file=model_file, part_bytes=5000)
+    everything = tmp_path / "all"
+    (repo / ".gpu_carry").rename(everything)
+    env = {**os.environ, "HFSD_STAGE_DIR": str(tmp_path / "stage"), "OUT": str(tmp_path / "out"),
+           "PYTHONPATH": str(ROOT)}  # fmt: skip
+
+    def call(carry: list[str], *args: str) -> subprocess.CompletedProcess:
+        shutil.rmtree(repo / ".gpu_carry", ignore_errors=True)
+        for path in carry:
+            shutil.copytree(everything / path.split("/")[1], repo / path)
+        return subprocess.run(["bash", "scripts/gpu_train_heads.sh", *args], cwd=repo, env=env, capture_output=True,
+                               text=True, timeout=120)  # fmt: skip
+
+    first = call(manifest["calls"][0]["carry"], "--stage-only")
+    assert first.returncode == 0, first.stderr
+    assert "python " in first.stdout and "still to carry: ['p2', 'p3']" in first.stdout
+    early = call([], "--dry-run")  # the recipe's call before the last part: stops, naming what is missing
+    assert early.returncode == 4 and '"missing_parts"' in early.stdout and "p2" in early.stdout, early.stdout
+    second = call(manifest["calls"][1]["carry"], "--stage-only")
+    assert second.returncode == 0 and "still to carry: ['p3']" in second.stdout and "python " not in second.stdout
