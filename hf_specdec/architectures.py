@@ -151,7 +151,7 @@ _TYPE_OVERRIDES = {
         swa_head_dim=HEAD_DIM,
         sliding_window_size=WINDOW,
     ),
-    "hrm_text": dict(num_layers_per_stack=1, H_cycles=2, L_cycles=2),
+    "hrm_text": dict(num_layers_per_stack=1, H_cycles=2, L_cycles=2, num_hidden_layers=6),  # 1 x 2 x (2 + 1)
     "codegen": dict(rotary_dim=8),
     "gptj": dict(rotary_dim=8),
 }

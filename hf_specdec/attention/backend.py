@@ -125,6 +125,16 @@ def triton_tree_attention(
     return paged_tree_attention(query, k_pool, v_pool, meta, scale, num_splits=num_splits)
 
 
+def attention_chunk(module: torch.nn.Module) -> int | None:
+    """The chunk size of a ``chunked_attention`` layer (Llama 4: a token sees only keys of its own chunk of
+    ``attention_chunk_size`` positions; transformers gives it as the layer's mask, not as an argument), else None."""
+    config = getattr(module, "config", None)
+    kinds = getattr(config, "layer_types", None)
+    if kinds and kinds[module.layer_idx] == "chunked_attention":
+        return int(config.attention_chunk_size)
+    return None
+
+
 def paged_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -162,13 +172,14 @@ def paged_attention(
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     layer.write(plan.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))  # [N, H_kv, D]
     sliding_window, softcap, sinks = kwargs.get("sliding_window"), kwargs.get("softcap"), kwargs.get("s_aux")
-    if plan.backend == "triton" and softcap is None and sliding_window is None and sinks is None:
+    chunk = attention_chunk(module)
+    if plan.backend == "triton" and softcap is None and sliding_window is None and sinks is None and chunk is None:
         if layer.head_major:
             raise ValueError("the Triton tree attention reads slot-major pools; this PagedCache is head-major")
         out = triton_tree_attention(query[0].transpose(0, 1), layer.keys, layer.values, plan, scale)
         return out.unsqueeze(0).contiguous(), None  # [1, N, H_q, D]
     out = paged_attention_reference(
-        query, layer, plan, scale, sliding_window=sliding_window, softcap=softcap, sinks=sinks
+        query, layer, plan, scale, sliding_window=sliding_window, softcap=softcap, sinks=sinks, chunk_size=chunk
     )
     return out.contiguous(), None  # [1, N, H_q, D], contiguous as SDPA's (some layers .view() it)
 

@@ -23,6 +23,7 @@ def paged_attention_reference(
     sliding_window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
     """Attention of the packed new tokens over their rows' pages.
 
@@ -34,12 +35,14 @@ def paged_attention_reference(
         sliding_window: if set, a query at position p only sees keys at positions > p - sliding_window.
         softcap: if set, scores are ``softcap * tanh(scores / softcap)`` before the softmax.
         sinks: `[H_q]` attention-sink logits (gpt-oss's ``s_aux``): each query's softmax also spreads over a sink.
+        chunk_size: if set, a query at position p only sees keys in its own chunk (``k // chunk_size == p //
+            chunk_size``; Llama 4's chunked attention).
     Returns:
         `[1, N, H_q, D]` (`[N, H_q, D]` for a 3-D query).
     """
     if query.dim() == 3:
         return paged_attention_reference(
-            query.transpose(0, 1)[None], layer, plan, scale, sliding_window, softcap, sinks
+            query.transpose(0, 1)[None], layer, plan, scale, sliding_window, softcap, sinks, chunk_size
         )[0]
     outs = []
     for b, read in enumerate(_row_reads(plan, query.device)):
@@ -49,7 +52,7 @@ def paged_attention_reference(
         q = query[:, :, s:e]  # [1, H_q, n, D]
         k = k.unsqueeze(0).to(q.dtype)  # [1, H_kv, L + P + n, D]
         v = v.unsqueeze(0).to(q.dtype)
-        if sliding_window is None and softcap is None and sinks is None:
+        if sliding_window is None and softcap is None and sinks is None and chunk_size is None:
             causal = mask is None and n > 1
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         else:
@@ -60,6 +63,9 @@ def paged_attention_reference(
                     mask[:, prefix:] = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
             if sliding_window is not None:
                 mask = mask & (_distances(mask) < sliding_window)
+            if chunk_size is not None:
+                q_pos = plan.positions[s:e].to(q.device)[:, None]  # [n, 1]
+                mask = mask & ((q_pos - _distances(mask)) // chunk_size == q_pos // chunk_size)
             o = _explicit_attention(q, k, v, mask, scale, softcap, sinks)
         outs.append(o)
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [1, H_q, N, D]

@@ -37,7 +37,7 @@ _STATE_OF = {
     "conv": "a short-convolution state",
     "hybrid": "a recurrent state beside its attention",
     "hybrid_sliding": "a recurrent state beside its attention",
-    "chunked_attention": "chunked attention (a mask hf_specdec does not build yet)",
+    "chunked_attention": "chunked attention without a chunk size in the config",
     "indexed_attention": "a sparse-attention indexer over its own key cache",
 }
 # forward arguments through which transformers modules receive the state they keep between forwards
@@ -70,8 +70,12 @@ def refusal(model, reason: str, why: str = "") -> UnsupportedModelError:
 
 def check_config(model) -> None:
     """Refuse ``model`` when its config declares layers that keep a state other than paged attention K/V."""
-    kinds = getattr(_text_config(model), "layer_types", None) or []
-    other = [k for k in dict.fromkeys(kinds) if k not in PAGED_LAYER_TYPES | STATELESS_LAYER_TYPES]
+    config = _text_config(model)
+    kinds = getattr(config, "layer_types", None) or []
+    paged = PAGED_LAYER_TYPES | STATELESS_LAYER_TYPES
+    if getattr(config, "attention_chunk_size", None):  # chunk masks built from the config (attention_chunk)
+        paged = paged | {"chunked_attention"}
+    other = [k for k in dict.fromkeys(kinds) if k not in paged]
     if other:
         layers = {k: [i for i, x in enumerate(kinds) if x == k] for k in other}
         raise refusal(

@@ -57,7 +57,6 @@ def test_every_type_is_exact_or_refused_by_name(model_type, documented):
         ("lfm2", ["'conv' layers", "short-convolution"]),
         ("jamba", ["'linear_attention' layers"]),
         ("falcon_h1", ["'hybrid' layers"]),  # attention and Mamba side by side in every layer
-        ("llama4_text", ["'chunked_attention' layers"]),
         ("diffllama", ["more than once per layer"]),
         ("doge", ["attention mask of its own"]),
         ("phimoe", ["windows", "[8]"]),  # a sliding window its mask has and its attention call lacks
