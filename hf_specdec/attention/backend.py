@@ -31,6 +31,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from . import short_conv
 from .plan import BACKENDS, AttentionPlan
 from .reference import paged_attention_reference
 from .unsupported import UnsupportedModelError
@@ -253,6 +254,7 @@ def install_for(model: torch.nn.Module) -> None:
     with _INSTALL_LOCK:
         for name in sorted(names):
             _install(name)
+    short_conv.install_for(model, active_plan)
 
 
 def register() -> None:

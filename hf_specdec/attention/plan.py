@@ -122,6 +122,8 @@ class AttentionPlan:
             first layer that needs it (``backend.py``).
         row_reads: the torch path's `RowRead` per row, built by the first layer that needs them.
         attention_modules: the attention modules that served this plan so far, in call order.
+        state_modules: the layers with a state of their own (short convolutions) that served it, in call order.
+        conv_windows: per kernel width, where each token's convolution window lies (``attention/short_conv.py``).
         checking: whether this forward records what the model asks of attention (the call's first forward; see
             ``generation/support.py``): ``attention_windows`` (each call's ``sliding_window`` argument) and
             ``mask_windows`` (the window of each mask transformers was asked to build: its ``local_size``, None
@@ -140,6 +142,8 @@ class AttentionPlan:
     kernel_metadata: dict[tuple[int, int], object] = field(default_factory=dict)
     row_reads: list[RowRead] | None = None
     attention_modules: list = field(default_factory=list)
+    state_modules: list = field(default_factory=list)
+    conv_windows: dict[int, torch.Tensor] = field(default_factory=dict)
     checking: bool = False
     attention_windows: list = field(default_factory=list)
     mask_windows: list = field(default_factory=list)

@@ -25,6 +25,7 @@ from collections import Counter
 
 import torch
 
+from ..attention.short_conv import is_short_conv
 from ..attention.unsupported import UnsupportedModelError
 
 # layer kinds (transformers' ``config.layer_types`` vocabulary) whose only state is attention K/V we page
@@ -75,6 +76,8 @@ def check_config(model) -> None:
     paged = PAGED_LAYER_TYPES | STATELESS_LAYER_TYPES
     if getattr(config, "attention_chunk_size", None):  # chunk masks built from the config (attention_chunk)
         paged = paged | {"chunked_attention"}
+    if "conv" in kinds and any(is_short_conv(m) for m in model.modules()):  # attention/short_conv.py
+        paged = paged | {"conv"}
     other = [k for k in dict.fromkeys(kinds) if k not in paged]
     if other:
         layers = {k: [i for i, x in enumerate(kinds) if x == k] for k in other}
@@ -102,9 +105,10 @@ def check_forward(
     num_layers: int,
     attention_windows: list[int | None] = (),
     mask_windows: list[int | None] = (),
+    state_modules: list[torch.nn.Module] = (),
 ) -> None:
-    """Refuse ``model`` unless its first planned forward ran paged attention once per layer and nothing stateful
-    beside it.
+    """Refuse ``model`` unless its first planned forward ran paged attention (or a layer whose state the cache pages
+    too: a short convolution) once per layer, and nothing stateful beside it.
 
     Args:
         model: the model that ran the forward.
@@ -113,8 +117,9 @@ def check_forward(
         attention_windows: each attention call's ``sliding_window`` argument (what hf_specdec's attention applies).
         mask_windows: the window of each mask the model asked transformers for (its ``local_size``: a sliding
             window or a chunk; None: causal): what vanilla applies.
+        state_modules: the short convolutions that served the forward on its tree (``attention/short_conv.py``).
     """
-    if not attention_modules:
+    if not attention_modules and not state_modules:
         impl = getattr(model.config, "_attn_implementation", None)
         fix = (
             "; loading it with attn_implementation='sdpa' may help"
@@ -129,7 +134,7 @@ def check_forward(
     per_layer = Counter(getattr(m, "layer_idx", None) for m in attention_modules)
     per_module = Counter(id(m) for m in attention_modules)
     twice = sorted((i, n) for i, n in per_layer.items() if n > 1)
-    if twice or max(per_module.values()) > 1:
+    if twice or max(per_module.values(), default=1) > 1:
         cls = type(attention_modules[0]).__name__
         raise refusal(
             model,
@@ -138,11 +143,11 @@ def check_forward(
             "hf_specdec pages one K/V set per layer and call",
         )
     _check_windows(model, attention_modules, attention_windows, mask_windows)
-    stateful = _unknown_stateful_modules(model, attention_modules)
+    stateful = _unknown_stateful_modules(model, [*attention_modules, *state_modules])
     if stateful:
         more = ", ..." if len(stateful) > 3 else ""
         raise refusal(model, f"its modules {', '.join(stateful[:3])}{more} keep a state of their own")
-    silent = sorted(set(range(num_layers)) - set(per_layer))
+    silent = sorted(set(range(num_layers)) - set(per_layer) - {m.layer_idx for m in state_modules})
     if silent:
         raise refusal(model, f"its layers {silent[:8]} ran no attention through hf_specdec in a forward")
 

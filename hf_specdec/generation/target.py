@@ -147,7 +147,12 @@ class PlannedModel:
         """After the call's first forward: the model's every layer ran the plan's attention once, nothing stateful
         beside it (``generation/support.py``), else a refusal naming what is unsupported."""
         check_forward(
-            self.model, plan.attention_modules, len(self.cache.layers), plan.attention_windows, plan.mask_windows
+            self.model,
+            plan.attention_modules,
+            len(self.cache.layers),
+            plan.attention_windows,
+            plan.mask_windows,
+            plan.state_modules,
         )
         self._checked = True
 

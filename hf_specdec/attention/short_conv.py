@@ -1,0 +1,115 @@
+"""Short-convolution layers (LFM2's ``ShortConv``: gated depthwise causal convolution of kernel ``K``) on token trees.
+
+Vanilla runs the convolution along the sequence: a token's output mixes the inputs of itself and the ``K - 1`` tokens
+before it. In a planned forward the tokens before a tree node are its ancestors, then the row's committed text, so
+each token's window is gathered along its own path: the staged inputs of this forward's and the pending tokens
+(through the plan's visibility masks) and the row's committed state (``cache/conv_states.py``). Rows of a packed batch
+never see each other. The accepted path's inputs become the state when the cache commits.
+
+Like attention, the layer is switched per call and per thread: `install_for` wraps the ``forward`` of the model's
+short-convolution classes once, and the wrapper serves the active plan inside planned forwards only; everywhere else
+the original runs unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from .plan import AttentionPlan
+
+_LOCK = threading.Lock()
+
+
+def is_short_conv(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is an LFM-style short convolution this module can run on trees (LFM2, LFM2-MoE, LFM3)."""
+    conv = getattr(module, "conv", None)
+    return (
+        type(module).__name__.endswith("ShortConv")
+        and isinstance(conv, torch.nn.Conv1d)
+        and conv.groups == conv.in_channels == conv.out_channels
+        and all(hasattr(module, a) for a in ("in_proj", "out_proj", "layer_idx", "conv_kernel_size"))
+    )
+
+
+def window_index(plan: AttentionPlan, width: int) -> torch.Tensor:
+    """`[N, K]` where each packed token's window of ``K = width + 1`` inputs lies in the source
+    ``[committed states of the rows (B x width) ; each row's staged then new inputs]``, oldest first (built once per
+    forward and kernel size, kept on the plan).
+
+    What a token sees is a chain (the row's prefix, then its path through the tail); the input ``d`` steps before it
+    is the visible tail token at distance ``d`` along that chain, else the prefix position ``d - a`` before the tail
+    (``a``: the tail tokens it sees, itself included), i.e. committed slot ``width - 1 - (d - a)``.
+    """
+    cached = plan.conv_windows.get(width)
+    if cached is not None:
+        return cached
+    cu, prefix, pending = plan.cu_seqlens, plan.prefix_lens, plan.pending_lens
+    tails = np.cumsum(np.concatenate([[0], pending + np.diff(cu)]))  # where each row's staged + new inputs start
+    base = plan.num_rows * width
+    out = []
+    for b in range(plan.num_rows):
+        n, pre = int(cu[b + 1] - cu[b]), int(prefix[b])
+        mask = plan.row_mask(b, "cpu")  # [n, prefix + pending + n] or None (a causal chunk)
+        tail = torch.ones(n, n, dtype=torch.bool).tril() if mask is None else mask[:, pre:]  # [n, pending + n]
+        seen = tail.to(torch.int64).cumsum(-1)
+        dist = seen[:, -1:] - seen  # [n, p + n] distance of each visible tail token
+        a = seen[:, -1]  # [n]
+        idx = torch.empty(n, width + 1, dtype=torch.int64)
+        for d in range(width + 1):
+            match = tail & (dist == d)
+            in_tail = match.any(-1)
+            col = match.to(torch.int64).argmax(-1)
+            slot = (width - 1 - (d - a)).clamp(min=0)
+            idx[:, width - d] = torch.where(in_tail, base + int(tails[b]) + col, b * width + slot)
+        out.append(idx)
+    plan.conv_windows[width] = index = torch.cat(out).to(plan.positions.device)
+    return index
+
+
+def tree_short_conv(module: torch.nn.Module, hidden_states: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
+    """The layer's output for the plan's packed tokens: `[1, N, H]` -> `[1, N, H]`."""
+    plan.state_modules.append(module)
+    width = module.conv_kernel_size - 1
+    bcx = module.in_proj(hidden_states)[0]  # [N, 3C]
+    gate_b, gate_c, x = bcx.chunk(3, dim=-1)
+    inputs = gate_b * x  # [N, C] what vanilla convolves
+    states = plan.cache.conv_states
+    layer = module.layer_idx
+    committed = states.committed(layer, plan.rows, width, inputs)  # [B, width, C]
+    pieces = [committed.reshape(-1, inputs.shape[-1])]
+    for b, row in enumerate(plan.rows.tolist()):
+        staged = states.pending(layer, row, int(plan.pending_lens[b]))  # [pending, C] or None
+        if staged is not None:
+            pieces.append(staged)
+        pieces.append(inputs[int(plan.cu_seqlens[b]) : int(plan.cu_seqlens[b + 1])])
+    windows = torch.cat(pieces)[window_index(plan, width)]  # [N, K, C]
+    weight = module.conv.weight[:, 0, :].to(windows.dtype)  # [C, K]
+    out = torch.einsum("nkc,ck->nc", windows, weight)
+    if module.conv.bias is not None:
+        out = out + module.conv.bias
+    states.stage(layer, plan.rows, inputs, plan.cu_seqlens)
+    return module.out_proj((gate_c * out)[None])  # [1, N, H]
+
+
+def _wrap(forward, active_plan):
+    def wrapped(self, hidden_states, *args, **kwargs):
+        plan = active_plan()
+        if plan is None:
+            return forward(self, hidden_states, *args, **kwargs)
+        return tree_short_conv(self, hidden_states, plan)
+
+    wrapped.hf_specdec_fallback = forward
+    return wrapped
+
+
+def install_for(model: torch.nn.Module, active_plan) -> None:
+    """Wrap, once per class, the ``forward`` of ``model``'s short-convolution modules (``active_plan``: the function
+    that returns this thread's plan, or None outside planned forwards)."""
+    classes = {type(m) for m in model.modules() if is_short_conv(m)}
+    with _LOCK:
+        for cls in classes:
+            if not hasattr(cls.forward, "hf_specdec_fallback"):
+                cls.forward = _wrap(cls.forward, active_plan)

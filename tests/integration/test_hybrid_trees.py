@@ -1,0 +1,154 @@
+"""Short-convolution hybrids (LFM2, LFM2-MoE, LFM3) on token trees (attention/short_conv.py, cache/conv_states.py):
+every tree node's logits equal vanilla's forward over the node's own path, node by node, for ragged rows, after a
+committed path and over a draft model's pending levels; greedy output equals vanilla's with every assistant, batch 1
+and a ragged batch of 4; sampled first tokens follow the target's distribution."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import hf_specdec
+from hf_specdec.architectures import tiny_config, tiny_model
+from hf_specdec.attention.plan import TailMask
+from hf_specdec.generation.target import PlannedModel
+from hf_specdec.kernels.mask_bits import pack_bits
+from hf_specdec.testing import (
+    SAMPLING_VOCAB,
+    OracleProposer,
+    RandomTreeProposer,
+    assert_same_tokens,
+    first_tokens_p_values,
+    left_pad,
+    sample_first_tokens,
+)
+
+HYBRIDS = ["lfm2", "lfm2_moe", "lfm3"]
+
+
+def _vanilla_last_logits(model, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0, -1]
+
+
+def _tree_mask(parents: list[int]) -> torch.Tensor:
+    """`[n, n]` bool: node i sees itself and its ancestors (parents[i] < i, -1 for a root child of the row's root)."""
+    n = len(parents)
+    mask = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i] |= mask[p]
+    return mask
+
+
+def _paths(parents: list[int], tokens: list[int]) -> list[list[int]]:
+    out = []
+    for i in range(len(parents)):
+        path, j = [], i
+        while j >= 0:
+            path.append(tokens[j])
+            j = parents[j]
+        out.append(path[::-1])
+    return out
+
+
+@pytest.mark.parametrize("model_type", HYBRIDS)
+def test_each_tree_node_sees_its_own_path_through_the_convolution(model_type):
+    model = tiny_model(model_type)
+    prompts = [[5, 9, 11, 7, 5, 9, 13, 17, 19], [23, 29, 31]]
+    # a tree per row: parents within the row's forward ([root, ...]: the root is index 0, every other node below it)
+    trees = [([-1, 0, 0, 1, 1, 3, 2], [41, 42, 43, 44, 45, 46, 47]), ([-1, 0, 1, 1], [51, 52, 53, 54])]
+    with torch.no_grad(), PlannedModel(model) as target:
+        rows = target.add_rows(2)
+        toks = torch.tensor([t for p in prompts for t in p])
+        pos = torch.cat([torch.arange(len(p)) for p in prompts])
+        target.forward(rows, toks, pos, [len(p) for p in prompts])
+        target.commit_chunks(rows, [len(p) for p in prompts])
+        masks = [_tree_mask(par) for par, _ in trees]
+        depth = [m.sum(-1) - 1 for m in masks]
+        out = target.forward(
+            rows,
+            torch.tensor([t for _, tk in trees for t in tk]),
+            torch.cat([len(p) + d for p, d in zip(prompts, depth)]),
+            [len(tk) for _, tk in trees],
+            masks,
+        )
+        start = 0
+        for prompt, (par, tk) in zip(prompts, trees):
+            for i, path in enumerate(_paths(par, tk)):
+                want = _vanilla_last_logits(model, prompt + path)
+                torch.testing.assert_close(out.logits[start + i], want, rtol=1e-4, atol=1e-4)
+            start += len(tk)
+        # commit a path in row 0 (root, node 1, node 3) and nothing past the root in row 1, then decode one more token
+        target.commit_trees(rows, [torch.tensor([0, 1, 3]), torch.tensor([0])])
+        nxt = target.forward(
+            rows, torch.tensor([61, 62]), torch.tensor([len(prompts[0]) + 3, len(prompts[1]) + 1]), [1, 1]
+        )
+        torch.testing.assert_close(
+            nxt.logits[0], _vanilla_last_logits(model, prompts[0] + [41, 42, 44, 61]), rtol=1e-4, atol=1e-4
+        )
+        torch.testing.assert_close(
+            nxt.logits[1], _vanilla_last_logits(model, prompts[1] + [51, 62]), rtol=1e-4, atol=1e-4
+        )
+
+
+def test_pending_levels_of_a_draft_see_their_ancestors():
+    """A draft model writes a tree level per forward; each level sees the earlier ones as pending tokens."""
+    model = tiny_model("lfm2")
+    prompt = [5, 9, 11, 7, 5, 9]
+    with torch.no_grad(), PlannedModel(model) as target:
+        (row,) = target.add_rows(1)
+        target.forward([row], torch.tensor(prompt), torch.arange(6), [6])
+        target.commit_chunks([row], [6])
+        n = len(prompt)
+        target.forward([row], torch.tensor([30, 31]), torch.tensor([n, n]), [2], [torch.eye(2, dtype=torch.bool)])
+        # level 2: children 40 (of 30) and 41 (of 31), each seeing its parent among the 2 pending tokens
+        mask = torch.tensor([[1, 0, 1, 0], [0, 1, 0, 1]], dtype=torch.bool)
+        out = target.forward(
+            [row], torch.tensor([40, 41]), torch.tensor([n + 1, n + 1]), [2],
+            TailMask(pack_bits(mask), np.zeros(1, dtype=bool)), pending_lens=[2],
+        )  # fmt: skip
+        torch.testing.assert_close(out.logits[0], _vanilla_last_logits(model, prompt + [30, 40]), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.logits[1], _vanilla_last_logits(model, prompt + [31, 41]), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", HYBRIDS)
+def test_greedy_equals_vanilla_with_every_assistant_batch_1_and_ragged_4(model_type):
+    model = tiny_model(model_type)
+    vocab = model.config.vocab_size
+    rows = [[5, 9, 11, 7, 5, 9, 11, 7, 5], [23, 29], [31, 37, 41, 43, 31, 37], [47, 53, 59, 61, 67, 71, 73]]
+    draft = hf_specdec.draft_model_from_layers(model, 1)
+    assistants = {
+        "ngram": lambda: hf_specdec.NgramAssistant(),
+        "random tree": lambda: RandomTreeProposer(vocab, nodes=10, seed=3),
+        "oracle": lambda: OracleProposer(model),
+        "draft model": lambda: hf_specdec.DraftModelAssistant(draft, depth=3, top_k=2),
+        "self draft": lambda: draft,
+    }
+    for batch in (rows[:1], rows):
+        ids, mask = left_pad(batch)
+        kw = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=0)
+        want = model.generate(ids, **kw)
+        for name, make in assistants.items():
+            got = model.generate(ids, assistant=make(), **kw)
+            assert_same_tokens(got, want, f"{model_type}, {name}, batch {len(batch)}")
+
+
+def test_sampled_first_tokens_follow_the_hybrid_targets_distribution():
+    """Chi-square of the first 1, 2, 3 sampled tokens (3,000 rows in one batch, a draft model's sampled trees) against
+    the LFM2 target's own joint distribution, enumerated from vanilla's processed scores."""
+    config = tiny_config("lfm2")
+    config.vocab_size, config.hidden_size, config.intermediate_size = SAMPLING_VOCAB, 32, 64
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.3)
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = 2, 0
+    draft = hf_specdec.DraftModelAssistant(hf_specdec.draft_model_from_layers(model, 1), depth=2, top_k=2)
+    counts = sample_first_tokens(model, draft, 3000, tree_budget=False)  # every tree verified whole
+    ps = first_tokens_p_values(counts, model)
+    assert min(ps) > 1e-4, f"chi-square p-values of the first 1, 2, 3 tokens: {ps}"
