@@ -502,8 +502,8 @@ def train_worker(name: str, work: Path, out: Path, model, cfg: RecipeConfig, dea
         head, report = _train_once(name, model, data, run_dir, cfg, target, resume=attempt > 0)
         wall = time.time() - t
         done, total_s = int(report["steps"]), float(report["training_time_s"])  # both cumulative over the runs
-        if done > steps_done:
-            step_s = (total_s - trained_s) / (done - steps_done)  # this run's own step time (no warm-up after run 1)
+        if done > steps_done:  # this run's own step time (no warm-up after run 1); the report rounds to 0.1 s,
+            step_s = (total_s - trained_s + 0.05) / (done - steps_done)  # so the bound above it, never below
         overhead = max(0.0, wall - (total_s - trained_s))
         t_export = time.time()
         exported = export_head(name, head, report, work / "export" / name, out, model, held_data, cfg.device)
