@@ -19,7 +19,8 @@ Phases, every one time-boxed against one budget counted from the script's start 
    set (the split's held-out conversations, answered the same way), which only evaluates.
 3. **train**: each head (EAGLE, Medusa, MLP speculator) in its own process, side by side on the GPU, with the
    existing trainers: a short first run (``calibration_steps``) whose head is exported at once, then, resumed from
-   its checkpoint, as many steps as the measured step time fits before the deadline (capped at ``epochs``).
+   its checkpoint, a run sized by the measured step time to 85% of the time left (a run that overruns is killed
+   unexported), and a last one for the rest; at most ``epochs`` passes.
 4. **export**: each head saved with `save_pretrained`, floating weights stored in fp16 where fp32 would exceed
    `MAX_FILE_MIB`, packed as ``$OUT/<head>.tar`` (config, weights, model card, training report), loaded back with
    ``from_pretrained`` and scored on the held-out data (teacher-forced top-1 per head / stage).
@@ -474,7 +475,7 @@ def _train_once(name: str, model, data, run_dir: Path, cfg: RecipeConfig, max_st
 
 
 def train_worker(name: str, work: Path, out: Path, model, cfg: RecipeConfig, deadline: float) -> dict:
-    """Train head ``name`` until ``deadline`` in two runs (module docstring, phase 3); export after each run.
+    """Train head ``name`` until ``deadline`` in up to three runs (module docstring, phase 3); export after each.
     Writes ``work/train-<name>.json`` (status) as it goes; returns it."""
     from .data import DistillationData
 
@@ -489,13 +490,15 @@ def train_worker(name: str, work: Path, out: Path, model, cfg: RecipeConfig, dea
     write_json(status_path, status)
     run_dir = work / f"run-{name}"
     steps_done, trained_s, step_s, overhead, export_s = 0, 0.0, 1.0, 0.0, 0.0
-    for attempt in range(3):  # calibration, the run sized by it, and one more if the first overestimated the step
+    for attempt in range(3):  # calibration, the run sized by it, one more for what its margin left
         t = time.time()
         if attempt == 0:
             target = cfg.calibration_steps
         else:
             left = deadline - time.time() - overhead - export_s
-            target = steps_done + int(max(0.0, left) / max(step_s, 1e-6))
+            # a run that overruns is killed unexported: size it to 85% of what is left (the last one to 95%), as
+            # the GPU's other processes may slow the steps down; the next run takes up the rest
+            target = steps_done + int((0.85 if attempt == 1 else 0.95) * max(0.0, left) / max(step_s, 1e-6))
             if target - steps_done < max(4, cfg.calibration_steps // 4, steps_done // 10):
                 status[f"run_{attempt + 1}"] = f"skipped: {left:.0f} s left fit {target - steps_done} more steps"
                 break
