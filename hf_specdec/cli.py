@@ -14,7 +14,7 @@ hf-specdec demo [--host H] [--port P] [--share] [--concurrency N] [--parallel]  
 hf-specdec --version
 
 The flags every subcommand shares are spelled once, as transformers' generate() arguments (`cli_args`):
---model, --device, --threads, --max-new-tokens, --do-sample, --temperature, --top-p, --seed.
+--model, --device, --dtype, --threads, --max-new-tokens, --do-sample, --temperature, --top-p, --seed.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from .assistants import DEFAULT_ASSISTANT, available_assistants, describe_assist
 from .cli_args import (
     UsageError,
     add_device_argument,
+    add_dtype_argument,
     add_max_new_tokens_argument,
     add_model_argument,
     add_sampling_arguments,
@@ -72,6 +73,7 @@ def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     add_threads_argument(parser)
     add_model_argument(parser)
     add_device_argument(parser)
+    add_dtype_argument(parser)
 
 
 def _check_generate_arguments(args: argparse.Namespace) -> None:
@@ -95,7 +97,7 @@ def generate_main(args: argparse.Namespace) -> int:
 
     _check_generate_arguments(args)
     t0 = time.perf_counter()
-    model, tokenizer, name = load_model_argument(args.model, args.device)
+    model, tokenizer, name = load_model_argument(args.model, args.device, args.dtype)
     kwargs: dict = {"max_new_tokens": args.max_new_tokens, "return_dict_in_generate": True}
     if args.assistant not in OTHER_ASSISTANTS:
         kwargs["assistant"] = hf_specdec.load_default_assistant(args.assistant)  # checked against the model

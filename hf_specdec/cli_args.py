@@ -78,6 +78,29 @@ def add_device_argument(
     )
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """``--dtype``: the model's parameter dtype, as transformers' ``from_pretrained(dtype=...)`` (see `torch_dtype`).
+    Greedy output is vanilla's bit for bit in float32, and up to near-ties of vanilla's own logits in bfloat16 /
+    float16 (docs/precision.md)."""
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="float32",
+        help="the model's dtype (default float32: greedy output is vanilla's bit for bit; bfloat16 / float16: equal "
+        "up to near-ties of vanilla's own logits, see docs/precision.md)",
+    )
+
+
+def torch_dtype(name: str | None):
+    """The torch dtype of a ``--dtype`` value (None: float32)."""
+    import torch
+
+    return getattr(torch, name or "float32")
+
+
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     """``--threads``: torch CPU threads (``hf_specdec.cli.main`` sets them before the subcommand runs)."""
     parser.add_argument(
@@ -168,9 +191,9 @@ def check_model_argument(name: str | None) -> None:
         raise UsageError(f"--model {name}: no such folder (pass a local model folder or a Hub id like org/name)")
 
 
-def load_model_argument(name: str | None, device: str | None = None):
-    """``(model, tokenizer, name)`` of ``--model`` (`models.load_causal_lm`: fp32, eval mode, on ``--device``), or of
-    the default model when None.
+def load_model_argument(name: str | None, device: str | None = None, dtype: str | None = None):
+    """``(model, tokenizer, name)`` of ``--model`` (`models.load_causal_lm`: in ``--dtype``, fp32 by default, eval
+    mode, on ``--device``), or of the default model when None.
 
     Raises:
         UsageError: transformers cannot load ``name`` (not a model folder, an unknown Hub id, offline); the first line
@@ -180,7 +203,7 @@ def load_model_argument(name: str | None, device: str | None = None):
 
     check_model_argument(name)
     try:
-        return load_causal_lm(name, device)
+        return load_causal_lm(name, device, dtype=torch_dtype(dtype))
     except OSError as err:  # transformers' "not a local folder nor a Hub repo" / offline messages
         raise UsageError(f"--model {name}: {str(err).splitlines()[0]}") from err
 

@@ -208,7 +208,9 @@ def load_default_model(dtype: torch.dtype = torch.float32, device: str | torch.d
     `default_model_dir()`; later calls load the safetensors folder in a few seconds.
 
     Args:
-        dtype: parameter dtype (the converted weights are fp32).
+        dtype: parameter dtype (the converted weights are fp32; torch.bfloat16 / torch.float16 convert them on
+            loading). Greedy output with an assistant is vanilla's bit for bit in fp32, and up to near-ties of
+            vanilla's own logits in bf16 / fp16 (docs/precision.md).
         device: where to put the model.
     Returns:
         ``(model, tokenizer)``: a `LlamaForCausalLM` whose generation config stops at ``<|im_end|>`` /
@@ -222,20 +224,22 @@ def load_default_model(dtype: torch.dtype = torch.float32, device: str | torch.d
     return model.to(device).eval(), tokenizer
 
 
-def load_causal_lm(name: str | None = None, device: str | torch.device | None = None):
-    """``(model, tokenizer, name)``: the causal LM ``name`` (a local folder or Hub id; fp32, eval mode) and its
-    tokenizer, or the default model when None; on ``device`` if given.
+def load_causal_lm(
+    name: str | None = None, device: str | torch.device | None = None, dtype: torch.dtype = torch.float32
+):
+    """``(model, tokenizer, name)``: the causal LM ``name`` (a local folder or Hub id; in ``dtype``, fp32 by default;
+    eval mode) and its tokenizer, or the default model when None; on ``device`` if given.
 
     Raises:
         OSError: transformers cannot load ``name`` (not a model folder, an unknown Hub id, offline).
     """
     if name is None:
-        model, tokenizer = load_default_model(device=device or "cpu")
+        model, tokenizer = load_default_model(dtype=dtype, device=device or "cpu")
         return model, tokenizer, DEFAULT_MODEL_NAME
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(name)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).eval()
     return (model.to(device) if device else model), tokenizer, name
 
 

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from ..cli_args import (
     UsageError,
     add_device_argument,
+    add_dtype_argument,
     add_model_argument,
     add_sampling_arguments,
     add_threads_argument,
@@ -412,6 +413,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_model_argument(parser)
     add_device_argument(parser)
+    add_dtype_argument(parser)
     parser.add_argument(
         "--repeats", type=positive_int, default=1, help="timed calls per method and prompt; fastest kept"
     )
@@ -533,7 +535,7 @@ def main(args: argparse.Namespace) -> int:
             bar.write(msg, file=sys.stderr)
 
     t0 = time.perf_counter()
-    model, tokenizer, model_name = load_model_argument(args.model, args.device)
+    model, tokenizer, model_name = load_model_argument(args.model, args.device, args.dtype)
     log(f"model {model_name} loaded in {time.perf_counter() - t0:.1f} s")
     draft_layers, total_layers = args.draft_layers, model.config.num_hidden_layers
     if any(m.needs_draft for m in methods):
@@ -609,6 +611,7 @@ def _meta(args, model_name, methods, draft_layers, total_layers, path, num_promp
     return {
         "model": model_name,
         "device": f"{_device_name(args.device)}, torch {torch.__version__}",
+        "dtype": getattr(args, "dtype", "float32"),
         "threads": torch.get_num_threads(),
         "batch": args.batch,
         "max_new_tokens": args.max_new_tokens,

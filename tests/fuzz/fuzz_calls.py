@@ -40,11 +40,13 @@ ARCHS = sorted(_ARCH_KWARGS)
 # ------------------------------------------------------------------------------------------------ the call
 @dataclass(frozen=True)
 class Target:
-    """A tiny random target model (`tiny_causal_lm`)."""
+    """A tiny random target model (`tiny_causal_lm`), in ``dtype`` (the bf16 / fp16 profiles draw half-precision
+    targets, whose greedy differences are judged by the near-tie oracle, `hf_specdec.testing.near_tie`)."""
 
     arch: str
     seed: int = 0
     layers: int = 2
+    dtype: torch.dtype = torch.float32
 
 
 @dataclass
@@ -91,7 +93,8 @@ class Call:
             "import copy, torch, hf_specdec",
             "from hf_specdec.testing import tiny_causal_lm, left_pad",
             "from fuzz_calls import build_assistant, char_tokenizer, RecordingStreamer",
-            f"model = tiny_causal_lm({self.target.arch!r}, seed={self.target.seed}, num_layers={self.target.layers})",
+            f"model = tiny_causal_lm({self.target.arch!r}, seed={self.target.seed}, num_layers={self.target.layers}"
+            + (f", dtype={self.target.dtype})" if self.target.dtype != torch.float32 else ")"),
             f"ids, mask = left_pad({self.prompts!r})",
             f"options = {options!r}",
             setup,
@@ -106,7 +109,7 @@ class Call:
 @functools.lru_cache(maxsize=24)
 def build_model(target: Target):
     """The tiny target (cached: tests must leave it unchanged, which the fuzzer checks)."""
-    return tiny_causal_lm(target.arch, seed=target.seed, num_layers=target.layers)
+    return tiny_causal_lm(target.arch, seed=target.seed, num_layers=target.layers, dtype=target.dtype)
 
 
 @functools.lru_cache(maxsize=1)
@@ -156,7 +159,7 @@ def _ngram(target, o: dict):
 
 
 def _draft_model(target, o: dict):
-    draft = build_model(Target(o["arch"], o["seed"], o["layers"]))
+    draft = build_model(Target(o["arch"], o["seed"], o["layers"], target.dtype))  # the target's dtype
     return DraftModelAssistant(draft, **o["tree"]) if o["tree"] is not None else draft
 
 
@@ -409,7 +412,7 @@ def calls(draw, greedy: bool | None = None, refused: bool = False) -> Call:
                 opts.pop(key, None)
     streamer = len(rows) == 1 and not opts.get("num_return_sequences") and draw(st.booleans())
     return Call(
-        target=Target(draw(st.sampled_from(ARCHS)), draw(st.integers(0, 3)), draw(_sizes(1, 2))),
+        target=Target(draw(st.sampled_from(ARCHS)), draw(st.integers(0, 3)), draw(_sizes(1, 2)), profile_dtype()),
         prompts=rows,
         options=opts,
         assistant=draw(assistants()),
@@ -426,7 +429,9 @@ def calls(draw, greedy: bool | None = None, refused: bool = False) -> Call:
 # - ci: a bounded, reproducible run (the same examples every time; about a minute on 2 cores), the suite's profile;
 # - dev: 200 new examples per property, for a quick look while changing the fuzzer;
 # - long: 10,000 new examples per property (HF_SPECDEC_FUZZ_EXAMPLES to change it); failures are remembered in
-#   .hypothesis/ (git-ignored) and tried first next time.
+#   .hypothesis/ (git-ignored) and tried first next time;
+# - bf16 / fp16: 200 new examples per property (HF_SPECDEC_FUZZ_EXAMPLES to change it) on targets in that dtype;
+#   a greedy output may leave vanilla's only at a near-tie of vanilla's own scores (`hf_specdec.testing.near_tie`).
 # Found failures are kept as @example in the test module, which every profile runs.
 PROFILE_ENV = "HF_SPECDEC_FUZZ"
 _COMMON = dict(
@@ -434,8 +439,13 @@ _COMMON = dict(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
     print_blob=True,
 )
+_HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PROFILES = {
     "ci": settings(max_examples=30, derandomize=True, database=None, **_COMMON),
+    **{
+        name: settings(max_examples=int(os.environ.get("HF_SPECDEC_FUZZ_EXAMPLES", 200)), database=None, **_COMMON)
+        for name in _HALF
+    },
     "dev": settings(max_examples=200, database=None, **_COMMON),
     "long": settings(
         max_examples=int(os.environ.get("HF_SPECDEC_FUZZ_EXAMPLES", 10_000)),
@@ -451,3 +461,8 @@ def fuzz_settings(ci_examples: int) -> settings:
     if name not in PROFILES:
         raise ValueError(f"{PROFILE_ENV}={name!r}: choose one of {', '.join(PROFILES)}")
     return settings(PROFILES[name], max_examples=ci_examples) if name == "ci" else PROFILES[name]
+
+
+def profile_dtype() -> torch.dtype:
+    """The targets' dtype of the profile named by ``HF_SPECDEC_FUZZ``: bf16 / fp16 for those profiles, else fp32."""
+    return _HALF.get(os.environ.get(PROFILE_ENV, "ci"), torch.float32)
