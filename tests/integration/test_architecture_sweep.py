@@ -54,7 +54,6 @@ def test_every_type_is_exact_or_refused_by_name(model_type, documented):
     [
         ("qwen3_next", ["'linear_attention' layers", "recurrent state"]),  # Qwen3-Next: gated delta net
         ("qwen3_5_text", ["'linear_attention' layers"]),
-        ("lfm2", ["'conv' layers", "short-convolution"]),
         ("jamba", ["'linear_attention' layers"]),
         ("falcon_h1", ["'hybrid' layers"]),  # attention and Mamba side by side in every layer
         ("diffllama", ["more than once per layer"]),
