@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -181,6 +182,14 @@ def assert_same_tokens(actual: torch.Tensor, expected: torch.Tensor, label: str 
 # two disagreements, 2 x 2.1 = 4.2, rounded up to k = 5. fp16 (same model, same prompts): see NEAR_TIE_K. The price:
 # vanilla's top-2 gap is within 5 units at about a third of this model's positions in bf16 (94 of 366 within 4, 153
 # within 8), which is why the speculative token itself must be near the best, not only vanilla's second.
+#
+# A mixture of experts makes a discrete choice upstream: its router keeps the top-k experts of each token, and where
+# the k-th and (k+1)-th router logits are within the same bound (of the router logits' own magnitude) the two orders
+# can route a token to different experts, which moves the final logits by far more than rounding (measured on a tiny
+# bf16 gpt_oss: router logits 0.2832 and 0.2793, one bf16 step apart, moved a logit by 1.3). When the final logits
+# are not a near-tie, `near_tie` recomputes the prefix's router logits (modules with an int ``top_k`` whose class name
+# has "Router") and accepts the difference only where such a routing near-tie can reach the position's logits: at the
+# last position in any layer, or at an earlier one in a layer before the last (whose output later layers attend to).
 NEAR_TIE_K = 5.0
 
 
@@ -204,6 +213,7 @@ class NearTie:
     units: float = 0.0
     near_tie: bool = True
     dtype: str = ""
+    router: str = ""  # the routing near-tie that explains the difference, when the final logits do not
 
     @property
     def ok(self) -> bool:
@@ -213,6 +223,8 @@ class NearTie:
         if self.position is None:
             return "equal to vanilla"
         verdict = "near-tie" if self.near_tie else "WRONG TOKEN"
+        if self.router:
+            verdict = f"near-tie upstream ({self.router})"
         return (
             f"{verdict} at generated position {self.position}: vanilla {self.vanilla_token}, speculative "
             f"{self.speculative_token}; gap {self.gap:.4g} (top-2 gap {self.top2_gap:.4g}, {self.units:.2f} eps units), "
@@ -281,9 +293,60 @@ def near_tie(
     gap = best - min(float(logits[v]), float(logits[s]))
     gap = gap if gap == gap else float("inf")  # nan (inf - inf): not a tie
     bound = k * scale
+    router = "" if gap <= bound else _routing_near_tie(model, prompt + vanilla[:pos], eps, k)
     return NearTie(
-        pos, v, s, float(top[0] - top[1]), gap, bound, gap / scale, gap <= bound, str(dtype).removeprefix("torch.")
+        pos,
+        v,
+        s,
+        float(top[0] - top[1]),
+        gap,
+        bound,
+        gap / scale,
+        gap <= bound or bool(router),
+        str(dtype).removeprefix("torch."),
+        router,
     )
+
+
+def _routing_near_tie(model, ids: list[int], eps: float, k: float) -> str:
+    """The first mixture-of-experts routing near-tie of a plain forward of ``ids`` (a router's k-th and (k+1)-th
+    logits within ``k * eps * max(max|router logit|, 1)`` at some position), described, or "" (none, or no router)."""
+    routers = [(n, m) for n, m in model.named_modules() if isinstance(getattr(m, "top_k", None), int)
+               and "router" in type(m).__name__.lower()]  # fmt: skip
+    if not routers or not ids:
+        return ""
+    found: list[str] = []
+    layer_of = lambda name: int(m.group(1)) if (m := re.search(r"layers\.(\d+)\.", name)) else -1  # noqa: E731
+    last_layer = max(layer_of(n) for n, _ in routers)
+
+    def hook(name: str, top_k: int):
+        def record(module, args, out):
+            logits = out[0] if isinstance(out, tuple) else out
+            if found or not torch.is_tensor(logits) or logits.shape[-1] <= top_k:
+                return
+            r = logits.detach().float().reshape(-1, logits.shape[-1])  # [positions, experts]
+            ranked = r.sort(-1, descending=True).values
+            gap = ranked[:, top_k - 1] - ranked[:, top_k]
+            bound = k * eps * r.abs().amax(-1).clamp_min(1.0)
+            hits = [p for p in (gap <= bound).nonzero().flatten().tolist()
+                    if p == r.shape[0] - 1 or layer_of(name) < last_layer or layer_of(name) < 0]  # fmt: skip
+            if hits:
+                p = hits[0]
+                found.append(f"{name} at prefix position {p}: experts' logits {float(ranked[p, top_k - 1]):.4g} and "
+                             f"{float(ranked[p, top_k]):.4g} around its top-{top_k}")  # fmt: skip
+
+        return record
+
+    handles = [m.register_forward_hook(hook(n, m.top_k)) for n, m in routers]
+    try:
+        device = next(model.parameters()).device
+        x = torch.tensor([ids], device=device)
+        with torch.no_grad():
+            model(input_ids=x, attention_mask=torch.ones_like(x))
+    finally:
+        for h in handles:
+            h.remove()
+    return found[0] if found else ""
 
 
 def near_ties(model, input_ids, attention_mask, vanilla, speculative, *, pad_token_id: int | None = None):

@@ -41,7 +41,7 @@ from fuzz_calls import (
 from hypothesis import assume, event, example, given, note
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from hf_specdec.testing import NEAR_TIE_K, assert_same_tokens, left_pad, near_tie
+from hf_specdec.testing import NEAR_TIE_K, _routing_near_tie, assert_same_tokens, left_pad, near_tie
 
 SCORE_TOL = dict(atol=1e-4, rtol=1e-4)
 TIE = 1e-4  # a greedy step whose best two processed scores are closer than this is a tie fp32 may break either way
@@ -316,7 +316,8 @@ def _check_greedy_half(call: Call) -> None:
         if a == e:
             continue
         scores = scores if scores is not None else _vanilla_scores(model, call)
-        verdict = near_tie(model, [], e, a, scores=[s[r] for s in scores], pad_token_id=pad)
+        prompt = call.prompts[r] if call.mask else [t for t in call.prompts[r] if t != PAD]
+        verdict = near_tie(model, prompt, e, a, scores=[s[r] for s in scores], pad_token_id=pad)
         assert verdict.ok, f"row {r}: {verdict}"
         if verdict.position is None:  # equal up to trailing padding (another row ran longer after its near-tie)
             continue
@@ -332,7 +333,14 @@ def _check_greedy_half(call: Call) -> None:
                 a, e = ours[t][r].float(), theirs[t][r].float()
                 finite = e[torch.isfinite(e)]
                 atol = NEAR_TIE_K * eps * max(float(finite.abs().max()) if finite.numel() else 0.0, 1.0)
-                torch.testing.assert_close(a, e, atol=atol, rtol=0, msg=f"greedy: {name}[{t}] row {r}")
+                try:
+                    torch.testing.assert_close(a, e, atol=atol, rtol=0, msg=f"greedy: {name}[{t}] row {r}")
+                except AssertionError:  # a mixture of experts may route a token differently at a routing near-tie
+                    prompt = call.prompts[r] if call.mask else [x for x in call.prompts[r] if x != PAD]
+                    if not _routing_near_tie(model, prompt + want[r, width : width + t].tolist(), eps, NEAR_TIE_K):
+                        raise
+                    event(f"{call.target.dtype}: scores moved by a routing near-tie")
+                    break
     if call.streamer and not differ:
         ours, theirs = kwargs["streamer"], expected_kwargs["streamer"]
         assert ours.ids == theirs.ids and ours.ended and theirs.ended, "streamed ids differ from vanilla's"
