@@ -232,6 +232,7 @@ def markdown_report(summary: Sequence[dict], meta: dict, records: Sequence[dict]
     keys = (
         "model",
         "device",
+        "dtype",
         "threads",
         "batch",
         "max_new_tokens",

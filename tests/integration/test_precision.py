@@ -107,7 +107,8 @@ def chat_batch():
 
 def _check_dtype(dtype, chat_batch) -> dict:
     """Vanilla greedy in ``dtype`` against every ready-made assistant; every difference must be a near-tie. One
-    thread: about 45 s in bf16 on a 2-core Xeon (AMX) shared with other jobs, where two threads took 200 s."""
+    thread: 22 s in bf16 and 27 s in fp16 on a 2-core Xeon (AMX) shared with other jobs, where two threads took 200 s
+    in bf16 while the other jobs ran."""
     with torch_threads(1):
         return _check_dtype_now(dtype, chat_batch)
 
