@@ -41,6 +41,7 @@ from ..cli_args import (
     check_device_argument,
     check_draft_layers,
     check_model_argument,
+    check_out_folder,
     check_sampling_arguments,
     load_model_argument,
     positive_int,
@@ -462,31 +463,9 @@ def _checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Set
         raise UsageError(f"--categories {args.categories}: {err}") from err
     check_model_argument(args.model)
     if args.out:
-        _check_out_folder(args.out)
+        check_out_folder(args.out, holds="results.md, results.json, results.png")
     check_device_argument(args.device)
     return methods, settings, path, questions
-
-
-def _check_out_folder(out: str) -> None:
-    """``--out``: a folder the results can be written to (tried by making it and a file in it, then removing what the
-    check made), so that a path that cannot hold them fails before any model is loaded, not after the first prompt."""
-    path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out {out}: a file is there; pass a folder for results.md, results.json, results.png")
-    made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
-    probe = path / ".hf-specdec-write-check"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
-    except OSError as err:
-        raise UsageError(
-            f"--out {out}: cannot create that folder or write in it ({err.strerror or err}); pass a folder you can "
-            "write to"
-        ) from err
-    finally:
-        for p in (probe, *made):
-            with contextlib.suppress(OSError):
-                p.rmdir() if p.is_dir() else p.unlink()
 
 
 class _Terminated(KeyboardInterrupt):
