@@ -1,7 +1,7 @@
-"""Cost of a verify forward of 1, 4 and 16 tree tokens on a hybrid target (LFM2: short convolutions on trees) against
-a plain decode step of vanilla transformers, beside a Llama of the same shape: random weights in LFM2-350M's layout
-(16 layers, 10 of them convolutions, hidden 1024), a 256-token context, fp32, 2 threads, the two models' calls
-interleaved. Run: python benchmarks/hybrid_verify_cost.py (figures in docs/architectures.md)."""
+"""Cost of a verify forward of 1, 4 and 16 tree tokens on hybrid targets (LFM2: short convolutions; Qwen3.5: gated
+delta nets) against a plain decode step of vanilla transformers, beside a Llama of the same shape: random weights in
+LFM2-350M's layout (16 layers, 10 of them convolutions, hidden 1024) and Qwen3.5's pattern at that size (12 gated
+delta nets, 4 attention layers), a 256-token context, fp32, 2 threads, the models' calls interleaved. Run: python benchmarks/hybrid_verify_cost.py (figures in docs/architectures.md)."""
 
 import statistics
 import time
@@ -48,6 +48,27 @@ def lfm2():
     return AutoModelForCausalLM.from_config(c).eval()
 
 
+def qwen3_5():
+    """Qwen3.5's pattern (three gated delta nets, then full attention) at the same width and depth."""
+    kinds = (["linear_attention"] * 3 + ["full_attention"]) * 4
+    c = AutoConfig.for_model(
+        "qwen3_5_text",
+        vocab_size=65536,
+        hidden_size=1024,
+        intermediate_size=4608,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=64,
+        layer_types=kinds,
+        linear_num_key_heads=8,
+        linear_num_value_heads=16,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+    )
+    return AutoModelForCausalLM.from_config(c).eval()
+
+
 def llama():
     c = AutoConfig.for_model(
         "llama",
@@ -79,7 +100,7 @@ def timed(fn, *args, **kwargs) -> float:
 
 def main() -> None:
     setups = {}
-    for name, make in (("lfm2", lfm2), ("llama", llama)):
+    for name, make in (("lfm2", lfm2), ("qwen3_5", qwen3_5), ("llama", llama)):
         model = make()
         prompt = torch.randint(3, 60000, (1, 256))
         cache = DynamicCache(config=model.config)

@@ -69,15 +69,10 @@ def window_index(plan: AttentionPlan, width: int) -> torch.Tensor:
     return index
 
 
-def tree_short_conv(module: torch.nn.Module, hidden_states: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
-    """The layer's output for the plan's packed tokens: `[1, N, H]` -> `[1, N, H]`."""
-    plan.state_modules.append(module)
-    width = module.conv_kernel_size - 1
-    bcx = module.in_proj(hidden_states)[0]  # [N, 3C]
-    gate_b, gate_c, x = bcx.chunk(3, dim=-1)
-    inputs = gate_b * x  # [N, C] what vanilla convolves
+def path_windows(layer: int, plan: AttentionPlan, inputs: torch.Tensor, width: int) -> torch.Tensor:
+    """`[N, width + 1, C]` each packed token's convolution window along its path (oldest first) over ``inputs``
+    `[N, C]` (this forward's), the pending tokens' staged inputs and the rows' committed ones; stages ``inputs``."""
     states = plan.cache.conv_states
-    layer = module.layer_idx
     committed = states.committed(layer, plan.rows, width, inputs)  # [B, width, C]
     pieces = [committed.reshape(-1, inputs.shape[-1])]
     for b, row in enumerate(plan.rows.tolist()):
@@ -85,12 +80,23 @@ def tree_short_conv(module: torch.nn.Module, hidden_states: torch.Tensor, plan: 
         if staged is not None:
             pieces.append(staged)
         pieces.append(inputs[int(plan.cu_seqlens[b]) : int(plan.cu_seqlens[b + 1])])
-    windows = torch.cat(pieces)[window_index(plan, width)]  # [N, K, C]
-    weight = module.conv.weight[:, 0, :].to(windows.dtype)  # [C, K]
-    out = torch.einsum("nkc,ck->nc", windows, weight)
-    if module.conv.bias is not None:
-        out = out + module.conv.bias
     states.stage(layer, plan.rows, inputs, plan.cu_seqlens)
+    return torch.cat(pieces)[window_index(plan, width)]
+
+
+def depthwise(conv: torch.nn.Conv1d, windows: torch.Tensor) -> torch.Tensor:
+    """`[N, C]` the depthwise convolution ``conv`` (weight `[C, 1, K]`) of `[N, K, C]` windows, as vanilla's."""
+    out = torch.einsum("nkc,ck->nc", windows, conv.weight[:, 0, :].to(windows.dtype))
+    return out if conv.bias is None else out + conv.bias
+
+
+def tree_short_conv(module: torch.nn.Module, hidden_states: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
+    """The layer's output for the plan's packed tokens: `[1, N, H]` -> `[1, N, H]`."""
+    plan.state_modules.append(module)
+    bcx = module.in_proj(hidden_states)[0]  # [N, 3C]
+    gate_b, gate_c, x = bcx.chunk(3, dim=-1)
+    inputs = gate_b * x  # [N, C] what vanilla convolves
+    out = depthwise(module.conv, path_windows(module.layer_idx, plan, inputs, module.conv_kernel_size - 1))
     return module.out_proj((gate_c * out)[None])  # [1, N, H]
 
 

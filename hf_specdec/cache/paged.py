@@ -35,6 +35,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .conv_states import ConvStates
+from .recurrent_states import RecurrentStates
 
 
 class BlockAllocator:
@@ -364,6 +365,7 @@ class PagedCache(Cache):
         layers = [PagedLayer(self.allocator, i, head_major) for i in range(num_layers or 0)]
         super().__init__(layers=layers)
         self.conv_states = ConvStates()  # short-convolution layers' state (cache/conv_states.py), when a model has any
+        self.recurrent_states = RecurrentStates()  # gated delta nets' state (cache/recurrent_states.py)
 
     # layers are created on demand so PagedCache() works without a config
     def layer(self, idx: int) -> PagedLayer:
@@ -445,8 +447,9 @@ class PagedCache(Cache):
         """Keep the ``counts[b]`` tokens written right after each of ``rows``' committed prefix (prefill chunks) and
         forget anything past them."""
         self.allocator.truncate_rows(rows, self.allocator.lengths_of(rows) + counts)
-        if self.conv_states:
-            self.conv_states.commit(rows, [slice(0, int(c)) for c in counts])
+        for states in (self.conv_states, self.recurrent_states):
+            if states:
+                states.commit(rows, [slice(0, int(c)) for c in counts])
 
     def commit_chunk(self, row: int, count: int) -> None:
         """`commit_chunks` for one row."""
@@ -456,13 +459,16 @@ class PagedCache(Cache):
         """Give every block of ``row`` back; the row keeps its index but holds nothing."""
         self.allocator.free_row(row)
         self.conv_states.free(row)
+        self.recurrent_states.free(row)
 
     def rollback(self, row: int, length: int) -> None:
         """Forget everything of ``row`` past ``length`` tokens (freeing whole blocks past it)."""
         if length > self.allocator.length(row):
             raise ValueError(f"row {row} holds {self.allocator.length(row)} tokens; cannot roll back to {length}")
-        if self.conv_states and length < self.allocator.length(row):
-            raise NotImplementedError("a row of short-convolution layers cannot be rolled back past committed tokens")
+        if (self.conv_states or self.recurrent_states) and length < self.allocator.length(row):
+            raise NotImplementedError(
+                "a row of convolution or recurrent layers cannot be rolled back past committed tokens"
+            )
         self.allocator.truncate(row, length)
 
     def blocks_in_use(self) -> int:
@@ -501,8 +507,9 @@ class PagedCache(Cache):
         """
         rows = np.asarray(rows, dtype=np.int64)
         acc_t = [a if isinstance(a, torch.Tensor) else torch.as_tensor(a, dtype=torch.long) for a in accepted]
-        if self.conv_states:
-            self.conv_states.commit(rows, acc_t)
+        for states in (self.conv_states, self.recurrent_states):
+            if states:
+                states.commit(rows, acc_t)
         counts = np.array([a.shape[0] for a in acc_t], dtype=np.int64)
         acc = torch.cat(acc_t).cpu().numpy() if acc_t else np.zeros(0, np.int64)  # [M]
         first = np.cumsum(counts) - counts

@@ -25,6 +25,7 @@ from collections import Counter
 
 import torch
 
+from ..attention.gated_delta import is_gated_delta
 from ..attention.short_conv import is_short_conv
 from ..attention.unsupported import UnsupportedModelError
 
@@ -78,6 +79,8 @@ def check_config(model) -> None:
         paged = paged | {"chunked_attention"}
     if "conv" in kinds and any(is_short_conv(m) for m in model.modules()):  # attention/short_conv.py
         paged = paged | {"conv"}
+    if kinds.count("linear_attention") == sum(is_gated_delta(m) for m in model.modules()) > 0:  # gated_delta.py
+        paged = paged | {"linear_attention"}
     other = [k for k in dict.fromkeys(kinds) if k not in paged]
     if other:
         layers = {k: [i for i, x in enumerate(kinds) if x == k] for k in other}

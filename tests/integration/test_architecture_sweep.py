@@ -52,8 +52,8 @@ def test_every_type_is_exact_or_refused_by_name(model_type, documented):
 @pytest.mark.parametrize(
     "model_type, words",
     [
-        ("qwen3_next", ["'linear_attention' layers", "recurrent state"]),  # Qwen3-Next: gated delta net
-        ("qwen3_5_text", ["'linear_attention' layers"]),
+        ("bamba", ["'linear_attention' layers", "recurrent state"]),  # Mamba-2 beside attention
+        ("kimi_linear", ["'linear_attention' layers"]),  # a linear attention that is no gated delta net we know
         ("jamba", ["'linear_attention' layers"]),
         ("falcon_h1", ["'hybrid' layers"]),  # attention and Mamba side by side in every layer
         ("diffllama", ["more than once per layer"]),

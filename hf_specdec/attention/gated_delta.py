@@ -1,0 +1,159 @@
+"""Gated delta net layers (Qwen3-Next's and Qwen3.5's linear attention) on token trees.
+
+The layer convolves its q/k/v inputs causally (kernel K, then SiLU) and runs a recurrence: each token's state is its
+predecessor's, decayed and updated by the delta rule, and its output reads that state. In a planned forward a tree
+node's predecessor is its parent: the convolution window is gathered along the node's path
+(`short_conv.path_windows`), and each node's state follows from its parent's state (a staged state of this forward
+or of a pending token) or from the row's committed state (``cache/recurrent_states.py``). The recurrence runs
+transformers' own functions of the layer's modeling file: its chunked rule over a prompt chunk (as vanilla's
+prefill) and its one-token rule per tree node (as vanilla's decode steps). Committing keeps the state of the last
+accepted token. Switched per call and per thread like the other layers (`install_for`).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .plan import AttentionPlan
+from .short_conv import depthwise, path_windows, window_index
+
+_LOCK = threading.Lock()
+_COMMON = (
+    "conv1d",
+    "A_log",
+    "dt_bias",
+    "norm",
+    "out_proj",
+    "layer_idx",
+    "conv_kernel_size",
+    "head_k_dim",
+    "head_v_dim",
+)
+
+
+def _layout(module: torch.nn.Module) -> str | None:
+    """``"qkvz"`` (Qwen3-Next: interleaved projections), ``"split"`` (Qwen3.5: one projection each) or None."""
+    if not type(module).__name__.endswith("GatedDeltaNet") or not all(hasattr(module, a) for a in _COMMON):
+        return None
+    if all(hasattr(module, a) for a in ("in_proj_qkvz", "in_proj_ba", "fix_query_key_value_ordering")):
+        return "qkvz"
+    if all(hasattr(module, a) for a in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")):
+        return "split"
+    return None
+
+
+def is_gated_delta(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a gated delta net this module runs on trees (Qwen3-Next, Qwen3.5)."""
+    return _layout(module) is not None
+
+
+def _projections(module, hidden_states: torch.Tensor):
+    """``(mixed_qkv [N, conv_dim], z [N, H_v, d_v], b [N, H_v], a [N, H_v])`` of `[1, N, H]` hidden states."""
+    if _layout(module) == "qkvz":
+        q, k, v, z, b, a = module.fix_query_key_value_ordering(
+            module.in_proj_qkvz(hidden_states), module.in_proj_ba(hidden_states)
+        )
+        mixed = torch.cat([x.reshape(x.shape[0], x.shape[1], -1) for x in (q, k, v)], dim=-1)
+        return mixed[0], z[0], b[0], a[0]
+    z = module.in_proj_z(hidden_states)[0]
+    z = z.reshape(z.shape[0], -1, module.head_v_dim)
+    return (
+        module.in_proj_qkv(hidden_states)[0],
+        z,
+        module.in_proj_b(hidden_states)[0],
+        module.in_proj_a(hidden_states)[0],
+    )
+
+
+def parents(plan: AttentionPlan) -> list[np.ndarray]:
+    """Per row, each new token's predecessor as an index into the row's ``[pending ; new]`` tokens, -1 for the
+    row's committed text (built from the same masks as the convolution windows)."""
+    prev = window_index(plan, 1)[:, 0].cpu().numpy()  # [N] source index of the input one step back
+    base = plan.num_rows
+    tails = np.cumsum(np.concatenate([[0], plan.pending_lens + np.diff(plan.cu_seqlens)]))
+    out = []
+    for b in range(plan.num_rows):
+        mine = prev[plan.cu_seqlens[b] : plan.cu_seqlens[b + 1]]
+        out.append(np.where(mine >= base, mine - base - tails[b], -1))
+    return out
+
+
+def tree_gated_delta(module: torch.nn.Module, hidden_states: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
+    """The layer's output for the plan's packed tokens: `[1, N, H]` -> `[1, N, H]`."""
+    plan.state_modules.append(module)
+    rules = sys.modules[type(module).__module__]
+    mixed, z, b, a = _projections(module, hidden_states)
+    conv = depthwise(module.conv1d, path_windows(module.layer_idx, plan, mixed, module.conv_kernel_size - 1))
+    mixed = F.silu(conv)  # the layer's activation (SiLU)
+    q, k, v = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
+    q = q.reshape(q.shape[0], -1, module.head_k_dim)  # [N, H_k, d_k]
+    k = k.reshape(k.shape[0], -1, module.head_k_dim)
+    v = v.reshape(v.shape[0], -1, module.head_v_dim)  # [N, H_v, d_v]
+    beta = b.sigmoid()
+    g = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)
+    states = plan.cache.recurrent_states
+    shape = (v.shape[1], module.head_k_dim, module.head_v_dim)
+    committed = states.committed(module.layer_idx, plan.rows, torch.zeros(shape, dtype=torch.float32, device=v.device))
+    outs = []
+    for r, (row, prev) in enumerate(zip(plan.rows.tolist(), parents(plan))):
+        s, e = int(plan.cu_seqlens[r]), int(plan.cu_seqlens[r + 1])
+        pending = states.pending(module.layer_idx, row, int(plan.pending_lens[r]))  # [P, *state] or None
+        if pending is None and plan.row_mask(r, "cpu") is None:  # a causal chunk: vanilla's prefill rule
+            out, last = rules.torch_chunk_gated_delta_rule(
+                q[s:e][None], k[s:e][None], v[s:e][None], g=g[s:e][None], beta=beta[s:e][None],
+                initial_state=committed[r][None], output_final_state=True, use_qk_l2norm_in_kernel=True,
+            )  # fmt: skip
+            states.stage(module.layer_idx, row, e - s, last)
+            outs.append(out[0])
+            continue
+        out, new = _tree_recurrence(rules, [x[s:e] for x in (q, k, v, g, beta)], prev, committed[r], pending)
+        states.stage(module.layer_idx, row, e - s, new)
+        outs.append(out)
+    core = torch.cat(outs)  # [N, H_v, d_v]
+    core = module.norm(core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
+    return module.out_proj(core.reshape(1, core.shape[0] // v.shape[1], -1))  # [1, N, H]
+
+
+def _tree_recurrence(rules, qkvgb: list[torch.Tensor], prev: np.ndarray, committed, pending):
+    """Vanilla's one-token rule per node, from its predecessor's state: ``(out [n, H_v, d_v], states [n, *state])``."""
+    q, k, v, g, beta = qkvgb
+    n = q.shape[0]
+    offset = 0 if pending is None else pending.shape[0]
+    new: list[torch.Tensor] = []
+    outs = []
+    for i in range(n):
+        p = int(prev[i])
+        start = committed if p < 0 else pending[p] if p < offset else new[p - offset]
+        out, state = rules.torch_recurrent_gated_delta_rule(
+            q[i : i + 1][None], k[i : i + 1][None], v[i : i + 1][None], g=g[i : i + 1][None],
+            beta=beta[i : i + 1][None], initial_state=start[None], output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
+        outs.append(out[0, 0])
+        new.append(state[0])
+    return torch.stack(outs), torch.stack(new)
+
+
+def _wrap(forward, active_plan):
+    def wrapped(self, hidden_states, *args, **kwargs):
+        plan = active_plan()
+        if plan is None:
+            return forward(self, hidden_states, *args, **kwargs)
+        return tree_gated_delta(self, hidden_states, plan)
+
+    wrapped.hf_specdec_fallback = forward
+    return wrapped
+
+
+def install_for(model: torch.nn.Module, active_plan) -> None:
+    """Wrap, once per class, the ``forward`` of ``model``'s gated delta nets (see `short_conv.install_for`)."""
+    classes = {type(m) for m in model.modules() if is_gated_delta(m)}
+    with _LOCK:
+        for cls in classes:
+            if not hasattr(cls.forward, "hf_specdec_fallback"):
+                cls.forward = _wrap(cls.forward, active_plan)
