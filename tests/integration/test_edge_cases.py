@@ -88,12 +88,12 @@ def test_bench_refuses_an_unwritable_out_folder_before_any_work(capsys, out):
 
 
 def test_bench_out_check_leaves_nothing_behind(tmp_path):
-    from hf_specdec.bench.spec_bench import _check_out_folder
+    from hf_specdec.cli_args import check_out_folder  # what the bench checks --out with
 
-    _check_out_folder(str(tmp_path / "a" / "b"))
+    check_out_folder(str(tmp_path / "a" / "b"))
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "kept").mkdir()
-    _check_out_folder(str(tmp_path / "kept"))
+    check_out_folder(str(tmp_path / "kept"))
     assert list((tmp_path / "kept").iterdir()) == []
 
 
