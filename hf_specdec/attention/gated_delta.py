@@ -13,16 +13,14 @@ accepted token. Switched per call and per thread like the other layers (`install
 from __future__ import annotations
 
 import sys
-import threading
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .plan import AttentionPlan
-from .short_conv import depthwise, path_windows, window_index
+from .short_conv import depthwise, path_windows, window_index, wrap_layer_classes
 
-_LOCK = threading.Lock()
 _COMMON = (
     "conv1d",
     "A_log",
@@ -139,21 +137,6 @@ def _tree_recurrence(rules, qkvgb: list[torch.Tensor], prev: np.ndarray, committ
     return torch.stack(outs), torch.stack(new)
 
 
-def _wrap(forward, active_plan):
-    def wrapped(self, hidden_states, *args, **kwargs):
-        plan = active_plan()
-        if plan is None:
-            return forward(self, hidden_states, *args, **kwargs)
-        return tree_gated_delta(self, hidden_states, plan)
-
-    wrapped.hf_specdec_fallback = forward
-    return wrapped
-
-
 def install_for(model: torch.nn.Module, active_plan) -> None:
-    """Wrap, once per class, the ``forward`` of ``model``'s gated delta nets (see `short_conv.install_for`)."""
-    classes = {type(m) for m in model.modules() if is_gated_delta(m)}
-    with _LOCK:
-        for cls in classes:
-            if not hasattr(cls.forward, "hf_specdec_fallback"):
-                cls.forward = _wrap(cls.forward, active_plan)
+    """Serve ``model``'s gated delta nets on trees inside planned forwards (`short_conv.wrap_layer_classes`)."""
+    wrap_layer_classes(model, active_plan, is_gated_delta, tree_gated_delta)

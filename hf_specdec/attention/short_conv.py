@@ -100,22 +100,27 @@ def tree_short_conv(module: torch.nn.Module, hidden_states: torch.Tensor, plan: 
     return module.out_proj((gate_c * out)[None])  # [1, N, H]
 
 
-def _wrap(forward, active_plan):
-    def wrapped(self, hidden_states, *args, **kwargs):
-        plan = active_plan()
-        if plan is None:
-            return forward(self, hidden_states, *args, **kwargs)
-        return tree_short_conv(self, hidden_states, plan)
+def wrap_layer_classes(model: torch.nn.Module, active_plan, is_layer, tree_forward) -> None:
+    """Wrap, once per class, the ``forward`` of ``model``'s modules that ``is_layer``: inside a planned forward
+    (``active_plan()`` returns this thread's plan) the wrapper runs ``tree_forward(module, hidden_states, plan)``,
+    everywhere else the original. Shared by every stateful layer served on trees (this module, ``gated_delta.py``)."""
+    classes = {type(m) for m in model.modules() if is_layer(m)}
+    with _LOCK:
+        for cls in classes:
+            if hasattr(cls.forward, "hf_specdec_fallback"):
+                continue
+            forward = cls.forward
 
-    wrapped.hf_specdec_fallback = forward
-    return wrapped
+            def wrapped(self, hidden_states, *args, _forward=forward, **kwargs):
+                plan = active_plan()
+                if plan is None:
+                    return _forward(self, hidden_states, *args, **kwargs)
+                return tree_forward(self, hidden_states, plan)
+
+            wrapped.hf_specdec_fallback = forward
+            cls.forward = wrapped
 
 
 def install_for(model: torch.nn.Module, active_plan) -> None:
-    """Wrap, once per class, the ``forward`` of ``model``'s short-convolution modules (``active_plan``: the function
-    that returns this thread's plan, or None outside planned forwards)."""
-    classes = {type(m) for m in model.modules() if is_short_conv(m)}
-    with _LOCK:
-        for cls in classes:
-            if not hasattr(cls.forward, "hf_specdec_fallback"):
-                cls.forward = _wrap(cls.forward, active_plan)
+    """Serve ``model``'s short convolutions on trees inside planned forwards (`wrap_layer_classes`)."""
+    wrap_layer_classes(model, active_plan, is_short_conv, tree_short_conv)
