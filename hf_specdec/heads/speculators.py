@@ -15,9 +15,15 @@ Kinds (``speculators_model_type``):
   ``norm_before_fc``, ``fc_norm``, ``norm_output`` (our ``eagle3_options``).
 - ``"eagle"`` (``EagleSpeculator`` of speculators < 0.9; read only): an EAGLE-1 head. Keys ``fusion_fc.*`` (our
   ``fc.*``) and ``transformer.*`` (our ``layers.0.*``); ``layernorms: true`` (HASS's extra norms) is refused.
+- ``"dflash"`` (``DFlashSpeculator``; read and written by `hf_specdec.heads.dflash.DFlashHead`, not by EagleHead):
+  a block drafter. Keys ``fc.weight``, ``hidden_norm.weight``, ``layers.{i}.*`` (Qwen3-style layers, q/k norms),
+  ``norm.weight``, and ``lm_head.weight`` / ``d2t`` / ``t2d`` only with a draft vocabulary (the full-vocabulary
+  lm_head and ``embed_tokens`` are the verifier's, never stored); config fields ``block_size``,
+  ``aux_hidden_state_layer_ids`` (indices into ``hidden_states``), ``mask_token_id``, ``draft_vocab_size``,
+  ``sample_from_anchor``, ``sliding_window_non_causal``.
 - every other kind is refused by name (`REFUSED_KINDS` says why).
 
-The draft decoder layer must be a one-layer Llama layer (``transformer_layer_config.model_type == "llama"``,
+An EAGLE draft decoder layer must be a one-layer Llama layer (``transformer_layer_config.model_type == "llama"``,
 ``num_hidden_layers == 1``): EagleHead builds transformers' Llama attention and MLP. What hf-specdec adds (tree
 defaults, model-card facts) travels in a ``hf_specdec`` block of the config, which the library and vLLM ignore, so
 that a head exported here loads back unchanged.
@@ -36,12 +42,13 @@ import torch
 SPECULATORS_VERSION = "0.9.0"
 READ_KINDS = ("eagle3", "eagle")
 WRITE_KINDS = ("eagle3",)
+# kinds another head class reads: kind -> that class
+OTHER_HEAD_KINDS = {"dflash": "DFlashHead (hf_specdec.heads.dflash)"}
 REFUSED_KINDS = {
     "peagle": "P-EAGLE drafts several positions at once from a learnt mask state (mask_hidden); hf-specdec has no "
     "parallel-drafting proposer",
     "mtp": "an MTP layer normalises the embedding and the hidden state separately and has its own decoder layer "
     "and lm_head; hf-specdec has no MTP proposer",
-    "dflash": "DFlash drafts a whole block at once by block diffusion; hf-specdec has no block-diffusion proposer",
     "dflash2": "DFlash2 drafts a whole block at once by block diffusion; hf-specdec has no block-diffusion proposer",
     "dspark": "DSpark drafts a whole block at once (block diffusion with a Markov head); hf-specdec has no such "
     "proposer",
@@ -61,6 +68,9 @@ def speculators_eagle_init(config: Mapping, where: str) -> tuple[dict, str]:
     refused by name. ``has_embed_tokens`` is ``"checkpoint"`` (the weights decide) or None (the stored embeddings
     are the target's, written by hf-specdec's export, and are dropped)."""
     kind = config.get("speculators_model_type")
+    if kind in OTHER_HEAD_KINDS:
+        raise ValueError(f"EagleHead: {where} is a speculators {kind!r} checkpoint: load it with "
+                         f"{OTHER_HEAD_KINDS[kind]}")  # fmt: skip
     if kind in REFUSED_KINDS:
         raise ValueError(f"EagleHead: {where} is a speculators {kind!r} checkpoint, which hf-specdec cannot run: "
                          f"{REFUSED_KINDS[kind]}. It reads the kinds {list(READ_KINDS)}")  # fmt: skip
@@ -68,7 +78,7 @@ def speculators_eagle_init(config: Mapping, where: str) -> tuple[dict, str]:
         raise ValueError(f"EagleHead: {where} is a speculators checkpoint of unknown kind {kind!r}; hf-specdec reads "
                          f"the kinds {list(READ_KINDS)}")  # fmt: skip
     layer = _layer_config(config, where, kind)
-    verifier = _verifier(config, where)
+    verifier = _verifier(config, where, "EagleHead")
     extra = config.get("hf_specdec") if isinstance(config.get("hf_specdec"), Mapping) else {}
     fields = {k: v for k, v in layer.items() if v is not None}  # EagleHead keeps the Llama fields it reads
     # an hf-specdec export stores the target's embeddings for the library (`speculators_eagle3_tensors`): drop them
@@ -127,11 +137,11 @@ def _layer_config(config: Mapping, where: str, kind: str) -> dict:
     return dict(layer)
 
 
-def _verifier(config: Mapping, where: str) -> dict:
+def _verifier(config: Mapping, where: str, owner: str) -> dict:
     spec = config.get("speculators_config")
     verifier = spec.get("verifier") if isinstance(spec, Mapping) else None
     if not isinstance(verifier, Mapping):
-        raise ValueError(f"EagleHead: {where} lacks speculators_config.verifier (the target the head drafts for)")
+        raise ValueError(f"{owner}: {where} lacks speculators_config.verifier (the target the head drafts for)")
     return dict(verifier)
 
 
@@ -171,24 +181,80 @@ def speculators_eagle3_config(head, verifier_name: str, verifier_architectures: 
         **{k: head.eagle3_options[k] for k in _OPTIONS},
         "embed_requires_grad": False,
         "tie_word_embeddings": False,
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": chain,
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }  # fmt: skip
-            ],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier_name, "architectures": list(verifier_architectures)},
-        },
+        "speculators_config": _speculators_config("eagle3", chain, verifier_name, verifier_architectures),
         "hf_specdec": {
             "tree": head.tree,
             "model_card": head.model_card,
             "embed_tokens_from_target": head.embed_tokens is None,
         },
+    }
+
+
+def _speculators_config(algorithm: str, chain: int, verifier_name: str, verifier_architectures: list[str]) -> dict:
+    """The ``speculators_config`` block: the chain of ``chain`` greedy tokens vLLM drafts, and the verifier."""
+    return {
+        "algorithm": algorithm,
+        "proposal_methods": [
+            {"proposal_type": "greedy", "speculative_tokens": chain, "verifier_accept_k": 1, "accept_tolerance": 0.0}
+        ],
+        "default_proposal_method": "greedy",
+        "verifier": {"name_or_path": verifier_name, "architectures": list(verifier_architectures)},
+    }
+
+
+# ------------------------------------------------------------------------------------------------------- DFlash
+def speculators_dflash_init(config: Mapping, where: str) -> dict:
+    """`DFlashHead` kwargs of a speculators ``dflash`` config; other kinds and what DFlashHead cannot run are refused
+    by name."""
+    kind = config.get("speculators_model_type")
+    if kind != "dflash":
+        hint = "load it with EagleHead" if kind in READ_KINDS else REFUSED_KINDS.get(kind, "an unknown kind")
+        raise ValueError(f"DFlashHead: {where} is a speculators {kind!r} checkpoint, not 'dflash' ({hint})")
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, Mapping):
+        raise ValueError(f"DFlashHead: {where} lacks the 'transformer_layer_config' of the draft layers")
+    target_hidden = config.get("target_hidden_size")
+    if target_hidden is not None and target_hidden != layer.get("hidden_size"):
+        raise ValueError(f"DFlashHead: {where} has target_hidden_size {target_hidden} != the draft layers' hidden "
+                         f"size {layer.get('hidden_size')}; the library's fc reads the draft's hidden size")  # fmt: skip
+    aux = config.get("aux_hidden_state_layer_ids")
+    if not aux:
+        raise ValueError(f"DFlashHead: {where} lacks aux_hidden_state_layer_ids (the target layers it reads)")
+    verifier = _verifier(config, where, "DFlashHead")
+    extra = config.get("hf_specdec") if isinstance(config.get("hf_specdec"), Mapping) else {}
+    draft = config.get("draft_vocab_size")
+    return {
+        "config": dict(layer),
+        "aux_layers": [int(i) for i in aux],
+        "block_size": int(config.get("block_size", 8)),
+        "mask_token_id": config.get("mask_token_id"),
+        "draft_vocab_size": None if draft is None or draft == layer.get("vocab_size") else int(draft),
+        "sample_from_anchor": bool(config.get("sample_from_anchor", False)),
+        "base_model_name_or_path": verifier.get("name_or_path"),
+        "verifier_architectures": verifier.get("architectures") or None,
+        "tree": extra.get("tree", {}),
+        "model_card": extra.get("model_card"),
+    }
+
+
+def speculators_dflash_config(head, layer: dict) -> dict:
+    """The ``config.json`` of ``head`` (a `DFlashHead` with draft layers ``layer``) as the library writes it."""
+    layer = {**layer, "tie_word_embeddings": False, "dtype": str(head.fc.weight.dtype).removeprefix("torch.")}
+    verifier = _speculators_config("dflash", head.num_depths, head.base_model_name_or_path, head.verifier_architectures)
+    return {
+        "speculators_model_type": "dflash",
+        "architectures": ["DFlashSpeculator"],
+        "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_config": layer,
+        "draft_vocab_size": head.draft_vocab_size or head.vocab_size,
+        "block_size": head.block_size,
+        "target_hidden_size": None,
+        "aux_hidden_state_layer_ids": list(head.feature_layers),
+        "mask_token_id": head.mask_token_id,
+        "sliding_window_non_causal": False,
+        "sample_from_anchor": head.sample_from_anchor,
+        "speculators_config": verifier,
+        "hf_specdec": {"tree": head.tree, "model_card": head.model_card},
     }
 
 
@@ -212,11 +278,14 @@ def speculators_eagle3_tensors(
 
 
 __all__ = [
+    "OTHER_HEAD_KINDS",
     "READ_KINDS",
     "REFUSED_KINDS",
     "SPECULATORS_VERSION",
     "WRITE_KINDS",
     "is_speculators_config",
+    "speculators_dflash_config",
+    "speculators_dflash_init",
     "speculators_eagle3_config",
     "speculators_eagle3_tensors",
     "speculators_eagle_init",
