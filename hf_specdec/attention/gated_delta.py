@@ -4,7 +4,7 @@ The layer convolves its q/k/v inputs causally (kernel K, then SiLU) and runs a r
 predecessor's, decayed and updated by the delta rule, and its output reads that state. In a planned forward a tree
 node's predecessor is its parent: the convolution window is gathered along the node's path
 (`short_conv.path_windows`), and each node's state follows from its parent's state (a staged state of this forward
-or of a pending token) or from the row's committed state (``cache/recurrent_states.py``). The recurrence runs
+or of a pending token) or from the row's committed state (`short_conv.recurrent_outputs`, ``cache/recurrent_states.py``). The recurrence runs
 transformers' own functions of the layer's modeling file: its chunked rule over a prompt chunk (as vanilla's
 prefill) and its one-token rule per tree node (as vanilla's decode steps). Committing keeps the state of the last
 accepted token. Switched per call and per thread like the other layers (`install_for`).
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import mamba
 from .plan import AttentionPlan
-from .short_conv import depthwise, path_windows, window_index, wrap_layer_classes
+from .short_conv import depthwise, path_windows, recurrent_outputs, wrap_layer_classes
 
 _COMMON = (
     "conv1d",
@@ -68,19 +68,6 @@ def _projections(module, hidden_states: torch.Tensor):
     )
 
 
-def parents(plan: AttentionPlan) -> list[np.ndarray]:
-    """Per row, each new token's predecessor as an index into the row's ``[pending ; new]`` tokens, -1 for the
-    row's committed text (built from the same masks as the convolution windows)."""
-    prev = window_index(plan, 1)[:, 0].cpu().numpy()  # [N] source index of the input one step back
-    base = plan.num_rows
-    tails = np.cumsum(np.concatenate([[0], plan.pending_lens + np.diff(plan.cu_seqlens)]))
-    out = []
-    for b in range(plan.num_rows):
-        mine = prev[plan.cu_seqlens[b] : plan.cu_seqlens[b + 1]]
-        out.append(np.where(mine >= base, mine - base - tails[b], -1))
-    return out
-
-
 def tree_gated_delta(module: torch.nn.Module, hidden_states: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:
     """The layer's output for the plan's packed tokens: `[1, N, H]` -> `[1, N, H]`."""
     plan.state_modules.append(module)
@@ -94,49 +81,30 @@ def tree_gated_delta(module: torch.nn.Module, hidden_states: torch.Tensor, plan:
     v = v.reshape(v.shape[0], -1, module.head_v_dim)  # [N, H_v, d_v]
     beta = b.sigmoid()
     g = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)
-    states = plan.cache.recurrent_states
-    shape = (v.shape[1], module.head_k_dim, module.head_v_dim)
-    committed = states.committed(module.layer_idx, plan.rows, torch.zeros(shape, dtype=torch.float32, device=v.device))
-    outs = []
-    for r, (row, prev) in enumerate(zip(plan.rows.tolist(), parents(plan))):
-        s, e = int(plan.cu_seqlens[r]), int(plan.cu_seqlens[r + 1])
-        pending = states.pending(module.layer_idx, row, int(plan.pending_lens[r]))  # [P, *state] or None
-        if pending is None and plan.row_mask(r, "cpu") is None:  # a causal chunk: vanilla's prefill rule
-            out, last = rules.torch_chunk_gated_delta_rule(
-                q[s:e][None], k[s:e][None], v[s:e][None], g=g[s:e][None], beta=beta[s:e][None],
-                initial_state=committed[r][None], output_final_state=True, use_qk_l2norm_in_kernel=True,
-            )  # fmt: skip
-            states.stage(module.layer_idx, row, e - s, last)
-            outs.append(out[0])
-            continue
-        out, new = _tree_recurrence(rules, [x[s:e] for x in (q, k, v, g, beta)], prev, committed[r], pending)
-        states.stage(module.layer_idx, row, e - s, new)
-        outs.append(out)
-    core = torch.cat(outs)  # [N, H_v, d_v]
+    rule = dict(use_qk_l2norm_in_kernel=True, output_final_state=True)
+
+    def chunk(s: int, e: int, initial: torch.Tensor):  # vanilla's prefill rule over tokens s:e
+        out, last = rules.torch_chunk_gated_delta_rule(
+            q[None, s:e], k[None, s:e], v[None, s:e], g=g[None, s:e], beta=beta[None, s:e],
+            initial_state=initial[None], **rule,
+        )  # fmt: skip
+        return out[0], last[0]
+
+    def token(i: int, start: torch.Tensor):  # vanilla's decode rule for token i
+        out, state = rules.torch_recurrent_gated_delta_rule(
+            q[None, i : i + 1], k[None, i : i + 1], v[None, i : i + 1], g=g[None, i : i + 1],
+            beta=beta[None, i : i + 1], initial_state=start[None], **rule,
+        )  # fmt: skip
+        return out[0, 0], state[0]
+
+    zero = torch.zeros(v.shape[1], module.head_k_dim, module.head_v_dim, dtype=torch.float32, device=v.device)
+    core = recurrent_outputs(plan, module.layer_idx, zero, chunk, token)  # [N, H_v, d_v]
     core = module.norm(core.reshape(-1, module.head_v_dim), z.reshape(-1, module.head_v_dim))
     return module.out_proj(core.reshape(1, core.shape[0] // v.shape[1], -1))  # [1, N, H]
 
 
-def _tree_recurrence(rules, qkvgb: list[torch.Tensor], prev: np.ndarray, committed, pending):
-    """Vanilla's one-token rule per node, from its predecessor's state: ``(out [n, H_v, d_v], states [n, *state])``."""
-    q, k, v, g, beta = qkvgb
-    n = q.shape[0]
-    offset = 0 if pending is None else pending.shape[0]
-    new: list[torch.Tensor] = []
-    outs = []
-    for i in range(n):
-        p = int(prev[i])
-        start = committed if p < 0 else pending[p] if p < offset else new[p - offset]
-        out, state = rules.torch_recurrent_gated_delta_rule(
-            q[i : i + 1][None], k[i : i + 1][None], v[i : i + 1][None], g=g[i : i + 1][None],
-            beta=beta[i : i + 1][None], initial_state=start[None], output_final_state=True,
-            use_qk_l2norm_in_kernel=True,
-        )  # fmt: skip
-        outs.append(out[0, 0])
-        new.append(state[0])
-    return torch.stack(outs), torch.stack(new)
-
-
 def install_for(model: torch.nn.Module, active_plan) -> None:
-    """Serve ``model``'s gated delta nets on trees inside planned forwards (`short_conv.wrap_layer_classes`)."""
+    """Serve ``model``'s recurrent layers on trees inside planned forwards (`short_conv.wrap_layer_classes`): its gated
+    delta nets, and its Mamba-2 mixers (``mamba.py``)."""
     wrap_layer_classes(model, active_plan, is_gated_delta, tree_gated_delta)
+    mamba.install_for(model, active_plan)

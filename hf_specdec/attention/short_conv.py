@@ -9,6 +9,10 @@ never see each other. The accepted path's inputs become the state when the cache
 Like attention, the layer is switched per call and per thread: `install_for` wraps the ``forward`` of the model's
 short-convolution classes once, and the wrapper serves the active plan inside planned forwards only; everywhere else
 the original runs unchanged.
+
+What every stateful layer served on trees shares lives here: the path windows (`window_index`, `path_windows`), each
+token's predecessor along its path (`parents`), the recurrence driver that gives each token its predecessor's state
+(`recurrent_outputs`: ``gated_delta.py``, ``mamba.py``) and the class wrapper (`wrap_layer_classes`).
 """
 
 from __future__ import annotations
@@ -98,6 +102,62 @@ def tree_short_conv(module: torch.nn.Module, hidden_states: torch.Tensor, plan: 
     inputs = gate_b * x  # [N, C] what vanilla convolves
     out = depthwise(module.conv, path_windows(module.layer_idx, plan, inputs, module.conv_kernel_size - 1))
     return module.out_proj((gate_c * out)[None])  # [1, N, H]
+
+
+def parents(plan: AttentionPlan) -> list[np.ndarray]:
+    """Per row, each new token's predecessor as an index into the row's ``[pending ; new]`` tokens, -1 for the
+    row's committed text (built from the same masks as the convolution windows)."""
+    prev = window_index(plan, 1)[:, 0].cpu().numpy()  # [N] source index of the input one step back
+    base = plan.num_rows
+    tails = np.cumsum(np.concatenate([[0], plan.pending_lens + np.diff(plan.cu_seqlens)]))
+    out = []
+    for b in range(plan.num_rows):
+        mine = prev[plan.cu_seqlens[b] : plan.cu_seqlens[b + 1]]
+        out.append(np.where(mine >= base, mine - base - tails[b], -1))
+    return out
+
+
+def recurrent_outputs(plan: AttentionPlan, layer: int, zero: torch.Tensor, chunk_rule, token_rule) -> torch.Tensor:
+    """`[N, ...]` a recurrent layer's outputs for the plan's packed tokens, its states staged in
+    ``plan.cache.recurrent_states`` (shared by the recurrent layers served on trees: ``gated_delta.py``, ``mamba.py``).
+
+    Args:
+        plan: the forward's plan.
+        layer: the layer's index (its states' key in the cache).
+        zero: `[*state]` a row's state before its first token (shape, dtype and device of every state).
+        chunk_rule: ``(s, e, initial [*state]) -> (out [e - s, ...], last [*state])``, the layer's own prefill rule
+            over the causal chunk of packed tokens ``s:e`` from ``initial``.
+        token_rule: ``(i, start [*state]) -> (out [...], state [*state])``, the layer's own one-token rule for packed
+            token ``i`` from its predecessor's state ``start`` (which it must not write).
+    """
+    states = plan.cache.recurrent_states
+    committed = states.committed(layer, plan.rows, zero)  # [B, *state]
+    outs = []
+    for r, (row, prev) in enumerate(zip(plan.rows.tolist(), parents(plan))):
+        s, e = int(plan.cu_seqlens[r]), int(plan.cu_seqlens[r + 1])
+        pending = states.pending(layer, row, int(plan.pending_lens[r]))  # [P, *state] or None
+        if pending is None and plan.row_mask(r, "cpu") is None:  # a causal chunk: vanilla's prefill rule
+            out, last = chunk_rule(s, e, committed[r])
+            states.stage(layer, row, e - s, last[None])
+        else:
+            out, new = _tree_recurrence(token_rule, s, prev, committed[r], pending)
+            states.stage(layer, row, e - s, new)
+        outs.append(out)
+    return torch.cat(outs)
+
+
+def _tree_recurrence(token_rule, s: int, prev: np.ndarray, committed: torch.Tensor, pending: torch.Tensor | None):
+    """The one-token rule per node of a row (packed tokens from ``s``), each from its predecessor's state (``prev``:
+    `parents`): ``(out [n, ...], states [n, *state])``."""
+    offset = 0 if pending is None else pending.shape[0]
+    new: list[torch.Tensor] = []
+    outs = []
+    for i, p in enumerate(prev.tolist()):
+        start = committed if p < 0 else pending[p] if p < offset else new[p - offset]
+        out, state = token_rule(s + i, start)
+        outs.append(out)
+        new.append(state)
+    return torch.stack(outs), torch.stack(new)
 
 
 def wrap_layer_classes(model: torch.nn.Module, active_plan, is_layer, tree_forward) -> None:

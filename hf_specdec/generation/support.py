@@ -28,6 +28,7 @@ from collections import Counter
 import torch
 
 from ..attention.gated_delta import is_gated_delta
+from ..attention.mamba import is_mamba2
 from ..attention.short_conv import is_short_conv
 from ..attention.unsupported import UnsupportedModelError
 
@@ -37,9 +38,10 @@ PAGED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 STATELESS_LAYER_TYPES = frozenset({"mlp", "moe"})
 # what a kind of layer keeps, for the refusal
 _STATE_OF = {
-    "linear_attention": "a recurrent state (Mamba / gated delta net / linear attention)",
+    "linear_attention": "a recurrent state (Mamba / gated delta net / linear attention) in modules other than the "
+    "gated delta nets and Mamba-2 mixers served on trees",
     "conv": "a short-convolution state",
-    "hybrid": "a recurrent state beside its attention",
+    "hybrid": "a recurrent state beside its attention, in modules other than the Mamba-2 mixers served on trees",
     "hybrid_sliding": "a recurrent state beside its attention",
     "chunked_attention": "chunked attention without a chunk size in the config",
     "indexed_attention": "a sparse-attention indexer over its own key cache",
@@ -81,8 +83,7 @@ def check_config(model) -> None:
         paged = paged | {"chunked_attention"}
     if "conv" in kinds and any(is_short_conv(m) for m in model.modules()):  # attention/short_conv.py
         paged = paged | {"conv"}
-    if kinds.count("linear_attention") == sum(is_gated_delta(m) for m in model.modules()) > 0:  # gated_delta.py
-        paged = paged | {"linear_attention"}
+    paged = paged | _recurrent_kinds_served(model, kinds)
     other = [k for k in dict.fromkeys(kinds) if k not in paged]
     if other:
         layers = {k: [i for i, x in enumerate(kinds) if x == k] for k in other}
@@ -92,6 +93,18 @@ def check_config(model) -> None:
                 f"its {k!r} layers {layers[k][:6]} keep {_STATE_OF.get(k, 'a state of their own')}" for k in other
             ),
         )
+
+
+def _recurrent_kinds_served(model, kinds: list[str]) -> set[str]:
+    """The kinds among ``linear_attention`` (a recurrent layer) and ``hybrid`` (a recurrent layer beside attention)
+    whose every layer has a recurrent module served on trees with its index: a gated delta net
+    (``attention/gated_delta.py``) or a Mamba-2 mixer (``attention/mamba.py``)."""
+    served = {m.layer_idx for m in model.modules() if is_gated_delta(m) or is_mamba2(m)}
+    return {
+        kind
+        for kind in ("linear_attention", "hybrid")
+        if kind in kinds and {i for i, k in enumerate(kinds) if k == kind} <= served
+    }
 
 
 @functools.cache
@@ -153,7 +166,8 @@ def check_forward(
     if stateful:
         more = ", ..." if len(stateful) > 3 else ""
         raise refusal(model, f"its modules {', '.join(stateful[:3])}{more} keep a state of their own")
-    silent = sorted(set(range(num_layers)) - set(per_layer) - {m.layer_idx for m in state_modules})
+    silent = set(range(num_layers)) - set(per_layer) - {m.layer_idx for m in state_modules}
+    silent = sorted(silent - _stateless_layers(model))
     if silent:
         raise refusal(model, f"its layers {silent[:8]} ran no attention through hf_specdec in a forward")
 
@@ -198,13 +212,28 @@ def _unknown_stateful_modules(model, attention_modules: list[torch.nn.Module]) -
     callers = {id(m) for m in attention_modules}
     names = [name for name, m in model.named_modules() if id(m) in callers]
     parents = {name.rsplit(".", i)[0] for name in names for i in range(1, name.count(".") + 1)} | {""}
+    stateless = _stateless_layers(model)
     flagged = [
         (name, m)
         for name, m in model.named_modules()
         if id(m) not in callers and name not in parents and _takes_cache(type(m))
     ]
+    flagged = [  # a block of a layer the config declares stateless (Nemotron-H's mlp / moe blocks) passes
+        (n, m) for n, m in flagged if getattr(m, "layer_idx", None) not in stateless or _has_cache_taker(m)
+    ]
     inner = [(n, m) for n, m in flagged if not any(o.startswith(n + ".") for o, _ in flagged)]
     return [f"{n} ({type(m).__name__})" for n, m in inner]
+
+
+def _stateless_layers(model) -> set[int]:
+    """Indices of the layers whose config type (``mlp`` / ``moe``) keeps no state between forwards."""
+    kinds = getattr(_text_config(model), "layer_types", None) or []
+    return {i for i, k in enumerate(kinds) if k in STATELESS_LAYER_TYPES}
+
+
+def _has_cache_taker(module: torch.nn.Module) -> bool:
+    """Whether a module below ``module`` takes a cache argument."""
+    return any(_takes_cache(type(m)) for m in module.modules() if m is not module)
 
 
 def unclear_failure(model, exc: Exception) -> UnsupportedModelError:

@@ -26,7 +26,7 @@ from hf_specdec.testing import (
     sample_first_tokens,
 )
 
-HYBRIDS = ["lfm2", "lfm2_moe", "lfm3", "qwen3_next", "qwen3_5_text"]
+HYBRIDS = ["lfm2", "lfm2_moe", "lfm3", "qwen3_next", "qwen3_5_text", "bamba", "granitemoehybrid", "falcon_h1", "nemotron_h", "zamba2"]
 
 
 def _vanilla_last_logits(model, tokens: list[int]) -> torch.Tensor:
