@@ -16,13 +16,15 @@ import logging
 import os
 import platform
 import threading
+import time
 
 import gradio as gr
 import torch
 
 from ..assistants import available_assistants, describe_assistant
+from ..models import DEFAULT_MODEL_NAME
 from .bench_tab import MAX_PER_CATEGORY, MAX_REPEATS, bench_categories, run_category
-from .compare import MAX_NEW_TOKENS, Request, View, compare, warm_up
+from .compare import MAX_NEW_TOKENS, MAX_RUNS, Request, View, compare, warm_up
 from .options import DEFAULT_CONCURRENCY
 from .render import CSS, LEGEND
 
@@ -47,12 +49,51 @@ target model verifying several drafted tokens per forward pass.
 
 **Model:** {model} · **hardware:** {hardware} · **docs:** {docs}"""
 
-ASSISTANT_ADVICE = (
-    "**Which assistant?** `ngram` copies from the prompt (no weights): best when the answer repeats the input "
-    "(rewrite, summarise, answer from a passage). The heads (`medusa`, `eagle`, `mlp_speculator`) were trained on "
-    "this model's own answers and guess its next words in open answers. `ngram+…` tries prompt lookup first, then the "
-    "head: usually the fastest overall."
+# what each building block of an assistant's name is; `assistant_guide` composes an entry for every name the dropdown
+# offers from these (a name with an unknown part is described by `describe_assistant`)
+PARTS = {
+    "ngram": ("prompt lookup", "copies what follows an earlier occurrence of the last words in the prompt (no "
+              "weights): fast where the answer repeats the input (rewrite, summarise, answer from a passage)"),
+    "suffix": ("suffix decoding", "copies from the prompt and from earlier answers of the same assistant (no "
+               "weights): fast on repetitive, templated or agentic text"),
+    "medusa": ("the Medusa heads", "extra heads trained on this model's own answers guess the next few tokens: "
+               "for open answers with nothing to copy"),
+    "eagle": ("the EAGLE head", "a small draft layer on the model's features, trained on its own answers, grows a "
+              "tree of guesses: for open answers with nothing to copy"),
+    "mlp_speculator": ("the MLP speculator", "a small network trained on this model's own answers guesses the next "
+                       "tokens: for open answers with nothing to copy"),
+}  # fmt: skip
+
+BOUND_HELP = (
+    "**How to read the figures.** τ = tokens produced per verification step (1 + accepted drafted tokens per "
+    "step). A verify step runs the target once over the cache, so it costs at least one vanilla decode step: the "
+    "speedup can be at most τ × (vanilla step time / speculative step time) ≤ τ. From what is measured (the tokens "
+    "each side produced, vanilla's decode steps D and the speculative steps S) the page bounds it by "
+    "(tokens_spec / tokens_vanilla) × max(1, D / S), which is τ for greedy output. A speedup above its bound is "
+    "shown with ⚠️: a timing was disturbed, not a gain. Timings on a shared CPU vary by 10-20% from run to run: "
+    "**Timed runs** repeats both sides, interleaved, and shows the spread."
 )
+
+
+def _entry(name: str) -> str:
+    parts = name.split("+")
+    if not all(p in PARTS for p in parts):
+        return f"- `{name}`: {describe_assistant(name)}"
+    if len(parts) == 1:
+        return f"- `{name}`: {PARTS[name][0]}: {PARTS[name][1]}"
+    chain = ", else ".join(PARTS[p][0] for p in parts)
+    return f"- `{name}`: {chain} (each where the one before finds nothing to propose): copying and open answers"
+
+
+def assistant_guide(names: list[str]) -> str:
+    """The "Which assistant?" help: one line for every entry of the dropdown (``names``), then how to read τ, the
+    speedup and its bound."""
+    return "\n".join(["**Which assistant?** Every entry of the menu:", *map(_entry, names), "", BOUND_HELP])
+
+
+def _say(line: str) -> None:
+    """A startup progress line on stdout (the server is otherwise silent while it loads and warms up)."""
+    print(f"hf-specdec demo: {line}" if not line.startswith("  ") else line, flush=True)
 
 
 def docs_link() -> str:
@@ -128,7 +169,7 @@ class DemoServer:
             for event in self._cancels.get(key, ()):
                 event.set()
 
-    def compare(self, prompt, more_prompts, method, do_sample, temperature, top_p, seed, max_new_tokens,
+    def compare(self, prompt, more_prompts, method, do_sample, temperature, top_p, seed, max_new_tokens, runs=1,
                 request: gr.Request = None):  # fmt: skip
         """The Compare tab's handler: yields (vanilla HTML, speculative HTML, summary, chart, details). A bad input
         or a failed run ends with its message in the summary (and ``{"error": ...}`` as details)."""
@@ -138,7 +179,7 @@ class DemoServer:
             extra = tuple(p.strip() for p in (more_prompts or "").splitlines() if p.strip())
             req = Request(prompts=((prompt or "").strip(), *extra), method=method, do_sample=bool(do_sample),
                           temperature=float(temperature), top_p=float(top_p), seed=int(seed or 0),
-                          max_new_tokens=int(max_new_tokens))  # fmt: skip
+                          max_new_tokens=int(max_new_tokens), runs=int(runs or 1))  # fmt: skip
             if req.method not in self.assistants:
                 raise ValueError(
                     f"assistant {req.method!r} is not offered here; choose one of {', '.join(self.assistants)}"
@@ -171,9 +212,8 @@ class DemoServer:
 
 
 def _assistant_help(name: str | None) -> str:
-    """The advice under the Assistant menu, with what the chosen one is."""
-    chosen = f"\n\n`{name}`: {describe_assistant(name)}." if name else ""
-    return ASSISTANT_ADVICE + chosen
+    """What the chosen assistant is (under the menu; every entry is in the "Which assistant?" guide below it)."""
+    return f"`{name}`: {describe_assistant(name)}." if name else ""
 
 
 def _sampling_controls(do_sample: bool) -> tuple:
@@ -183,7 +223,7 @@ def _sampling_controls(do_sample: bool) -> tuple:
 
 def _compare_tab(server: DemoServer, concurrency: int) -> None:
     methods = server.assistants
-    with gr.Row():
+    with gr.Row(elem_classes="hfsd-stack"):
         with gr.Column(scale=3):
             prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=3, elem_id="prompt")
             more = gr.Textbox(
@@ -195,10 +235,14 @@ def _compare_tab(server: DemoServer, concurrency: int) -> None:
         with gr.Column(scale=2):
             method = gr.Dropdown(methods, value=methods[0] if methods else None, label="Assistant", elem_id="method")
             advice = gr.Markdown(_assistant_help(methods[0] if methods else None), elem_id="assistant-help")
+            with gr.Accordion("Which assistant? How to read the figures", open=False, elem_id="assistant-guide-box"):
+                gr.Markdown(assistant_guide(methods), elem_id="assistant-guide")
             max_new = gr.Slider(8, MAX_NEW_TOKENS, value=DEFAULT_NEW_TOKENS, step=8, label="Max new tokens",
                                 elem_id="max-new-tokens")  # fmt: skip
+            runs = gr.Slider(1, MAX_RUNS, value=1, step=1, elem_id="timed-runs",
+                             label="Timed runs of each side (interleaved; more: the spread, i.e. the noise)")  # fmt: skip
             do_sample = gr.Checkbox(label="Sample (unticked: greedy)", value=False, elem_id="do-sample")
-            with gr.Row():  # greyed out (hfsd-sampling) and not editable in greedy mode
+            with gr.Row(elem_classes="hfsd-stack"):  # greyed out (hfsd-sampling) and not editable in greedy mode
                 sampling = {"interactive": False, "elem_classes": "hfsd-sampling"}
                 temperature = gr.Slider(0.05, 2.0, value=0.7, step=0.05, label="Temperature", elem_id="temperature",
                                         **sampling)  # fmt: skip
@@ -211,17 +255,17 @@ def _compare_tab(server: DemoServer, concurrency: int) -> None:
         run = gr.Button("Generate", variant="primary", elem_id="generate")
         stop = gr.Button("Stop", variant="stop", elem_id="stop")
     gr.HTML(LEGEND)
-    with gr.Row(equal_height=True):
+    with gr.Row(equal_height=True, elem_classes="hfsd-stack", elem_id="panes"):  # stacked on a phone (render.CSS)
         vanilla = gr.HTML(elem_id="vanilla-pane")
         speculative = gr.HTML(elem_id="speculative-pane")
-    with gr.Row():
+    with gr.Row(elem_classes="hfsd-stack"):
         summary = gr.Markdown(elem_id="summary")
         depth = gr.Plot(show_label=False, elem_id="depth")  # the figure carries its title
     with gr.Accordion("Details (JSON)", open=False):
         details = gr.JSON(elem_id="details")
     run.click(
         server.compare,
-        inputs=[prompt, more, method, do_sample, temperature, top_p, seed, max_new],
+        inputs=[prompt, more, method, do_sample, temperature, top_p, seed, max_new, runs],
         outputs=[vanilla, speculative, summary, depth, details],
         api_name="compare",
         concurrency_limit=concurrency,
@@ -236,17 +280,18 @@ def _bench_tab(server: DemoServer) -> None:
     categories = bench_categories()
     methods = server.assistants
     gr.Markdown(
-        "Runs `hf_specdec.bench` (greedy, batch 1) on a few questions of one Spec-Bench category: every method "
-        "against vanilla `generate` on the same prompts. It shares the machine with the Compare tab, so run one at "
-        "a time for meaningful timings; `hf-specdec bench --full` is the careful measurement."
+        "A few questions of one Spec-Bench category (greedy, batch 1): every method against vanilla `generate` on "
+        "the same prompts, after an untimed warm-up, vanilla and the methods taking turns on each question. It "
+        "shares the machine with the Compare tab, so run one at a time for meaningful timings; "
+        "`hf-specdec bench --full` is the careful measurement."
     )
-    with gr.Row():
+    with gr.Row(elem_classes="hfsd-stack"):
         category = gr.Dropdown(categories, value=categories[0], label="Spec-Bench category", elem_id="bench-category")
         chosen = gr.CheckboxGroup(methods, value=methods, label="Methods", elem_id="bench-methods")
-    with gr.Row():
+    with gr.Row(elem_classes="hfsd-stack"):
         per_category = gr.Slider(1, MAX_PER_CATEGORY, value=2, step=1, label="Questions", elem_id="bench-questions")
         max_new = gr.Slider(16, 256, value=64, step=16, label="Max new tokens", elem_id="bench-max-new-tokens")
-        repeats = gr.Slider(1, MAX_REPEATS, value=1, step=1, label="Timed runs per method (fastest kept)",
+        repeats = gr.Slider(1, MAX_REPEATS, value=1, step=1, label="Timed runs per method (interleaved)",
                             elem_id="bench-repeats")  # fmt: skip
     with gr.Row():
         run = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
@@ -287,10 +332,16 @@ def build_app(model=None, tokenizer=None, concurrency: int = DEFAULT_CONCURRENCY
     if (model is None) != (tokenizer is None):
         raise ValueError("pass both model and tokenizer, or neither (the default model)")
     if model is None:
+        t0 = time.perf_counter()
+        _say(f"loading the default model ({DEFAULT_MODEL_NAME}; the first start converts its GGUF file, ~30 s)…")
         model, tokenizer = hf_specdec.load_default_model()
+        _say(f"  model loaded in {time.perf_counter() - t0:.1f} s")
     assistants = ["ngram"] if own_model else available_assistants()
     if warmup:
-        warm_up(model, tokenizer, assistants)
+        t0 = time.perf_counter()
+        _say(f"warming up vanilla and {len(assistants)} assistant(s), one short call each (loads the heads)…")
+        warm_up(model, tokenizer, assistants, report=_say)
+        _say(f"  warm-up done in {time.perf_counter() - t0:.1f} s; building the page…")
     server = DemoServer(model, tokenizer, parallel=parallel, assistants=assistants)
     with gr.Blocks(title="hf-specdec demo", analytics_enabled=False) as app:
         gr.Markdown(INTRO.format(model=model_name(model), hardware=hardware_line(model), docs=docs_link()),

@@ -11,6 +11,7 @@ the demo starts, so the rest of the command line works without the ``demo`` extr
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Sequence
 
 from ..cli_args import (
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     check_model_argument(args.model)
     check_device_argument(args.device)
+    print("hf-specdec demo: starting (importing gradio)…", flush=True)
     try:
         import gradio  # noqa: F401
     except ModuleNotFoundError as exc:
@@ -78,7 +80,10 @@ def run(args: argparse.Namespace) -> int:
 
     model = tokenizer = None
     if args.model is not None or args.device is not None:
+        t0 = time.perf_counter()
+        print(f"hf-specdec demo: loading {args.model or 'the default model'}…", flush=True)
         model, tokenizer, _name = load_model_argument(args.model, args.device)
+        print(f"  model loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     launch(
         args.host,
         args.port,

@@ -19,10 +19,12 @@ from transformers.generation import StoppingCriteriaList
 from ..assistants import available_assistants, load_default_assistant
 from ..bench.spec_bench import left_pad
 from ..models import chat_prompt_ids
-from .render import depth_chart, origin_counts, pane, speed_line
+from .bounds import Pair, Spread, above, speedup_bound
+from .render import FLAG, depth_chart, origin_counts, pane, speed_line, speedup_text, spread_text
 from .streaming import CancelCriteria, IncrementalText, Progress, follow_generate, mark_origins
 
 MAX_NEW_TOKENS = 1024
+MAX_RUNS = 5  # timed runs of each side (the first streamed, the others interleaved without streaming)
 REFRESH_S = 0.1  # at most ten page updates a second per pane
 
 
@@ -37,6 +39,7 @@ class Request:
     top_p: float = 0.9
     seed: int = 0
     max_new_tokens: int = 128
+    runs: int = 1
 
     def check(self) -> None:
         """Raise ValueError naming the field, the value and what is expected."""
@@ -51,6 +54,8 @@ class Request:
             raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature} (untick sampling)")
         if self.do_sample and not 0 < self.top_p <= 1:
             raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not 1 <= int(self.runs) <= MAX_RUNS:
+            raise ValueError(f"timed runs must be between 1 and {MAX_RUNS}, got {self.runs}")
 
     def generate_kwargs(self) -> dict:
         """The generate() options both calls share."""
@@ -102,7 +107,8 @@ def _head(progress: Progress, extra: str = "", stopped: bool = False) -> str:
 
 
 def compare_one(model, tokenizer, req: Request, cancel: threading.Event, lock=None) -> Iterator[View]:
-    """Stream vanilla then speculative generation of ``req.prompts[0]``; yields the page after each update."""
+    """Stream vanilla then speculative generation of ``req.prompts[0]``, then the further timed runs
+    (``req.runs``); yields the page after each update."""
     ids = chat_prompt_ids(tokenizer, req.prompts[0]).to(model.device)  # [1, W]
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     kwargs = req.generate_kwargs()
@@ -116,12 +122,8 @@ def compare_one(model, tokenizer, req: Request, cancel: threading.Event, lock=No
     if cancel.is_set():  # stopped during the vanilla run: keep what it wrote, do not start the speculative one
         view.speculative_html = pane(f"speculative · {req.method}", "not started (stopped)", [], elem_class="hfsd-spec")
         view.summary = stopped_markdown(len(van.tokens), None)
-        view.details = {
-            "method": req.method,
-            "cancelled": True,
-            "vanilla": _side(van, vanilla_text),
-            "speculative": None,
-        }
+        view.details = {"method": req.method, "cancelled": True, "vanilla": _side(van, vanilla_text),
+                        "speculative": None}  # fmt: skip
         yield view
         return
     view.summary = f"Running speculative decoding with `{req.method}`…"
@@ -135,23 +137,57 @@ def compare_one(model, tokenizer, req: Request, cancel: threading.Event, lock=No
         yield view
     if stats is None:
         raise RuntimeError("the speculative call returned no spec_stats (expected with return_dict_in_generate)")
-    speedup = spec.tokens_per_s / van.tokens_per_s if van.tokens_per_s else None
+    runs = {"vanilla": [(len(van.tokens), van.elapsed)], "speculative": [(len(spec.tokens), spec.elapsed)]}
+    yield from _more_runs(model, inputs, kwargs, req, cancel, lock, runs, view)
+    spec_side = _side(spec, "".join(pieces), {"drafted_tokens_emitted": drafted, "own_tokens_emitted": own,
+                                              **stats.to_dict()})  # fmt: skip
     view.details = {
         "method": req.method,
         "do_sample": req.do_sample,
-        "speedup": speedup,
+        "seed": req.seed,
         "identical_to_vanilla": None if cancel.is_set() else spec.tokens == van.tokens,
         "cancelled": cancel.is_set(),
+        **_timing(runs, Pair(van.elapsed, len(van.tokens), len(van.tokens) - 1, len(spec.tokens), stats.steps)),
         "vanilla": _side(van, vanilla_text),
-        "speculative": _side(
-            spec,
-            "".join(pieces),
-            {"drafted_tokens_emitted": drafted, "own_tokens_emitted": own, **stats.to_dict()},
-        ),
+        "speculative": spec_side,
     }
     view.summary = summary_markdown(view.details)
     view.depth_figure = depth_chart(stats.per_depth_acceptance)
     yield view
+
+
+def _more_runs(model, inputs: dict, kwargs: dict, req: Request, cancel, lock, runs: dict, view: View):
+    """Runs 2 .. ``req.runs`` of both sides, without streaming, interleaved (the side that goes first alternates);
+    each finished call's (tokens, seconds) is appended to ``runs``; a call cut short by Stop is not."""
+    for r in range(1, int(req.runs)):
+        for name in ("speculative", "vanilla") if r % 2 else ("vanilla", "speculative"):
+            if cancel.is_set():
+                return
+            view.summary = f"Timed run {r + 1}/{req.runs}: {name}…"
+            yield view
+            extra = {"assistant": load_default_assistant(req.method)} if name == "speculative" else {}
+            criteria = StoppingCriteriaList([CancelCriteria(cancel)])
+            with lock if lock is not None else contextlib.nullcontext():
+                torch.manual_seed(req.seed)
+                t0 = time.perf_counter()
+                out = model.generate(**inputs, **kwargs, **extra, stopping_criteria=criteria)
+                seconds = time.perf_counter() - t0
+            if not cancel.is_set():
+                runs[name].append((out.sequences.shape[1] - inputs["input_ids"].shape[1], seconds))
+
+
+def _timing(runs: dict, pair: Pair | None) -> dict:
+    """The speedup over the fastest run of each side, the per-run speedups (runs where both sides finished), the
+    tokens/s of every run and the bound (`bounds.speedup_bound`; None for a batch)."""
+    rates = {name: [n / s if s > 0 else 0.0 for n, s in pairs] for name, pairs in runs.items()}
+    van, spec = rates["vanilla"], rates["speculative"]
+    per_run = [s / v for v, s in zip(van, spec) if v > 0]
+    return {
+        "speedup": max(spec) / max(van) if max(van) > 0 else None,
+        "speedup_per_run": per_run,
+        "bound": speedup_bound([pair]) if pair is not None else None,
+        "tokens_per_s_per_run": rates,
+    }
 
 
 def stopped_markdown(vanilla_tokens: int, speculative_tokens: int | None) -> str:
@@ -163,43 +199,78 @@ def stopped_markdown(vanilla_tokens: int, speculative_tokens: int | None) -> str
 
 
 def summary_markdown(details: dict) -> str:
-    """The verdict under the panes: speedup, τ, acceptance and whether the output equals vanilla's."""
+    """The verdict under the panes: speedup with its bound and noise, τ, acceptance and whether the output equals
+    vanilla's (greedy) or what equal or different samples mean (sampling)."""
     spec = details["speculative"]
-    speedup = details["speedup"]
-    lines = [
-        f"### Speedup: **{speedup:.2f}×** ({spec['tokens_per_s']:.1f} vs {details['vanilla']['tokens_per_s']:.1f} "
-        "tokens/s)"
-        if speedup
-        else "### Speedup: n/a",
+    lines = _speed_lines(details)
+    lines.append(
         f"- **τ = {spec['tau']:.2f}** tokens per target forward ({spec['steps']} verification steps); "
-        f"acceptance rate {spec['acceptance_rate']:.2f} of {spec['drafted_tokens']} drafted tokens",
-    ]
+        f"acceptance rate {spec['acceptance_rate']:.2f} of {spec['drafted_tokens']} drafted tokens"
+    )
     if "drafted_tokens_emitted" in spec:
         lines.append(
             f"- {spec['drafted_tokens_emitted']} of {spec['new_tokens']} output tokens were accepted draft tokens"
         )
     if details["cancelled"]:
-        lines[0] = "### Stopped" + (f" · speedup so far **{speedup:.2f}×**" if speedup else "")
+        so_far = f" · speedup so far **{speedup_text(details['speedup'], details['bound'])}**"
+        lines[0] = "### Stopped" + (so_far if details["speedup"] else "")
         lines.append(
             "- Stopped by the user during the speculative run: both outputs are kept as far as they got (the "
             "speculative one is shorter), so they are not compared"
         )
-    elif not details["do_sample"]:
-        if details["identical_to_vanilla"]:
-            lines.append("- Greedy: the output is **token-for-token identical** to vanilla `generate` ✓")
-        else:
-            lines.append("- Greedy: the output **differs** from vanilla `generate` ✗ (please report this)")
-    elif details["identical_to_vanilla"]:
-        lines.append(
-            "- Sampling: both runs drew the same text (the distribution is peaked here); each token is drawn from "
-            "the target's own distribution, so a different text would be as correct"
-        )
     else:
-        lines.append(
-            "- Sampling: the texts differ, as two samples do: each run draws its own random tokens (speculative "
-            "decoding uses the random numbers differently), and every token is drawn from the target's distribution"
-        )
+        lines.append(_identity_line(details))
     return "\n".join(lines)
+
+
+def _speed_lines(details: dict) -> list[str]:
+    """The speedup (over the fastest run of each side) with its bound, a flag when above it, and its noise."""
+    speedup, bound = details["speedup"], details.get("bound")
+    rates = details["tokens_per_s_per_run"]
+    if speedup is None:
+        return ["### Speedup: n/a"]
+    n = min(len(rates["vanilla"]), len(rates["speculative"]))
+    runs = "one run each" if n == 1 else f"fastest of {n} runs each"
+    lines = [f"### Speedup: **{speedup_text(speedup, bound)}** ({max(rates['speculative']):.1f} vs "
+             f"{max(rates['vanilla']):.1f} tokens/s, {runs})"]  # fmt: skip
+    if bound is None:
+        lines.append("- Bound: none for a batch (its rows finish after different numbers of steps)")
+    else:
+        lines.append(f"- Bound: drafting can give at most **{bound:.2f}×** here: a verify step runs the target once, "
+                     "so it costs at least one vanilla decode step, and speedup ≤ τ (greedy)")  # fmt: skip
+    if above(speedup, bound):
+        lines.append(f"- {FLAG}: this figure is not a gain from drafting; a timing was disturbed (a busy machine, "
+                     "a cold cache). Run it again or raise **Timed runs**")  # fmt: skip
+    spread = Spread.of(details["speedup_per_run"])
+    if spread is not None and spread.n > 1:
+        lines.append(f"- Noise: per-run speedups {spread_text(spread, bound)}; differences inside it are noise")
+    else:
+        lines.append("- Noise: one run each, so the run-to-run noise is not measured: on a CPU shared with other "
+                     "work two runs of one call often differ by 10-20%, and a figure that close to 1.00× is neither "
+                     "a gain nor a loss. Raise **Timed runs** to see the spread")  # fmt: skip
+    if speedup < 1 and not above(speedup, bound):
+        lines.append(f"- Slower than vanilla here: a verify step costs more than a vanilla step (drafting, a wider "
+                     f"forward) and τ = {details['speculative']['tau']:.2f} did not pay for it on this prompt, or "
+                     "the gap is noise (above)")  # fmt: skip
+    return lines
+
+
+def _identity_line(details: dict) -> str:
+    """Greedy: whether the output is vanilla's. Sampling: what equal or different texts mean, truthfully."""
+    if not details["do_sample"]:
+        if details["identical_to_vanilla"]:
+            return "- Greedy: the output is **token-for-token identical** to vanilla `generate` ✓"
+        return "- Greedy: the output **differs** from vanilla `generate` ✗ (please report this)"
+    seed = details.get("seed", 0)
+    if details["identical_to_vanilla"]:
+        return (f"- Sampling (seed {seed}): both runs drew the same text. Both calls start torch's random stream "
+                "from the same seed, so where they draw their tokens the same way they read the same random numbers "
+                "and pick the same tokens: equal texts are one sample drawn twice, not a sign of anything about the "
+                "distribution. Every token is drawn from the target's distribution; another seed gives another "
+                "sample")  # fmt: skip
+    return (f"- Sampling (seed {seed}): the texts differ, as two samples may. Both calls start from the same seed, "
+            "but speculative decoding reads extra random numbers to test drafted tokens, so from then on the two "
+            "draw different samples of the same distribution (the target's)")  # fmt: skip
 
 
 def compare_batch(model, tokenizer, req: Request, cancel: threading.Event, lock=None) -> Iterator[View]:
@@ -265,12 +336,12 @@ def _batch_details(req: Request, outs: dict, width: int, tokenizer, pad: int, ca
             side.update(stats.to_dict())
         sides[name] = side
     van, spec = outs["vanilla"][0].sequences, outs["speculative"][0].sequences
+    runs = {name: [(side["new_tokens"], side["seconds"])] for name, side in sides.items()}
     return {
         "method": req.method,
         "do_sample": req.do_sample,
-        "speedup": sides["speculative"]["tokens_per_s"] / sides["vanilla"]["tokens_per_s"]
-        if sides["vanilla"]["tokens_per_s"]
-        else None,
+        "seed": req.seed,
+        **_timing(runs, None),  # one run each; no bound for a batch
         "identical_to_vanilla": (van.shape == spec.shape and bool(torch.equal(van, spec)))
         if not cancel.is_set()
         else None,
@@ -296,12 +367,16 @@ def compare(model, tokenizer, req: Request, cancel: threading.Event | None = Non
     yield from run(model, tokenizer, req, cancel, lock)
 
 
-def warm_up(model, tokenizer, assistants: list[str] | None = None) -> None:
+def warm_up(model, tokenizer, assistants: list[str] | None = None, report=None) -> None:
     """One short greedy call of vanilla and of every ready-made assistant (or of ``assistants``): loads their heads
     and runs the one-time setup of the speculative path, so that the first user's tokens/s measure decoding, not
-    setup."""
+    setup. ``report`` (e.g. ``print``) gets one line per call, with its seconds."""
+    report = report or (lambda _line: None)
     ids = chat_prompt_ids(tokenizer, "Hello").to(model.device)  # [1, W]
     kwargs = {"attention_mask": torch.ones_like(ids), "max_new_tokens": 4, "do_sample": False}
-    model.generate(ids, **kwargs)
-    for name in available_assistants() if assistants is None else assistants:
-        model.generate(ids, assistant=load_default_assistant(name), **kwargs)
+    names = available_assistants() if assistants is None else assistants
+    for i, name in enumerate(["vanilla", *names], 1):
+        t0 = time.perf_counter()
+        extra = {} if name == "vanilla" else {"assistant": load_default_assistant(name)}
+        model.generate(ids, **kwargs, **extra)
+        report(f"  warm-up {i}/{len(names) + 1}: {name} ({time.perf_counter() - t0:.1f} s)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
+from .bounds import Spread, above
 from .streaming import DRAFTED
 
 CSS = """
@@ -15,12 +16,41 @@ CSS = """
 .hfsd-target {background: rgba(59, 130, 246, 0.18); border-radius: 3px; box-shadow: inset -1px 0 0 rgba(0,0,0,0.25);}
 .hfsd-legend span {padding: 1px 6px; margin-right: 8px;}
 .hfsd-sampling:has(input:disabled) {opacity: 0.45;}
+.hfsd-flag {color: #d97706; font-weight: 600;}
+#depth img, #bench-chart img {width: 100%; height: auto;}
+@media (max-width: 600px) {
+  .hfsd-stack {flex-direction: column !important; flex-wrap: nowrap !important;}
+  .hfsd-stack > * {width: 100% !important; min-width: 0 !important; max-width: 100% !important;}
+  .hfsd-pane {min-height: 80px;}
+  #depth, #bench-chart {width: 100% !important;}
+}
 """
 
 LEGEND = (
     '<div class="hfsd-legend"><span class="hfsd-drafted">accepted draft token</span>'
     '<span class="hfsd-target">the target\'s own token</span></div>'
 )
+
+
+FLAG = "⚠️ above its bound"  # follows every speedup shown above what τ and the measured steps allow (`bounds`)
+
+
+def speedup_text(value: float | None, bound: float | None) -> str:
+    """``"1.23×"``; a speedup above its bound (`bounds.speedup_bound`) is followed by `FLAG` and the bound, so the
+    page never shows an impossible figure without saying so."""
+    if value is None:
+        return "n/a"
+    text = f"{value:.2f}×"
+    return f"{text} {FLAG} {bound:.2f}×" if above(value, bound) else text
+
+
+def spread_text(spread: Spread | None, bound: float | None = None, unit: str = "×") -> str:
+    """``"1.10–1.31× (median 1.20×, 3 runs)"``, each end flagged like `speedup_text` when above ``bound``; "" for
+    fewer than two runs (one run measures no spread)."""
+    if spread is None or spread.n < 2:
+        return ""
+    ends = [f"{v:.2f}{unit}" + (f" {FLAG} {bound:.2f}×" if above(v, bound) else "") for v in (spread.low, spread.high)]
+    return f"{ends[0]} – {ends[1]} (median {spread.median:.2f}{unit}, {spread.n} runs)"
 
 
 def speed_line(tokens: int, seconds: float, done: bool, extra: str = "", stopped: bool = False) -> str:
@@ -62,7 +92,7 @@ def origin_counts(origins: Sequence[str]) -> tuple[int, int]:
 
 # Charts are drawn on a transparent background in a grey that reads on Gradio's light and dark themes alike.
 INK = "#8b95a5"
-GREEN, BLUE = "#22c55e", "#3b82f6"
+GREEN, BLUE, ORANGE, RED = "#22c55e", "#3b82f6", "#d97706", "#ef4444"
 
 
 def _pyplot():
@@ -110,24 +140,57 @@ def depth_chart(per_depth: Sequence[float]):
     return fig
 
 
-def bench_chart(summary: Sequence[dict], category: str):
-    """The speedup (total tokens / total time over vanilla's) and τ per method on one Spec-Bench category, as
-    horizontal bars (the method names stay readable however many there are).
+BENCH_COLUMNS = "| method | questions | tokens/s | speedup | spread over runs | τ | bound | acceptance | identical |"
+
+
+def bench_line(row: dict) -> str:
+    """One Markdown line of the Benchmark tab's table (`bench_tab.Board.rows`): the speedup and its spread are
+    flagged when above the bound."""
+    questions = f"{row['questions']}/{row['of']}"
+    if row["status"] != "done":
+        note = f"error: {str(row['error']).splitlines()[0][:90]}" if row["status"] == "error" else row["status"]
+        return f"| {row['method']} | {questions} | {note.replace('|', '/')} | | | | | | |"
+    rate = f"{row['tokens_per_s']:.1f}"
+    if row["method"] == "vanilla":
+        return f"| vanilla | {questions} | {rate} | 1.00× (baseline) | | | | | |"
+    bound = row["bound"]
+    cells = [row["method"], questions, rate, f"**{speedup_text(row['speedup'], bound)}**",
+             spread_text(row["spread"], bound) or "one run", f"{row['tau']:.2f}",
+             "n/a" if bound is None else f"{bound:.2f}×", f"{row['acceptance']:.2f}", row["identical"]]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+
+def bench_table(rows: Sequence[dict], category: str) -> str:
+    """The Benchmark tab's results: one line per method (vanilla first), on ``category``."""
+    align = "|---|---:|---:|---:|---|---:|---:|---:|---:|"
+    return "\n".join([f"**{category}**, greedy, batch 1", "", BENCH_COLUMNS, align, *map(bench_line, rows)])
+
+
+def bench_chart(rows: Sequence[dict], category: str):
+    """The speedup per method (bars, with the spread over runs as a whisker and the bound as a black tick; a bar
+    above its bound is orange, hatched and labelled) and τ, as horizontal bars in two panels one above the other
+    (readable on a phone's narrow screen as on a desktop).
 
     Args:
-        summary: `hf_specdec.bench.report.summarize` rows.
-        category: the category to plot.
+        rows: `bench_tab.Board.rows` (methods without a finished question are left out).
+        category: the chart's title.
     Returns:
         a matplotlib figure.
     """
     plt = _pyplot()
-    rows = [r for r in summary if r["category"] == category and r["method"] != "vanilla"][::-1]  # best-known on top
-    methods = [r["method"] for r in rows]
-    fig, (ax_s, ax_t) = plt.subplots(1, 2, figsize=(10, 0.9 + 0.45 * max(1, len(rows))), sharey=True)
-    ax_s.barh(methods, [r["speedup"] or 0.0 for r in rows], color=BLUE)
+    rows = [r for r in rows if r["status"] == "done" and r["method"] != "vanilla"][::-1]  # first chosen on top
+    names = [r["method"] for r in rows]
+    height = 1.2 + 0.42 * max(1, len(rows))
+    fig, (ax_s, ax_t) = plt.subplots(2, 1, figsize=(6.4, 2 * height), sharey=True)
+    flagged = [above(r["speedup"], r["bound"]) for r in rows]
+    bars = ax_s.barh(names, [r["speedup"] for r in rows], color=[ORANGE if f else BLUE for f in flagged],
+                     hatch=None)  # fmt: skip
+    for bar, flag in zip(bars, flagged):
+        bar.set_hatch("//" if flag else None)
+    _whiskers_and_bounds(ax_s, rows, flagged)
     ax_s.axvline(1.0, color=INK, linewidth=0.8, linestyle="--")
-    ax_s.set_xlabel("speedup over vanilla (total tokens / total time)")
-    ax_t.barh(methods, [r["tau"] or 0.0 for r in rows], color=GREEN)
+    ax_s.set_xlabel("speedup over vanilla (| = bound from τ)")
+    ax_t.barh(names, [r["tau"] for r in rows], color=GREEN)
     ax_t.axvline(1.0, color=INK, linewidth=0.8, linestyle="--")
     ax_t.set_xlabel("τ (tokens per verify step)")
     fig.suptitle(category, color=INK)
@@ -135,3 +198,17 @@ def bench_chart(summary: Sequence[dict], category: str):
     fig.tight_layout()
     plt.close(fig)
     return fig
+
+
+def _whiskers_and_bounds(ax, rows: Sequence[dict], flagged: Sequence[bool]) -> None:
+    """The spread over runs as a whisker, the bound as a black tick, "⚠ above bound" beside flagged bars."""
+    for y, (row, flag) in enumerate(zip(rows, flagged)):
+        spread = row.get("spread")
+        if spread is not None and spread.n > 1:
+            ax.plot([spread.low, spread.high], [y, y], color=INK, linewidth=1.5)
+        if row["bound"] is not None:
+            ax.plot([row["bound"]], [y], marker="|", markersize=16, markeredgewidth=2.5, color=RED)
+        if flag:
+            ax.text(row["speedup"], y, "  ⚠ above bound", va="center", color=ORANGE, fontsize=10)
+    right = max([r["speedup"] for r in rows] + [r["bound"] or 0 for r in rows] + [1.0])
+    ax.set_xlim(0, right * (1.45 if any(flagged) else 1.15))
