@@ -16,6 +16,7 @@ _RESOLVERS: list[tuple[str, str] | Callable] = [
     ("hf_specdec.generation.proposers.medusa", "medusa_assistant_for"),
     ("hf_specdec.generation.proposers.mlp_speculator", "mlp_speculator_assistant_for"),
     ("hf_specdec.generation.proposers.eagle", "eagle_assistant_for"),
+    ("hf_specdec.generation.proposers.dflash", "dflash_assistant_for"),
 ]
 
 
@@ -30,7 +31,7 @@ def as_proposer(obj, target) -> Proposer:
 
     Args:
         obj: a `Proposer` (returned as is), a draft `PreTrainedModel`, `MedusaHeads`, an `MLPSpeculator`, an
-            `EagleHead`, or any object a `register_assistant_resolver` function knows.
+            `EagleHead`, a `DFlashHead`, or any object a `register_assistant_resolver` function knows.
         target: the model being generated from.
     Returns:
         The `Proposer`; a `TypeError` names the object when nothing can draft with it.
