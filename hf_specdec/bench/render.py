@@ -1,0 +1,365 @@
+"""Figures on the documentation pages, generated from the bench's results (docs/results/*.json).
+
+A page holds a generated block between two marker comments; the text around it is the page's own::
+
+    <!-- results:begin headline docs/results/amd_sharegpt_eagle_batch1_seed0.json -->
+    ... generated, do not edit ...
+    <!-- results:end -->
+
+The first word after ``results:begin`` names the renderer (`RENDERERS`), then one or more results files (paths from
+the repository root, comma-separated), then optional ``key=value`` options (``method=medusa``,
+``exclude=email/1,email/2``). ``python scripts/render_results.py`` rewrites every block of every page
+(`PAGES`); ``--check`` only says which blocks are stale (tests/unit/test_figures.py runs it).
+
+The figures come from each file's committed ``summary`` (what `hf_specdec.bench.report.summarize` wrote when the run
+ended), except where a block leaves records out (``exclude=``): then the summary is recomputed from the remaining
+records with the same function.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .questions import category_sort_key
+from .report import OVERALL, summarize
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# the pages that hold generated blocks (the test holds every one of them to the data)
+PAGE_GLOBS = ("README.md", "docs/*.md", "hf_specdec/assets/*/README.md", "custom_generate/README.md")
+
+BLOCK = re.compile(
+    r"(?P<begin><!-- results:begin (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(?P<end><!-- results:end -->)", re.DOTALL
+)
+
+# how the README and the model cards name a method (the bench's name in backticks first)
+METHOD_LABELS = {
+    "ngram+medusa": "`ngram+medusa` (n-gram, else the shipped Medusa heads)",
+    "ngram+eagle": "`ngram+eagle` (n-gram, else the shipped EAGLE head)",
+    "ngram": "`ngram` (`NgramAssistant`)",
+    "suffix": "`suffix` (`SuffixAssistant`, one store for the run)",
+    "mlp_speculator": "`mlp_speculator` (shipped)",
+    "medusa": "`medusa` (shipped heads)",
+    "eagle": "`eagle` (shipped head)",
+    "null": "`null`: the loop with no drafts",
+    "hf-prompt-lookup": "`hf-prompt-lookup`: transformers' prompt lookup",
+    "arctic-suffix": "`arctic-suffix`: Arctic Inference's suffix tree in this loop",
+    "draft": "`draft` (layer-skip draft model)",
+    "hf-assisted": "`hf-assisted`: transformers' `assistant_model=`",
+}
+SHORT_CATEGORY = {"multi-turn conversation": "multi-turn", "math_reasoning": "math"}
+
+
+@dataclass
+class Run:
+    """One results file: its path from the repository root, meta, summary rows and records."""
+
+    path: str
+    meta: dict
+    summary: list[dict]
+    records: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: str, root: Path = ROOT, exclude: Sequence[str] = ()) -> Run:
+        data = json.loads((root / path).read_text(encoding="utf-8"))
+        records = data.get("records") or []
+        summary = data["summary"]
+        if exclude:
+            records = [r for r in records if str(r.get("question_id")) not in set(exclude)]
+            summary = summarize(records)
+        return cls(path, data.get("meta") or {}, summary, records)
+
+    def row(self, method: str, category: str = OVERALL, setting: str = "greedy") -> dict | None:
+        for r in self.summary:
+            if r["method"] == method and r["category"] == category and r["setting"] == setting:
+                return r
+        return None
+
+    def methods(self, setting: str = "greedy") -> list[str]:
+        return list(dict.fromkeys(r["method"] for r in self.summary if r["setting"] == setting))
+
+    def categories(self, setting: str = "greedy") -> list[str]:
+        cats = {r["category"] for r in self.summary if r["setting"] == setting and r["category"] != OVERALL}
+        return sorted(cats, key=category_sort_key)
+
+    def report_link(self, page: Path, root: Path = ROOT) -> str:
+        """A Markdown link from ``page`` to the run's results.md (its .json where there is no .md)."""
+        md = (root / self.path).with_suffix(".md")
+        target = md if md.exists() else root / self.path
+        return f"[{target.relative_to(root).as_posix()}]({os.path.relpath(target, page.parent)})"
+
+    def date(self) -> str:
+        return str(self.meta.get("date") or "")[:10]
+
+
+def speedup(row: dict | None) -> str:
+    return "" if row is None or row.get("speedup") is None else f"{row['speedup']:.2f}x"
+
+
+def median(row: dict | None) -> str:
+    return "" if row is None or row.get("median_speedup") is None else f"{row['median_speedup']:.2f}x"
+
+
+def tau(row: dict | None) -> str:
+    return "" if row is None or row.get("tau") is None else f"{row['tau']:.2f}"
+
+
+def mismatches(row: dict | None) -> str:
+    if row is None or row.get("mismatches") is None:
+        return ""
+    return f"{row['mismatches']}/{row['checked']}"
+
+
+def by_overall(run: Run, setting: str = "greedy") -> list[str]:
+    """The run's methods other than vanilla, fastest overall first."""
+    methods = [m for m in run.methods(setting) if m != "vanilla"]
+    return sorted(methods, key=lambda m: -((run.row(m, setting=setting) or {}).get("speedup") or 0.0))
+
+
+def vanilla_rate(run: Run, setting: str = "greedy") -> str:
+    row = run.row("vanilla", setting=setting)
+    return f"{row['tokens_per_s']:.1f}" if row and row.get("tokens_per_s") else "?"
+
+
+def machine(run: Run) -> str:
+    meta = run.meta
+    device = str(meta.get("device", "an unknown device"))
+    parts = ["a CPU " + device[4:] if device.startswith("cpu (") else device]
+    if meta.get("threads"):
+        parts.append(f"{meta['threads']} torch threads")
+    if meta.get("transformers"):
+        parts.append(f"transformers {meta['transformers']}")
+    return ", ".join(parts)
+
+
+def draft_dtype(run: Run) -> str:
+    """``; heads drafting in bfloat16`` where the run recorded the heads' draft dtype."""
+    value = str(run.meta.get("draft_dtype") or "")
+    return f"; heads drafting in {value.split()[0]}" if value else ""
+
+
+# ------------------------------------------------------------------------------------------------------ renderers
+def render_headline(runs: list[Run], page: Path, options: dict) -> str:
+    """The README's table: one row per method (fastest first), the speedup per category, overall, median, τ and
+    mismatches, under a line naming the machine, the date and the questions."""
+    (run,) = runs
+    meta = run.meta
+    cats = run.categories()
+    head = ["method", *(SHORT_CATEGORY.get(c, c) for c in cats), "overall", "median", "τ", "mismatches"]
+    lines = [
+        f"Measured {run.date()} on {machine(run)}: greedy, {meta.get('max_new_tokens')} new tokens, "
+        f"{meta.get('questions')}, vanilla `generate` at {vanilla_rate(run)} tokens/s{draft_dtype(run)}. "
+        f"Source: {run.report_link(page)}.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---|" + "---:|" * (len(head) - 1),
+    ]
+    for method in by_overall(run):
+        total = run.row(method)
+        cells = [METHOD_LABELS.get(method, f"`{method}`"), *(speedup(run.row(method, c)) for c in cats)]
+        cells += [f"**{speedup(total)}**", median(total), tau(total), mismatches(total)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_matrix(runs: list[Run], page: Path, options: dict) -> str:
+    """Every method of one run (vanilla first, then in the run's order): the speedup per category, overall, median,
+    τ, tokens/s and mismatches, as `hf-specdec bench` prints it."""
+    (run,) = runs
+    setting = options.get("setting", "greedy")
+    cats = run.categories(setting)
+    head = ["method", *cats, "overall", "median", "τ", "tokens/s", "mismatches"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for method in run.methods(setting):
+        total = run.row(method, setting=setting)
+        cells = [method, *(speedup(run.row(method, c, setting)) for c in cats), f"**{speedup(total)}**"]
+        tps = f"{total['tokens_per_s']:.1f}" if total and total.get("tokens_per_s") else ""
+        cells += [median(total), tau(total), tps, mismatches(total)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + f"\n\nSource: {run.report_link(page)} ({run.date()}, {machine(run)})."
+
+
+def render_runs(runs: list[Run], page: Path, options: dict) -> str:
+    """Several runs side by side: per method, each run's overall speedup, median and τ (methods of the first run,
+    fastest first)."""
+    # labels=seed_0,seed_1 (an underscore stands for a space)
+    labels = options["labels"].replace("_", " ").split(",") if options.get("labels") else [r.path for r in runs]
+    head = ["method"]
+    for label in labels:
+        head += [f"{label} overall", "median", "τ"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for method in by_overall(runs[0]):
+        cells = [method]
+        for run in runs:
+            total = run.row(method)
+            cells += [speedup(total), median(total), tau(total)]
+        lines.append("| " + " | ".join(cells) + " |")
+    sources = ", ".join(f"{label}: {run.report_link(page)}" for label, run in zip(labels, runs))
+    return "\n".join(lines) + f"\n\nSources: {sources}."
+
+
+def render_card(runs: list[Run], page: Path, options: dict) -> str:
+    """A model card's measured figures: the head alone and behind prompt lookup, with the run's machine and date."""
+    (run,) = runs
+    method = options["method"]
+    meta = run.meta
+    lines = [
+        f"Measured {run.date()} on {machine(run)}: {meta.get('questions')}, greedy, {meta.get('max_new_tokens')} "
+        "new tokens; speedup = total tokens / total time against vanilla `generate` on the same prompts "
+        f"(`{run.path}` in the hf-specdec source).",
+        "",
+        "| method | mean accepted length τ | speedup over vanilla `generate` | median per prompt |",
+        "|---|---:|---:|---:|",
+    ]
+    for name in (method, f"ngram+{method}", "ngram"):
+        row = run.row(name)
+        if row is not None:
+            lines.append(f"| `{name}` | {tau(row)} | {speedup(row)} | {median(row)} |")
+    return "\n".join(lines)
+
+
+def render_agentic(runs: list[Run], page: Path, options: dict) -> str:
+    """The agentic workload per category and overall; with ``exclude=`` an extra column recomputed without those
+    turns (named in the line under the table)."""
+    (run,) = runs
+    exclude = [q for q in options.get("exclude", "").split(",") if q]
+    trimmed = Run.load(run.path, exclude=exclude) if exclude else None
+    cats = run.categories()
+    head = ["method", *cats, "overall"]
+    if trimmed:
+        head.append(f"overall without {', '.join(exclude)}")
+    head.append("τ")
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for method in by_overall(run):
+        total = run.row(method)
+        cells = [METHOD_LABELS.get(method, f"`{method}`"), *(speedup(run.row(method, c)) for c in cats)]
+        cells.append(f"**{speedup(total)}**")
+        if trimmed:
+            cells.append(speedup(trimmed.row(method)))
+        cells.append(tau(total))
+        lines.append("| " + " | ".join(cells) + " |")
+    return (
+        "\n".join(lines)
+        + f"\n\nSource: {run.report_link(page)} ({run.date() or 'date in the report'}, {machine(run)})."
+    )
+
+
+def render_sample(runs: list[Run], page: Path, options: dict) -> str:
+    """What ``hf-specdec bench`` prints, rebuilt from a full run's records: the first question of each category
+    (the quick bench's six prompts) through vanilla and ``methods=``, one line per prompt, then their table."""
+    (run,) = runs
+    methods = options.get("methods", "ngram+medusa,ngram").split(",")
+    first: dict[str, str] = {}
+    for r in run.records:
+        first.setdefault(r["category"], str(r["question_id"]))
+    cats = sorted(first, key=category_sort_key)
+    picked = [r for r in run.records if first.get(r["category"]) == str(r["question_id"])]
+    picked = [r for r in picked if r["method"] in ("vanilla", *methods)]
+    lines = []
+    for i, cat in enumerate(cats, 1):
+        mine = {r["method"]: r for r in picked if r["category"] == cat}
+        van = mine["vanilla"]
+        parts = [f"vanilla {van['time_s']:.2f}s"]
+        parts += [f"{m} {mine[m]['time_s']:.2f}s ({mine[m]['speedup']:.2f}x)" for m in methods if m in mine]
+        lines.append(f"[greedy] {i}/{len(cats)} {cat} q{first[cat]}: {van['new_tokens']} tok; " + ", ".join(parts))
+        if i == 2 and len(cats) > 3:
+            lines.append("...")
+            break
+    sub = Run(run.path, run.meta, summarize(picked), picked)
+    table = render_matrix([sub], page, {}).split("\n\nSource:")[0]
+    return "```text\n" + "\n".join(lines) + "\n" + table + "\n```"
+
+
+RENDERERS: dict[str, Callable[[list[Run], Path, dict], str]] = {
+    "headline": render_headline,
+    "matrix": render_matrix,
+    "runs": render_runs,
+    "card": render_card,
+    "agentic": render_agentic,
+    "sample": render_sample,
+}
+
+
+# --------------------------------------------------------------------------------------------------- the pages
+@dataclass
+class Block:
+    page: Path
+    name: str
+    sources: list[str]
+    options: dict
+    body: str
+    start: int
+    end: int
+
+
+def parse_spec(spec: str) -> tuple[str, list[str], dict]:
+    words = spec.split()
+    if len(words) < 2:
+        raise ValueError(f"results block {spec!r}: want '<renderer> <file.json>[,<file.json>] [key=value ...]'")
+    options = dict(w.split("=", 1) for w in words[2:])
+    return words[0], words[1].split(","), options
+
+
+def blocks(page: Path) -> list[Block]:
+    text = page.read_text(encoding="utf-8")
+    out = []
+    for found in BLOCK.finditer(text):
+        name, sources, options = parse_spec(found.group("spec"))
+        out.append(Block(page, name, sources, options, found.group("body"), found.start("body"), found.end("body")))
+    return out
+
+
+def render_block(block: Block, root: Path = ROOT) -> str:
+    if block.name not in RENDERERS:
+        raise ValueError(f"{block.page}: no renderer {block.name!r} (known: {', '.join(RENDERERS)})")
+    runs = [Run.load(s, root) for s in block.sources]
+    return RENDERERS[block.name](runs, block.page, block.options).rstrip("\n") + "\n"
+
+
+def render_page(page: Path, root: Path = ROOT) -> str:
+    """The page's text with every block regenerated."""
+    text = page.read_text(encoding="utf-8")
+    for block in reversed(blocks(page)):
+        text = text[: block.start] + render_block(block, root) + text[block.end :]
+    return text
+
+
+def pages(root: Path = ROOT) -> list[Path]:
+    found = []
+    for pattern in PAGE_GLOBS:
+        found += sorted(root.glob(pattern))
+    return [p for p in found if "results:begin" in p.read_text(encoding="utf-8")]
+
+
+def stale_blocks(root: Path = ROOT) -> list[str]:
+    """``page: renderer sources`` of every block whose committed text differs from what the data renders."""
+    out = []
+    for page in pages(root):
+        for block in blocks(page):
+            if render_block(block, root) != block.body:
+                out.append(f"{page.relative_to(root)}: {block.name} {','.join(block.sources)}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only list stale blocks (exit 1 if any)")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_blocks()
+        for line in stale:
+            print(f"stale: {line}")
+        return 1 if stale else 0
+    for page in pages():
+        new = render_page(page)
+        if new != page.read_text(encoding="utf-8"):
+            page.write_text(new, encoding="utf-8")
+            print(f"rewrote {page.relative_to(ROOT)}")
+    return 0
