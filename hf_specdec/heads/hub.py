@@ -365,6 +365,36 @@ def check_base_model(
 
 
 # --------------------------------------------------------------------------------------------------- model card
+# Base models known under a local name (hf_specdec.load_default_model() reads a GGUF file, so a head trained on it
+# records the file's name): their Hub repo, for the card's front matter and usage lines.
+KNOWN_BASE_MODELS = {
+    "SmolLM2-135M-Instruct": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "SmolLM2-135M-Instruct-Q4_1": "HuggingFaceTB/SmolLM2-135M-Instruct",
+}
+# Licenses of those base models: a head card takes its base model's license unless the facts name one.
+KNOWN_LICENSES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "apache-2.0"}
+_LOCAL_PATH = re.compile(r"(?:~|\.{0,2})?/(?:[\w.\-]+/)+([\w.\-]+)")
+
+
+def hub_base_model(base: str | None) -> str | None:
+    """The base model's Hub repo id (``owner/name``), or None when ``base`` names none (a local folder of an unknown
+    model)."""
+    if not base:
+        return None
+    name = os.path.basename(str(base).rstrip("/"))
+    if name in KNOWN_BASE_MODELS:
+        return KNOWN_BASE_MODELS[name]
+    if _REPO_ID.match(str(base)) and not os.path.exists(str(base)):
+        return str(base)
+    return None
+
+
+def without_local_paths(text: str) -> str:
+    """``text`` with every absolute or home-relative path replaced by its last component (a model card is public:
+    ``/root/cache/SmolLM2-135M-Instruct-Q4_1`` becomes ``SmolLM2-135M-Instruct-Q4_1``)."""
+    return _LOCAL_PATH.sub(lambda m: m.group(1), text)
+
+
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.3g}"
@@ -384,14 +414,28 @@ def render_model_card(
     """A README.md model card for a head folder.
 
     Facts come from ``config`` (``base_model_name_or_path``, ``hidden_size``, ``vocab_size``) and its
-    ``model_card`` dict (``training_data``, ``tau``, ``speedup``, ``measured_on``, ``notes``); a fact that was not
-    recorded is shown as "not recorded", never invented. ``sections`` (markdown) follow the usage section.
+    ``model_card`` dict (``training_data``, ``tau``, ``speedup``, ``measured_on``, ``notes``, ``license``); a fact
+    that was not recorded is shown as "not recorded", never invented. ``sections`` (markdown) follow the usage
+    section.
+
+    The front matter is the Hub's model-card metadata: ``license`` (the facts' own, else the base model's where it
+    is known), ``base_model`` (a Hub id: a local name of a known model is mapped to its repo, a local folder is left
+    out) with ``base_model_relation: adapter`` (a head is used together with its base model), ``library_name`` and
+    ``tags``. No ``pipeline_tag``: a head does not generate text on its own, the base model does. Local paths in
+    the facts are cut to their last component.
     """
     base = config.get("base_model_name_or_path")
-    facts = dict(config.get("model_card") or {})
-    meta = ["---", f"library_name: {LIBRARY_NAME}"]
-    if base and _REPO_ID.match(str(base)) and not os.path.exists(str(base)):
-        meta.append(f"base_model: {base}")
+    hub_base = hub_base_model(base)
+    facts = {
+        k: without_local_paths(v) if isinstance(v, str) else v for k, v in (config.get("model_card") or {}).items()
+    }
+    meta = ["---"]
+    license_id = facts.get("license") or KNOWN_LICENSES.get(hub_base or "")
+    if license_id:
+        meta.append(f"license: {license_id}")
+    if hub_base:
+        meta += [f"base_model: {hub_base}", "base_model_relation: adapter"]
+    meta.append(f"library_name: {LIBRARY_NAME}")
     meta.append("tags:")
     for tag in ["speculative-decoding", head_type, LIBRARY_NAME, *tags]:
         meta.append(f"- {tag}")
@@ -400,8 +444,9 @@ def render_model_card(
     def fact(key: str, fmt=_fmt) -> str:
         return fmt(facts[key]) if facts.get(key) is not None else "not recorded"
 
+    shown_base = hub_base or (os.path.basename(str(base).rstrip("/")) if base else None)
     rows = [
-        ("Base model", f"`{base}`" if base else "not recorded"),
+        ("Base model", f"`{shown_base}`" if shown_base else "not recorded"),
         ("Base hidden size", _fmt(config.get("hidden_size"))),
         (
             "Base vocabulary size",
@@ -600,9 +645,13 @@ class PretrainedHead(ModelHubMixin):
         """The README.md model card; ``facts`` add to / override ``self.model_card`` (tau, speedup, ...)."""
         config = self.card_config()
         config["model_card"] = {**self.model_card, **facts}
-        base = self.base_model_name_or_path or "<base model id>"
-        where = repo_id or "<this repo id or folder>"
-        title, description, import_line, load = self._card_text(base, where)
+        recorded = self.base_model_name_or_path
+        name = os.path.basename(str(recorded).rstrip("/")) if recorded else "base-model"
+        # the usage lines hold loadable Hub ids: the base model's repo (or a placeholder of that form) and the repo
+        # the head is pushed to (without one: the id push_to_hub would be given, under a placeholder user)
+        base = hub_base_model(recorded) or f"your-org/{name}"
+        where = repo_id or f"your-username/{self.head_type}-{name}".lower().replace("_", "-")
+        title, description, import_line, load = self._card_text(name, where)
         usage = f"""
 import hf_specdec
 {import_line}

@@ -1,0 +1,57 @@
+"""The model cards hf-specdec writes (``save_pretrained`` / ``push_to_hub`` / ``generate_model_card``) are valid on
+the Hub: front matter with license, base_model (a Hub id), library_name and tags; usage lines that load real Hub ids
+(the repo given, or a placeholder of the same form), never a local path."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from hf_specdec import EagleHead, MedusaHeads, MLPSpeculator
+from hf_specdec.assistants import DEFAULT_EAGLE_DIR, DEFAULT_MEDUSA_DIR, DEFAULT_MLP_SPECULATOR_DIR
+from hf_specdec.heads.hub import hub_base_model, without_local_paths
+
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
+SHIPPED = [(MedusaHeads, DEFAULT_MEDUSA_DIR), (EagleHead, DEFAULT_EAGLE_DIR), (MLPSpeculator, DEFAULT_MLP_SPECULATOR_DIR)]
+
+
+def front_matter(card: str) -> dict[str, str]:
+    found = re.match(r"^---\n(.*?)\n---\n", card, re.DOTALL)
+    assert found, "no YAML front matter"
+    return dict(re.findall(r"^(\w+): (.+)$", found.group(1), re.MULTILINE))
+
+
+def test_local_names_map_to_hub_ids_and_paths_are_cut():
+    assert hub_base_model("SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert hub_base_model("/root/cache/SmolLM2-135M-Instruct-Q4_1") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert hub_base_model("meta-llama/Llama-3.2-1B") == "meta-llama/Llama-3.2-1B"
+    assert hub_base_model("/data/my-model") is None and hub_base_model(None) is None
+    assert without_local_paths("distilled from /root/cache/M-Q4_1: 3 answers") == "distilled from M-Q4_1: 3 answers"
+    assert without_local_paths("see ~/runs/x/data and ./a/b") == "see data and b"
+
+
+@pytest.mark.parametrize("cls,folder", SHIPPED, ids=lambda x: getattr(x, "__name__", ""))
+@pytest.mark.parametrize("repo_id", [None, "someone/my-head"])
+def test_generated_cards_are_valid_on_the_hub(cls, folder, repo_id):
+    card = str(cls.from_pretrained(folder).generate_model_card(repo_id))
+    meta = front_matter(card)
+    assert meta["license"] == "apache-2.0"
+    assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert meta["library_name"] == "hf-specdec"
+    assert "\ntags:\n- speculative-decoding\n" in card
+    assert "/root/" not in card and "/home/" not in card and ".cache" not in card
+    ids = re.findall(r'from_pretrained\("([^"]+)"', card)
+    assert ids and all(REPO_ID.fullmatch(i) for i in ids), ids
+    if repo_id:
+        assert repo_id in ids
+
+
+def test_a_head_of_an_unknown_local_model_gets_no_base_model_and_no_license():
+    head = MedusaHeads.from_pretrained(DEFAULT_MEDUSA_DIR)
+    head.base_model_name_or_path = "/data/models/my-model"
+    card = str(head.generate_model_card("someone/my-head"))
+    meta = front_matter(card)
+    assert "base_model" not in meta and "license" not in meta
+    assert "/data/models" not in card
+    assert 'from_pretrained("your-org/my-model")' in card
