@@ -36,6 +36,7 @@ from .proposers import as_proposer
 from .proposers.base import Proposer, ProposerSetup, RowFeedback, RowState
 from .stats import SpecStats
 from .target import PlannedModel, PlannedOutput, TailMask
+from .tensor_parallel import agreed_seconds, check_same_trees, tp_group
 from .tree import DraftTree, pack_trees
 from .verify import Verdict, sample_from_scores, verify_tree
 
@@ -153,6 +154,7 @@ class _Call:
     streamer: object | None
     budget: TreeBudgeter
     stats: SpecStats = field(default_factory=SpecStats)
+    tp_group: object | None = None  # the ranks of a tensor-parallel target, which decide every step alike
 
     @property
     def layers(self) -> tuple[int, ...] | None:
@@ -244,6 +246,7 @@ def _run(
             want_logits=returns and bool(generation_config.output_logits),
             streamer=hf_specdec_streamer,
             budget=_tree_budget(tree_budget, model, proposer),
+            tp_group=tp_group(model),
         )
         for row, cache_row in zip(rows, target.add_rows(len(rows))):
             row.cache_row = cache_row
@@ -351,6 +354,8 @@ def _step(call: _Call, active: Sequence[_Row]) -> None:
         )
     trees, kept = zip(*[_sanitize(t, r, call) for t, r in zip(proposed, active)])
     trees, kept = _budgeted(call.budget, active, trees, kept)
+    if call.tp_group is not None:
+        check_same_trees(call.tp_group, trees, type(call.proposer).__name__)
     t1 = time.perf_counter()
     out, scores, verdicts = _verify(call, active, trees)
     call.target.commit_trees([r.cache_row for r in active], [v.accepted for v in verdicts])
@@ -373,7 +378,10 @@ def _step(call: _Call, active: Sequence[_Row]) -> None:
     call.stats.time_verify += t_verify
     call.stats.time_other += t_other
     tokens = sum(t.num_nodes + 1 for t in trees)
-    call.budget.record_step(tokens, len(active), None if out.tuned else t_verify, t_propose, t_other)
+    times = (None if out.tuned else t_verify, t_propose, t_other)
+    if call.tp_group is not None:  # every rank's budget learns the same times, so it cuts the same trees
+        times = agreed_seconds(call.tp_group, *times)
+    call.budget.record_step(tokens, len(active), *times)
 
 
 def _tree_budget(tree_budget: bool | TreeBudgeter, model, proposer: Proposer) -> TreeBudgeter:
