@@ -3,6 +3,53 @@
 ``import hf_specdec`` registers the ``hf_specdec`` attention implementation and makes
 ``model.generate(ids, assistant=X)`` route to the speculative loop; calls without ``assistant`` are untouched.
 ``hf_specdec.uninstall()`` restores transformers' own ``generate`` (``hf_specdec.install()`` patches it again).
+
+The call
+--------
+``model.generate(input_ids, assistant=..., **generate_kwargs)`` takes transformers' own arguments (``max_new_tokens``,
+``do_sample``, ``temperature``, ``top_p``, logits processors, ``attention_mask`` for a left-padded batch,
+``return_dict_in_generate``) and returns what vanilla ``generate`` returns; with ``return_dict_in_generate=True`` the
+output also has ``spec_stats``, a `SpecStats` (τ, acceptance, per-depth acceptance, timings, the tree budget's
+measurements). `generate` is the same loop as a function (transformers' ``custom_generate`` entry point).
+Greedy output equals vanilla ``generate``'s token for token (fp32); sampled output follows the model's own
+distribution. Which assistant to pass: `load_default_assistant` (ready-made names, `hf_specdec.assistants.available_assistants`)
+or any of the classes below.
+
+What ``assistant=`` accepts
+---------------------------
+- `NgramAssistant` (prompt lookup, any model), `SuffixAssistant` with a `SuffixStore` kept across calls;
+- trained heads: `MedusaHeads`, `EagleHead`, `MLPSpeculator` (each ``from_pretrained`` a Hub repo or folder in the
+  published layouts, ``save_pretrained`` / ``push_to_hub`` with a model card); a smaller model with the same
+  tokenizer (`DraftModelAssistant`, or the model itself);
+- `FallbackAssistant` (each row drafts with the first assistant that proposes something);
+- your own `Proposer`, or any object a function given to `register_assistant_resolver` turns into one.
+
+Writing your own proposer
+-------------------------
+A `Proposer` gets one `RowState` per active row (its committed ``tokens``, ``prompt_len`` and the deepest tree the
+loop will verify now, ``max_depth``) and returns one `DraftTree` per row; the loop verifies the trees, so a wrong
+guess costs time, never correctness::
+
+    import hf_specdec
+    from hf_specdec import DraftTree, Proposer
+
+    class RepeatLast(Proposer):  # guesses that the last token repeats, up to two times
+        def propose(self, rows):
+            return [DraftTree.chain([int(r.tokens[-1])] * min(2, r.max_depth)) if r.max_depth > 0
+                    else DraftTree.empty() for r in rows]
+
+    out = model.generate(ids, assistant=RepeatLast(), max_new_tokens=16, do_sample=False)
+
+`register_assistant_resolver` teaches ``assistant=`` a new kind of object: the function gets the object and the
+target and returns a `Proposer`, or None to let the next resolver try::
+
+    @hf_specdec.register_assistant_resolver
+    def repeat_last_by_name(obj, target):
+        return RepeatLast() if obj == "repeat-last" else None
+
+    out = model.generate(ids, assistant="repeat-last", max_new_tokens=16, do_sample=False)
+
+The user guide is docs/usage.md; the terms (τ, acceptance, tree budget) are defined in docs/glossary.md.
 """
 
 import importlib

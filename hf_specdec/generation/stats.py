@@ -7,7 +7,12 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass
 class SpecStats:
-    """Counters of one call, summed over rows.
+    """What a speculative call did: ``out.spec_stats`` of ``model.generate(..., assistant=...,
+    return_dict_in_generate=True)``, counters summed over the rows of the batch.
+
+    ``print(out.spec_stats)`` shows the derived figures: `tau` (τ, the mean number of tokens each verify step
+    emitted), `acceptance_rate` and `per_depth_acceptance` (docs/glossary.md defines each). ``to_dict()`` gives
+    every field and those three as plain Python values (JSON-ready).
 
     Attributes:
         steps: verification steps (one per row per target forward that verified a tree for it).
@@ -22,8 +27,15 @@ class SpecStats:
         budget: what the tree budget measured and chose (`TreeBudgeter.summary`): ``cost`` the verify cost curve
             of this machine (``curve`` {packed tokens: seconds}, ``relative`` {tokens: cost / cost of one token},
             ``samples``), ``nodes_per_row`` {nodes verified for a row in a step: how often},
-            ``draft_nothing_fraction``, explorations, probes and the acceptance calibration per assistant and depth.
-            Empty when the call ran with ``tree_budget=False``.
+            ``draft_nothing_fraction``, explorations, trial drafts (``probes``) and the acceptance calibration per
+            assistant and depth. Empty when the call ran with ``tree_budget=False``.
+
+    Example::
+
+        out = model.generate(ids, assistant=hf_specdec.NgramAssistant(), max_new_tokens=64,
+                             return_dict_in_generate=True)
+        s = out.spec_stats
+        print(f"τ {s.tau:.2f}, {s.accepted_tokens}/{s.drafted_tokens} drafted tokens accepted in {s.steps} steps")
     """
 
     steps: int = 0
