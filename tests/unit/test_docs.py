@@ -228,3 +228,27 @@ def test_model_cards_have_hub_metadata_and_no_local_paths(card):
     assert "/root/" not in text and "/home/" not in text and ".cache" not in text, "a local path in the card"
     for repo in re.findall(r"from_pretrained\(\"([^\"]+)\"", text):
         assert re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", repo), f"{repo!r} is not a Hub repo id"
+
+
+def test_the_custom_generate_readme_follows_the_hub_layout():
+    """transformers' custom generation methods on the Hub: front matter tagged ``custom_generate`` and the sections
+    its template asks for, with every argument hf-specdec adds to ``generate`` described."""
+    import inspect
+
+    import hf_specdec
+
+    text = (ROOT / "custom_generate" / "README.md").read_text(encoding="utf-8")
+    front = re.match(r"^---\n(.*?)\n---\n", text, re.DOTALL)
+    assert front and re.search(r"^tags:\n(- .*\n)*- custom_generate$", front.group(1) + "\n", re.MULTILINE)
+    for key in ("library_name: transformers", "license:", "base_model:"):
+        assert key in front.group(1)
+    sections = re.findall(r"^## (.+)$", text, re.MULTILINE)
+    for name in ("Description", "Base model", "Model compatibility", "Additional Arguments", "Output Type changes",
+                 "Example usage"):  # fmt: skip
+        assert name in sections, f"custom_generate/README.md has no '## {name}' section"
+    arguments = text.split("## Additional Arguments", 1)[1].split("\n## ", 1)[0]
+    params = list(inspect.signature(hf_specdec.generate).parameters)
+    ours = params[params.index("generation_config") + 1 :]
+    internal = {"hf_specdec_streamer", "model_kwargs"}  # the hook's way to pass streamer=; generate's own kwargs
+    missing = [p for p in ours if p not in internal and f"`{p}`" not in arguments]
+    assert not missing, f"custom_generate/README.md does not describe {missing}"
