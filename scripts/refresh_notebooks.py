@@ -8,7 +8,11 @@ Run it on a quiet machine after the shipped heads change (tests/unit/test_notebo
 Each notebook's metadata gets an ``hf_specdec`` entry: the package version, `heads_digest` (a SHA-256 over the shipped
 heads' config.json and model.safetensors), each head's own digest, the date, the machine and its load. The
 ``HF_SPECDEC_NOTEBOOK_*`` variables that CI sets to run the notebooks small are removed first: the committed copies
-show the defaults. Needs the test extra (nbclient, nbformat, ipykernel, matplotlib).
+show the defaults, and progress bars are turned off (tqdm's and the Hub's), so the outputs hold what the cells print.
+A busy machine (load average above `BUSY_LOAD` per core) is refused: the notebooks time things, and on a busy CPU
+the figures are the other work's. ``--allow-busy`` runs anyway, for a local look; the stamp then records
+``busy: true`` and tests/unit/test_notebook_freshness.py refuses such a copy in a commit. This is the one script that
+executes the notebooks. Needs the test extra (nbclient, nbformat, ipykernel, matplotlib).
 """
 
 from __future__ import annotations
@@ -31,6 +35,12 @@ HEAD_FILES = ("config.json", "model.safetensors")  # what decides a head's draft
 METADATA_KEY = "hf_specdec"
 BUSY_LOAD = 0.5  # load average per core above which the timings would be the other work's
 SMALL_RUN_VARIABLES = ("HF_SPECDEC_NOTEBOOK_TOKENS", "HF_SPECDEC_NOTEBOOK_CATEGORIES")
+QUIET = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+
+
+def busy(load_average: float, cores: int) -> bool:
+    """Whether a machine at this 1-minute load average is too busy for the notebooks' timings."""
+    return load_average > BUSY_LOAD * max(1, cores)
 
 
 def shipped_heads(assets: Path = ASSETS) -> dict[str, str]:
@@ -72,6 +82,7 @@ def _cpu() -> str:
 
 def stamp(book, load_before: tuple[float, float, float]) -> dict:
     """Write (and return) the notebook's ``hf_specdec`` metadata: what it was executed with."""
+    cores = os.cpu_count() or 1
     meta = {
         "version": package_version(),
         "heads_sha256": heads_digest(),
@@ -79,6 +90,8 @@ def stamp(book, load_before: tuple[float, float, float]) -> dict:
         "executed": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": _cpu(),
         "load_average_before": [round(x, 2) for x in load_before],
+        "cores": cores,
+        "busy": busy(load_before[0], cores),
         "torch": importlib.metadata.version("torch"),
         "transformers": importlib.metadata.version("transformers"),
     }
@@ -109,11 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=3600, help="seconds one cell may run (default 3600)")
     args = parser.parse_args(argv)
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if load > BUSY_LOAD * cores and not args.allow_busy:  # the notebooks time things: a busy CPU skews every figure
+    if busy(load, cores) and not args.allow_busy:  # the notebooks time things: a busy CPU skews every figure
         parser.error(f"the machine is busy (load average {load:.1f} on {cores} cores): the notebooks' timings would "
                      "show the other work, not hf-specdec; wait for a quiet machine or pass --allow-busy")  # fmt: skip
     for name in SMALL_RUN_VARIABLES:  # the committed copies show the notebooks' defaults
         os.environ.pop(name, None)
+    os.environ.update(QUIET)  # the kernel inherits it: no progress bars in the outputs
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     for path in args.paths or sorted(NOTEBOOKS.glob("*.ipynb")):
         t0 = time.perf_counter()

@@ -71,3 +71,53 @@ def test_the_digest_follows_any_change_to_a_head(tmp_path):
     assert refresh.heads_digest(tmp_path) != before
     with pytest.raises(FileNotFoundError, match="no shipped head"):
         refresh.heads_digest(tmp_path / "nothing")
+
+
+# Copies executed on a busy machine before the refresh script recorded it; each must be refreshed on a quiet
+# machine (`python scripts/refresh_notebooks.py NOTEBOOK`). The test fails once a listed copy is quiet, so the entry
+# cannot outlive its reason.
+EXECUTED_BUSY = {"01_quickstart", "02_heads"}
+
+
+def _ran_busy(stamp: dict) -> bool:
+    if "busy" in stamp:
+        return bool(stamp["busy"])
+    cores = int(stamp["machine"].rsplit(", ", 1)[1].split()[0])  # "AMD EPYC, 2 cores"
+    return refresh.busy(stamp["load_average_before"][0], cores)
+
+
+def test_the_busy_rule():
+    assert refresh.busy(1.09, 2) and not refresh.busy(0.08, 2) and not refresh.busy(1.0, 2)
+    assert _ran_busy({"busy": True}) and not _ran_busy({"busy": False})
+    assert _ran_busy({"machine": "AMD EPYC, 2 cores", "load_average_before": [3.81, 2.9, 2.4]})
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_committed_notebook_ran_on_a_quiet_machine(path):
+    stamp = json.loads(path.read_text(encoding="utf-8"))["metadata"][refresh.METADATA_KEY]
+    if path.stem in EXECUTED_BUSY:
+        assert _ran_busy(stamp), f"{path.name} now ran on a quiet machine: remove it from EXECUTED_BUSY"
+        pytest.skip(f"{path.name} was executed on a busy machine; refresh it on a quiet one")
+    assert not _ran_busy(stamp), (
+        f"{path.name} was executed on a busy machine (load {stamp['load_average_before'][0]}): its timings are the "
+        f"other work's; run {REFRESH} {path.relative_to(ROOT)} on a quiet machine, without --allow-busy"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_committed_notebook_has_no_progress_bars(path):
+    book = json.loads(path.read_text(encoding="utf-8"))
+    noise = [
+        line
+        for c in book["cells"]
+        if c["cell_type"] == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "stream"
+        for line in "".join(o["text"]).splitlines()
+        if "it/s]" in line or "step/s" in line or "TqdmWarning" in line or "%|" in line
+    ]
+    assert not noise, f"{path.name} shows progress bars ({len(noise)} lines, e.g. {noise[0]!r}): run {REFRESH}"
+
+
+def test_one_script_executes_the_notebooks():
+    assert not (ROOT / "notebooks" / "execute.py").exists(), "scripts/refresh_notebooks.py is the one script"
