@@ -43,8 +43,8 @@ EXAMPLES = [
 ]
 
 INTRO = """# hf-specdec: speculative decoding inside `model.generate()`
-The same prompt runs through vanilla `generate` (left) and through speculative decoding with the chosen assistant
-(right), one after the other on this machine. Greedy output is token-for-token identical; the speedup comes from the
+The same prompt runs through vanilla `generate` (left; above on a phone) and through speculative decoding with the
+chosen assistant (right; below), one after the other on this machine. Greedy output is token-for-token identical; the speedup comes from the
 target model verifying several drafted tokens per forward pass.
 
 **Model:** {model} · **hardware:** {hardware} · **docs:** {docs}"""
@@ -291,7 +291,7 @@ def _bench_tab(server: DemoServer) -> None:
     with gr.Row(elem_classes="hfsd-stack"):
         per_category = gr.Slider(1, MAX_PER_CATEGORY, value=2, step=1, label="Questions", elem_id="bench-questions")
         max_new = gr.Slider(16, 256, value=64, step=16, label="Max new tokens", elem_id="bench-max-new-tokens")
-        repeats = gr.Slider(1, MAX_REPEATS, value=1, step=1, label="Timed runs per method (interleaved)",
+        repeats = gr.Slider(1, MAX_REPEATS, value=2, step=1, label="Timed runs per method (interleaved)",
                             elem_id="bench-repeats")  # fmt: skip
     with gr.Row():
         run = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")

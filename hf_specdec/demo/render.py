@@ -17,12 +17,13 @@ CSS = """
 .hfsd-legend span {padding: 1px 6px; margin-right: 8px;}
 .hfsd-sampling:has(input:disabled) {opacity: 0.45;}
 .hfsd-flag {color: #d97706; font-weight: 600;}
-#depth img, #bench-chart img {width: 100%; height: auto;}
+#bench-chart img {max-width: 760px;}
 @media (max-width: 600px) {
   .hfsd-stack {flex-direction: column !important; flex-wrap: nowrap !important;}
   .hfsd-stack > * {width: 100% !important; min-width: 0 !important; max-width: 100% !important;}
   .hfsd-pane {min-height: 80px;}
-  #depth, #bench-chart {width: 100% !important;}
+  #depth, #bench-chart {width: 100% !important; min-width: 0 !important;}
+  #depth img, #bench-chart img {width: 100% !important; max-width: 100%; height: auto !important;}
 }
 """
 
@@ -92,6 +93,7 @@ def origin_counts(origins: Sequence[str]) -> tuple[int, int]:
 
 # Charts are drawn on a transparent background in a grey that reads on Gradio's light and dark themes alike.
 INK = "#8b95a5"
+CHART_FONT = 12  # points, on figures about 5 inches wide: still legible when a phone shows them 330 px wide
 GREEN, BLUE, ORANGE, RED = "#22c55e", "#3b82f6", "#d97706", "#ef4444"
 
 
@@ -109,11 +111,12 @@ def _themed(fig, axes) -> None:
     fig.patch.set_alpha(0.0)
     for ax in axes:
         ax.set_facecolor("none")
-        ax.tick_params(colors=INK, which="both")
+        ax.tick_params(colors=INK, which="both", labelsize=CHART_FONT)
         for spine in ax.spines.values():
             spine.set_color(INK)
         for text in (ax.title, ax.xaxis.label, ax.yaxis.label):
             text.set_color(INK)
+            text.set_fontsize(CHART_FONT)
 
 
 def depth_chart(per_depth: Sequence[float]):
@@ -126,7 +129,7 @@ def depth_chart(per_depth: Sequence[float]):
         the figure (the page shows it without a label over it).
     """
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 3.0))
+    fig, ax = plt.subplots(figsize=(5.0, 3.0))
     depths = list(range(1, len(per_depth) + 1))
     ax.bar(depths, list(per_depth), color=GREEN)
     ax.set_xlabel("d: drafted tokens accepted in one verify step")
@@ -181,7 +184,7 @@ def bench_chart(rows: Sequence[dict], category: str):
     rows = [r for r in rows if r["status"] == "done" and r["method"] != "vanilla"][::-1]  # first chosen on top
     names = [r["method"] for r in rows]
     height = 1.2 + 0.42 * max(1, len(rows))
-    fig, (ax_s, ax_t) = plt.subplots(2, 1, figsize=(6.4, 2 * height), sharey=True)
+    fig, (ax_s, ax_t) = plt.subplots(2, 1, figsize=(5.6, 2 * height), sharey=True)
     flagged = [above(r["speedup"], r["bound"]) for r in rows]
     bars = ax_s.barh(names, [r["speedup"] for r in rows], color=[ORANGE if f else BLUE for f in flagged],
                      hatch=None)  # fmt: skip
@@ -193,7 +196,7 @@ def bench_chart(rows: Sequence[dict], category: str):
     ax_t.barh(names, [r["tau"] for r in rows], color=GREEN)
     ax_t.axvline(1.0, color=INK, linewidth=0.8, linestyle="--")
     ax_t.set_xlabel("τ (tokens per verify step)")
-    fig.suptitle(category, color=INK)
+    fig.suptitle(category, color=INK, fontsize=CHART_FONT + 1)
     _themed(fig, [ax_s, ax_t])
     fig.tight_layout()
     plt.close(fig)
@@ -209,6 +212,6 @@ def _whiskers_and_bounds(ax, rows: Sequence[dict], flagged: Sequence[bool]) -> N
         if row["bound"] is not None:
             ax.plot([row["bound"]], [y], marker="|", markersize=16, markeredgewidth=2.5, color=RED)
         if flag:
-            ax.text(row["speedup"], y, "  ⚠ above bound", va="center", color=ORANGE, fontsize=10)
+            ax.text(row["speedup"], y, "  ⚠ above bound", va="center", color=ORANGE, fontsize=CHART_FONT - 1)
     right = max([r["speedup"] for r in rows] + [r["bound"] or 0 for r in rows] + [1.0])
     ax.set_xlim(0, right * (1.45 if any(flagged) else 1.15))

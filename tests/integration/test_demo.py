@@ -49,9 +49,9 @@ def vanilla_text(default_model, prompt: str, max_new: int = MAX_NEW) -> str:
     return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
-def compare_args(prompt: str, method: str, max_new: int = MAX_NEW) -> tuple:
-    # prompt, more prompts, method, do_sample, temperature, top_p, seed, max new tokens
-    return (prompt, "", method, False, 0.7, 0.9, 0, max_new)
+def compare_args(prompt: str, method: str, max_new: int = MAX_NEW, runs: int = 1) -> tuple:
+    # prompt, more prompts, method, do_sample, temperature, top_p, seed, max new tokens, timed runs
+    return (prompt, "", method, False, 0.7, 0.9, 0, max_new, runs)
 
 
 def test_greedy_generation_equals_vanilla_and_streams(demo, default_model):
@@ -110,7 +110,7 @@ def test_parallel_mode_runs_two_generations_at_once_without_mixing_them(default_
 
 
 def test_batch_of_prompts_equals_vanilla(demo, default_model):
-    details = demo.predict(COPY_PROMPT, OTHER_PROMPT, "ngram", False, 0.7, 0.9, 0, 16, api_name="/compare")[4]
+    details = demo.predict(COPY_PROMPT, OTHER_PROMPT, "ngram", False, 0.7, 0.9, 0, 16, 1, api_name="/compare")[4]
     assert details["identical_to_vanilla"] is True
     expected = [vanilla_text(default_model, p, 16) for p in (COPY_PROMPT, OTHER_PROMPT)]
     assert details["speculative"]["texts"] == expected
@@ -123,7 +123,7 @@ def test_errors_are_reported_and_the_app_keeps_working(demo):
     with pytest.raises(Exception, match="nope is not in the list of choices"):
         demo.predict(*compare_args(COPY_PROMPT, "nope"), api_name="/compare")
     with pytest.raises(Exception, match="less than minimum value"):
-        demo.predict(COPY_PROMPT, "", "ngram", True, 0.0, 0.9, 0, 8, api_name="/compare")
+        demo.predict(COPY_PROMPT, "", "ngram", True, 0.0, 0.9, 0, 8, 1, api_name="/compare")
     details = demo.predict(*compare_args(COPY_PROMPT, "ngram", 8), api_name="/compare")[4]
     assert details["speculative"]["new_tokens"] == 8
 
@@ -147,10 +147,40 @@ def test_benchmark_tab_runs_one_category(demo):
     from hf_specdec.demo.bench_tab import bench_categories
 
     category = bench_categories()[0]
-    log, table, _figure = demo.predict(category, ["ngram"], 1, 16, 1, api_name="/bench")
-    assert "done." in log and "call 1/4: vanilla (warm-up)" in log
-    assert table.count("| ngram |") == 1 and table.count("| vanilla |") == 1  # one line per method
-    assert "run-to-run noise" in table
+    log, table, _figure = demo.predict(category, ["ngram"], 1, 16, 2, api_name="/bench")
+    assert log.endswith("done.") and "warm-up 1/2: vanilla (untimed" in log
+    timed = [line.split(": ")[1].split()[0] for line in log.splitlines() if " run " in line]
+    assert timed == ["vanilla", "ngram", "ngram", "vanilla"]  # interleaved, the order turning
+    assert log.index("warm-up 2/2") < log.index("q1/1 run 1/2")
+    assert table.count("| ngram | 1/1 |") == 1 and table.count("| vanilla | 1/1 |") == 1  # one line per method
+    assert "noise" in table and "bound" in table and " (median " in table  # the spread of 2 runs
+
+
+def test_timed_runs_give_the_spread_and_the_bound_is_tau(demo):
+    _v, _s, summary, _figure, details = demo.predict(*compare_args(COPY_PROMPT, "ngram", runs=2), api_name="/compare")
+    assert len(details["speedup_per_run"]) == 2 and len(details["tokens_per_s_per_run"]["vanilla"]) == 2
+    spec = details["speculative"]
+    assert details["bound"] == pytest.approx(spec["tau"]) or details["bound"] < spec["tau"]  # budget cut a draft
+    assert details["speedup"] == pytest.approx(
+        max(details["tokens_per_s_per_run"]["speculative"]) / max(details["tokens_per_s_per_run"]["vanilla"])
+    )
+    from hf_specdec.demo.render import FLAG
+
+    assert "fastest of 2 runs each" in summary and "per-run speedups" in summary
+    assert (details["speedup"] <= details["bound"] + 0.005) or FLAG in summary.splitlines()[0]
+
+
+def test_startup_says_what_it_loads_and_how_long_it_takes(default_model, capfd):
+    from hf_specdec.demo import build_app
+
+    model, tokenizer = default_model
+    build_app(model, tokenizer, own_model=True, warmup=True)
+    out = capfd.readouterr().out
+    assert "warming up vanilla and 1 assistant(s)" in out
+    assert "warm-up 1/2: vanilla (" in out and "warm-up 2/2: ngram (" in out and "warm-up done in" in out
+    build_app(warmup=False)  # the default model, loaded by the app
+    out = capfd.readouterr().out
+    assert "loading the default model" in out and "model loaded in" in out
 
 
 def test_command_line_refuses_bad_numbers_before_loading_anything(capsys):

@@ -18,6 +18,8 @@ import torch
 pytest.importorskip("gradio", reason="the demo extra is not installed (pip install .[demo])")
 playwright_sync = pytest.importorskip("playwright.sync_api", reason="the demo extra is not installed (playwright)")
 
+from hf_specdec.assistants import available_assistants  # noqa: E402
+from hf_specdec.demo.render import FLAG  # noqa: E402
 from hf_specdec.models import DEFAULT_MODEL_NAME, chat_prompt_ids  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -71,8 +73,12 @@ def browser(demo_url):
         chromium.close()
 
 
-def _open(browser, url: str):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+DESKTOP = {"width": 1400, "height": 1000}
+PHONE = {"width": 390, "height": 844}
+
+
+def _open(browser, url: str, viewport: dict = DESKTOP):
+    page = browser.new_page(viewport=viewport)
     page.goto(url, wait_until="domcontentloaded")
     page.locator("#generate").wait_for(timeout=60_000)
     return page
@@ -88,6 +94,14 @@ def _pane(page, which: str) -> tuple[str, str]:
     """(status line, text) of the vanilla or speculative pane."""
     pane = page.locator(f"#{which}-pane")
     return pane.locator(".hfsd-head").inner_text(), pane.locator(".hfsd-text").inner_text()
+
+
+def _assert_bounded_or_flagged(summary_text: str) -> None:
+    """The Compare summary's speedup is at most its bound ("at most X×"), or the flag follows it."""
+    first = summary_text.splitlines()[0]
+    speedup = float(re.search(r"Speedup: ([0-9.]+)×", first).group(1))
+    bound = float(re.search(r"at most ([0-9.]+)×", summary_text).group(1))
+    assert speedup <= bound or FLAG in first, summary_text
 
 
 def _no_error_badges(page) -> bool:
@@ -112,8 +126,13 @@ def test_page_runs_a_generation_and_shows_text_and_stats(browser, demo_url, defa
     intro = page.locator("#intro").inner_text()
     assert DEFAULT_MODEL_NAME in intro and "cores" in intro and "docs" in intro.lower()  # model, hardware, docs
     help_text = page.locator("#assistant-help").inner_text()
-    assert "Which assistant?" in help_text and "prompt lookup first" in help_text  # advice, not a list of classes
-    assert len([line for line in help_text.splitlines() if line.strip()]) <= 3
+    assert len([line for line in help_text.splitlines() if line.strip()]) <= 3  # the chosen one, briefly
+    page.locator("#assistant-guide-box").get_by_text("Which assistant?").first.click()
+    guide = page.locator("#assistant-guide")
+    guide.get_by_text("How to read the figures").wait_for(timeout=10_000)
+    entries = [line.split(":")[0].strip() for line in guide.locator("li").all_inner_texts()]
+    assert entries == available_assistants(), "the guide has one line for every entry of the menu, in its order"
+    assert "bound" in guide.inner_text() and "τ" in guide.inner_text()
     assert page.locator("#max-new-tokens input[type=number]").input_value() == "256"  # answers are not cut short
     for elem_id in ("temperature", "top-p", "seed"):  # greedy: the sampling controls are greyed out
         assert page.locator(f"#{elem_id} input").first.is_disabled(), elem_id
@@ -142,7 +161,12 @@ def test_page_runs_a_generation_and_shows_text_and_stats(browser, demo_url, defa
     assert "running" not in vanilla_head and "running" not in spec_head
     assert drafted > 0 and own > 0
     assert "Speedup" in summary_text and "τ = " in summary_text
-    assert float(summary_text.split("τ = ")[1].split()[0]) > 1.0
+    tau = float(summary_text.split("τ = ")[1].split()[0])
+    assert tau > 1.0
+    _assert_bounded_or_flagged(summary_text)
+    bound = float(re.search(r"at most ([0-9.]+)×", summary_text).group(1))
+    assert 1.0 < bound <= tau  # greedy: τ, or less when the token budget cut an accepted draft short
+    assert "Noise: one run each" in summary_text
     assert label_over_chart == 0, "the per-depth chart carries its own title; no Gradio label hides its top"
     assert _no_error_badges(page)
     assert (SCREENSHOTS / "demo.png").stat().st_size > 10_000
@@ -227,31 +251,95 @@ def test_a_sampled_run_says_whether_the_two_texts_match(browser, demo_url):
     page.close()
 
 
-def test_the_benchmark_tab_streams_progress_and_lists_each_method_once(browser, demo_url):
-    page = _open(browser, demo_url)
+def _bench_setup(page, keep: tuple[str, ...], questions: int) -> None:
+    """The Benchmark tab with only the methods ``keep`` ticked, ``questions`` questions and 16 new tokens."""
     page.get_by_role("tab", name="Benchmark").click()
     choices = page.locator("#bench-methods label:has(input[type=checkbox])")
     choices.first.wait_for()
     for i in range(choices.count()):
         box = choices.nth(i).locator("input[type=checkbox]")
-        if choices.nth(i).inner_text().strip() != "ngram" and box.is_checked():
-            box.uncheck()
-    _set_number(page, "bench-questions", 1)
+        if (choices.nth(i).inner_text().strip() in keep) != box.is_checked():
+            box.click()
+    _set_number(page, "bench-questions", questions)
     _set_number(page, "bench-max-new-tokens", 16)
+    _set_number(page, "bench-repeats", 1)  # short (the spread of several runs is checked in test_demo.py)
+
+
+def _bench_rows(page) -> list[list[str]]:
+    """The cells of every line of the results table."""
+    table = page.locator("#bench-table table").first
+    return [[c.strip() for c in r.locator("td").all_inner_texts()] for r in table.locator("tbody tr").all()]
+
+
+def _assert_rows_bounded_or_flagged(rows: list[list[str]]) -> None:
+    """Every speedup shown (column 4) is at most the bound (column 7) or carries the flag."""
+    for cells in rows:
+        if cells[0] == "vanilla" or not cells[3]:
+            continue
+        speedup = float(cells[3].split("×")[0])
+        bound = float(cells[6].rstrip("×"))
+        assert speedup <= bound or FLAG in cells[3], cells
+
+
+def test_the_benchmark_tab_streams_progress_and_lists_each_method_once(browser, demo_url):
+    page = _open(browser, demo_url)
+    _bench_setup(page, ("ngram",), 1)
     page.locator("#bench-run").click()
     log = page.locator("#bench-log textarea")
-    # progress moves call by call: the first calls show before the first prompt has run every method
-    page.wait_for_function("document.querySelector('#bench-log textarea').value.includes('call 2/')", timeout=LONG)
+    # progress moves call by call: the warm-up calls show before the first question has run every method
+    page.wait_for_function("document.querySelector('#bench-log textarea').value.includes('warm-up 2/')", timeout=LONG)
     early = log.input_value()
-    assert "[greedy] 1/1" not in early or "call 1/" in early
-    page.locator("#bench-table").get_by_text("run-to-run noise").wait_for(timeout=3 * LONG)
-    table = page.locator("#bench-table table").first
-    rows = [r.inner_text() for r in table.locator("tbody tr").all()]
+    assert "question 1/1 done" not in early
+    page.locator("#bench-table").get_by_text("How to read this").wait_for(timeout=3 * LONG)
+    rows = _bench_rows(page)
     page.locator("#bench-chart img").first.wait_for(timeout=30_000)
     _shot(page, "demo_benchmark")
-    assert [r.split()[0] for r in rows] == ["vanilla", "ngram"], rows  # each method once
+    assert [r[0] for r in rows] == ["vanilla", "ngram"], rows  # each method once
+    _assert_rows_bounded_or_flagged(rows)
+    assert 1.0 <= float(rows[1][6].rstrip("×")) <= float(rows[1][5]) + 0.011  # greedy: the bound is τ (or less
+    # when the token budget cut an accepted draft short)
     assert _no_error_badges(page)
     page.close()
+
+
+def test_stop_in_the_benchmark_tab_keeps_the_finished_lines(browser, demo_url):
+    page = _open(browser, demo_url)
+    _bench_setup(page, ("ngram",), 2)
+    page.locator("#bench-run").click()
+    page.locator("#bench-table").get_by_text("question 1/2 done").wait_for(timeout=3 * LONG)
+    page.locator("#bench-stop").click()
+    page.locator("#bench-table").get_by_text("Stopped by the user").wait_for(timeout=LONG)
+    rows = _bench_rows(page)
+    text = page.locator("#bench-table").inner_text()
+    _shot(page, "demo_benchmark_stopped")
+    assert [r[0] for r in rows] == ["vanilla", "ngram"], rows
+    assert rows[1][1] in ("1/2", "2/2") and rows[1][3].split("×")[0].replace(".", "").isdigit(), rows
+    assert "error" not in text.lower() and "no results" not in text.lower()
+    _assert_rows_bounded_or_flagged(rows)
+    assert page.locator("#bench-log textarea").input_value().endswith("stopped by the user.")
+    assert _no_error_badges(page)
+    page.close()
+
+
+def test_on_a_phone_the_panes_stack_and_the_chart_fills_the_width(browser, demo_url):
+    boxes = {}
+    for name, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
+        page = _open(browser, demo_url, viewport)
+        page.locator("#prompt textarea").fill(PROMPT)
+        _set_number(page, "max-new-tokens", 16)
+        page.locator("#generate").click()
+        page.locator("#depth img").first.wait_for(timeout=LONG)
+        boxes[name] = {k: page.locator(sel).first.bounding_box() for k, sel in
+                       (("vanilla", "#vanilla-pane"), ("spec", "#speculative-pane"), ("chart", "#depth img"))}  # fmt: skip
+        _shot(page, f"demo_{name}")
+        _assert_bounded_or_flagged(page.locator("#summary").inner_text())
+        page.close()
+    desk, phone = boxes["desktop"], boxes["phone"]
+    assert desk["vanilla"]["y"] == desk["spec"]["y"] and desk["vanilla"]["x"] < desk["spec"]["x"]  # side by side
+    assert phone["vanilla"]["y"] + phone["vanilla"]["height"] <= phone["spec"]["y"]  # stacked
+    assert abs(phone["vanilla"]["x"] - phone["spec"]["x"]) < 2
+    assert min(phone["vanilla"]["width"], phone["spec"]["width"], phone["chart"]["width"]) >= 0.8 * PHONE["width"]
+    assert phone["chart"]["height"] >= 150, "the chart is drawn at a readable size, not a thumbnail"
 
 
 def test_charts_are_drawn_on_a_transparent_background_for_the_dark_theme(browser, demo_url):
