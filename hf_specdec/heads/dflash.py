@@ -33,7 +33,7 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from .derived import drafting_copy, lm_head_logits
-from .eagle import EagleKVCache, _architectures, _num_layers, eagle3_feature_layers
+from .eagle import EagleKVCache, _architectures, _num_layers
 from .hub import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -82,7 +82,7 @@ class DFlashHead(
         config: the draft layers' transformers config (Qwen3 fields; ``num_hidden_layers`` = draft layers,
             ``vocab_size`` = the target's vocabulary, ``hidden_size`` = the target's hidden size).
         aux_layers: indices into the target's ``hidden_states`` tuple whose states form the context (None: filled in
-            by `bind` with 2, L // 2, L - 3, the library's default).
+            by `bind`, `default_feature_layers`).
         block_size: tokens per block (the anchor included).
         mask_token_id: the token id of the block's mask slots (None: filled in by `bind`).
         draft_vocab_size: size of the draft vocabulary (``lm_head``, ``d2t``, ``t2d``); None = the full vocabulary
@@ -184,6 +184,7 @@ class DFlashHead(
         hidden, vocab = base_model_dims(model)
         fields = {k: getattr(text, k) for k in LAYER_FIELDS if getattr(text, k, None) is not None}
         fields.update(hidden_size=hidden, vocab_size=vocab, num_hidden_layers=num_layers)
+        kwargs.setdefault("aux_layers", default_feature_layers(_num_layers(model)))
         head = cls(
             fields,
             block_size=block_size,
@@ -243,7 +244,10 @@ class DFlashHead(
         """Check ``model``, remember its embeddings (and lm_head for a full-vocabulary head), fill in the default
         feature layers and mask token; returns self."""
         if self.aux_layers is None:
-            self.aux_layers = list(eagle3_feature_layers(model))
+            self.aux_layers = default_feature_layers(_num_layers(model))
+            if len(self.aux_layers) * self.hidden_size != self.fc.in_features:
+                raise ValueError(f"DFlashHead: its fc fuses {self.fc.in_features // self.hidden_size} target layers, "
+                                 f"but the default layers of this target are {self.aux_layers}: pass aux_layers")  # fmt: skip
         self.check_compatible(model)
         if self.verifier_architectures is None:
             self.verifier_architectures = _architectures(model)
@@ -520,6 +524,15 @@ def _layer_dict(config: Qwen3Config) -> dict:
     return {"model_type": "qwen3", **out}
 
 
+def default_feature_layers(layers: int) -> list[int]:
+    """The target layers a fresh head reads: the library's default 2, L // 2, L - 3 where those are distinct and past
+    the embeddings, else 1, L // 2, L - 1 (distinct ids only: the library and vLLM collect each layer once)."""
+    ids = (2, layers // 2, layers - 3)
+    if len(set(ids)) < 3 or min(ids) < 1:
+        ids = (1, layers // 2, layers - 1)
+    return sorted({i for i in ids if i >= 1} or {layers})
+
+
 def _default_mask_token(model: nn.Module) -> int:
     """The mask token of a fresh head: the target's pad token, else its EOS token, else 0."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -531,4 +544,4 @@ def _default_mask_token(model: nn.Module) -> int:
     return 0
 
 
-__all__ = ["DFlashHead", "layer_config"]
+__all__ = ["DFlashHead", "default_feature_layers", "layer_config"]

@@ -23,7 +23,7 @@ from hf_specdec.generation.proposers.dflash import DFlashAssistant, ddtree
 from hf_specdec.heads.dflash import DFlashHead
 from hf_specdec.heads.eagle import EagleHead
 from hf_specdec.heads.hub import CONFIG_NAME, WEIGHTS_NAME
-from hf_specdec.testing import left_pad, tiny_causal_lm
+from hf_specdec.testing import left_pad, tiny_causal_lm, torch_threads
 
 if os.environ.get("CI"):  # CI installs the extra: the library checks must run there, never skip
     import speculators  # noqa: F401
@@ -31,6 +31,14 @@ else:
     pytest.importorskip("speculators")
 from speculators import SpeculatorModel, SpeculatorModelConfig  # noqa: E402
 from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Tiny models: intra-op threads only add wake-up latency (badly so on a busy machine)."""
+    with torch_threads(1):
+        yield
+
 
 DRAFT_IDS = torch.arange(10, 80)
 BLOCK = 4
