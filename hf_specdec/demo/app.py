@@ -221,8 +221,31 @@ def _sampling_controls(do_sample: bool) -> tuple:
     return tuple(gr.update(interactive=bool(do_sample)) for _ in range(3))
 
 
+def _compare_options(methods: list[str]) -> list:
+    """The Compare tab's right column: the assistant with its help and guide, and the generation options; returns
+    the inputs after the prompts, in `DemoServer.compare`'s order."""
+    method = gr.Dropdown(methods, value=methods[0] if methods else None, label="Assistant", elem_id="method")
+    advice = gr.Markdown(_assistant_help(methods[0] if methods else None), elem_id="assistant-help")
+    with gr.Accordion("Which assistant? How to read the figures", open=False, elem_id="assistant-guide-box"):
+        gr.Markdown(assistant_guide(methods), elem_id="assistant-guide")
+    max_new = gr.Slider(8, MAX_NEW_TOKENS, value=DEFAULT_NEW_TOKENS, step=8, label="Max new tokens",
+                        elem_id="max-new-tokens")  # fmt: skip
+    runs = gr.Slider(1, MAX_RUNS, value=1, step=1, elem_id="timed-runs",
+                     label="Timed runs of each side (interleaved; more: the spread, i.e. the noise)")  # fmt: skip
+    do_sample = gr.Checkbox(label="Sample (unticked: greedy)", value=False, elem_id="do-sample")
+    with gr.Row(elem_classes="hfsd-stack"):  # greyed out (hfsd-sampling) and not editable in greedy mode
+        sampling = {"interactive": False, "elem_classes": "hfsd-sampling"}
+        temperature = gr.Slider(0.05, 2.0, value=0.7, step=0.05, label="Temperature", elem_id="temperature",
+                                **sampling)  # fmt: skip
+        top_p = gr.Slider(0.05, 1.0, value=0.9, step=0.05, label="Top-p", elem_id="top-p", **sampling)
+        seed = gr.Number(value=0, precision=0, label="Seed", elem_id="seed", **sampling)
+    method.change(_assistant_help, inputs=[method], outputs=[advice], queue=False, api_visibility="undocumented")
+    do_sample.change(_sampling_controls, inputs=[do_sample], outputs=[temperature, top_p, seed], queue=False,
+                     api_visibility="undocumented")  # fmt: skip
+    return [method, do_sample, temperature, top_p, seed, max_new, runs]
+
+
 def _compare_tab(server: DemoServer, concurrency: int) -> None:
-    methods = server.assistants
     with gr.Row(elem_classes="hfsd-stack"):
         with gr.Column(scale=3):
             prompt = gr.Textbox(label="Prompt", value=EXAMPLES[0], lines=3, elem_id="prompt")
@@ -233,24 +256,7 @@ def _compare_tab(server: DemoServer, concurrency: int) -> None:
             )
             gr.Examples(EXAMPLES, inputs=[prompt], label="Examples")
         with gr.Column(scale=2):
-            method = gr.Dropdown(methods, value=methods[0] if methods else None, label="Assistant", elem_id="method")
-            advice = gr.Markdown(_assistant_help(methods[0] if methods else None), elem_id="assistant-help")
-            with gr.Accordion("Which assistant? How to read the figures", open=False, elem_id="assistant-guide-box"):
-                gr.Markdown(assistant_guide(methods), elem_id="assistant-guide")
-            max_new = gr.Slider(8, MAX_NEW_TOKENS, value=DEFAULT_NEW_TOKENS, step=8, label="Max new tokens",
-                                elem_id="max-new-tokens")  # fmt: skip
-            runs = gr.Slider(1, MAX_RUNS, value=1, step=1, elem_id="timed-runs",
-                             label="Timed runs of each side (interleaved; more: the spread, i.e. the noise)")  # fmt: skip
-            do_sample = gr.Checkbox(label="Sample (unticked: greedy)", value=False, elem_id="do-sample")
-            with gr.Row(elem_classes="hfsd-stack"):  # greyed out (hfsd-sampling) and not editable in greedy mode
-                sampling = {"interactive": False, "elem_classes": "hfsd-sampling"}
-                temperature = gr.Slider(0.05, 2.0, value=0.7, step=0.05, label="Temperature", elem_id="temperature",
-                                        **sampling)  # fmt: skip
-                top_p = gr.Slider(0.05, 1.0, value=0.9, step=0.05, label="Top-p", elem_id="top-p", **sampling)
-                seed = gr.Number(value=0, precision=0, label="Seed", elem_id="seed", **sampling)
-    method.change(_assistant_help, inputs=[method], outputs=[advice], queue=False, api_visibility="undocumented")
-    do_sample.change(_sampling_controls, inputs=[do_sample], outputs=[temperature, top_p, seed], queue=False,
-                     api_visibility="undocumented")  # fmt: skip
+            options = _compare_options(server.assistants)
     with gr.Row():
         run = gr.Button("Generate", variant="primary", elem_id="generate")
         stop = gr.Button("Stop", variant="stop", elem_id="stop")
@@ -265,7 +271,7 @@ def _compare_tab(server: DemoServer, concurrency: int) -> None:
         details = gr.JSON(elem_id="details")
     run.click(
         server.compare,
-        inputs=[prompt, more, method, do_sample, temperature, top_p, seed, max_new, runs],
+        inputs=[prompt, more, *options],
         outputs=[vanilla, speculative, summary, depth, details],
         api_name="compare",
         concurrency_limit=concurrency,

@@ -102,7 +102,8 @@ class Board:
 
     def _row(self, method: str, stopped: bool) -> dict:
         qs = self.finished(method)
-        row = {"method": method, "questions": len(qs), "of": self.questions, "error": self.errors.get(method)}
+        error = self.errors.get(method) or (self.errors.get("vanilla") and f"vanilla failed: {self.errors['vanilla']}")
+        row = {"method": method, "questions": len(qs), "of": self.questions, "error": error}
         if not qs:
             return {**row, "status": "error" if row["error"] else ("stopped" if stopped else "running")}
         fast = [min(self.calls[(method, q)], key=lambda c: c.seconds) for q in qs]
@@ -145,8 +146,12 @@ class Runner:
     def call(self, method: Method, prompt: Prompt, budget: int) -> Call | str | None:
         """One call: a `Call`, the error's message, or None when Stop cut it short (not a measurement)."""
         ids = prompt.ids[None].to(self.model.device)  # [1, W]
+        try:
+            extra = method.kwargs(self.ctx)  # a fresh assistant (loading its weights may fail)
+        except Exception as exc:  # noqa: BLE001 - shown in the method's line
+            return f"{type(exc).__name__}: {exc}"
         kwargs = {"max_new_tokens": budget, "do_sample": False, "temperature": None, "top_p": None, "top_k": None,
-                  "stopping_criteria": StoppingCriteriaList([CancelCriteria(self.cancel)]), **method.kwargs(self.ctx)}  # fmt: skip
+                  "stopping_criteria": StoppingCriteriaList([CancelCriteria(self.cancel)]), **extra}  # fmt: skip
         if method.spec_stats:
             kwargs["return_dict_in_generate"] = True
         res = timed_generate(self.model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, kwargs, 0)

@@ -309,7 +309,8 @@ def compare_batch(model, tokenizer, req: Request, cancel: threading.Event, lock=
         view.summary = f"Running speculative decoding with `{req.method}` on the batch…"
         yield view
     view.details = _batch_details(req, outs, ids.shape[1], tokenizer, pad, cancel)
-    view.summary = summary_markdown(view.details) + "\n- (batch: token origins are shown for single prompts only)"
+    note = "\n- (batch: one run each; token origins are shown for single prompts only)"
+    view.summary = summary_markdown(view.details) + note
     view.depth_figure = depth_chart(outs["speculative"][0].spec_stats.per_depth_acceptance)
     yield view
 
