@@ -272,7 +272,12 @@ def render_sample(runs: list[Run], page: Path, options: dict) -> str:
             break
     sub = Run(run.path, run.meta, summarize(picked), picked)
     table = render_matrix([sub], page, {}).split("\n\nSource:")[0]
-    return "```text\n" + "\n".join(lines) + "\n" + table + "\n```"
+    seconds = sum(r["time_s"] for r in picked)
+    return (
+        "```text\n" + "\n".join(lines) + "\n" + table + "\n```\n\n"
+        f"These records hold {seconds:.0f} s of generation ({len(cats)} prompts through vanilla and "
+        f"{len(methods)} methods) on that machine; loading the model comes on top."
+    )
 
 
 RENDERERS: dict[str, Callable[[list[Run], Path, dict], str]] = {
