@@ -1,0 +1,252 @@
+"""Training a DFlash block drafter (`DFlashHead`) on self-distillation data, target frozen, as the speculators library
+trains it: anchored blocks.
+
+The data (`hf_specdec.training.data`, built with ``aux_layers=head.feature_layers``) hold per token the target's
+states at the head's feature layers and its final normed state. A training window of a sequence gives the context;
+``anchors_per_window`` anchors are drawn among its positions whose next token is an answer token; each anchor's block
+(the anchor's token, then mask tokens) sees the window's context before the anchor and its whole block, as it does
+while drafting (`DFlashHead.forward`). Block slot d (d = 1..D, the depths one block drafts) is trained to predict the
+target's choice d places after the anchor: the KL divergence from the target's distribution over the draft
+vocabulary (``soft_labels``: softmax of its lm_head rows over its final state one position earlier, the library's
+soft targets) or the cross-entropy against its arg-max, weighted ``exp(-(d - 1) / decay)`` (the library's position decay), at answer positions.
+
+Held-out metric: per-depth chain acceptance of the head's arg-max block at held-out answer anchors (teacher-forced:
+``chain_tau`` = 1 + the mean number of leading depths whose arg-max is the target's token; ``top1`` = depth 1).
+
+    head, report = train_dflash(model, load_distillation_data(folder), "out/dflash", DFlashTrainingConfig())
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..heads.dflash import DFlashHead, default_feature_layers
+from .data import DistillationData
+from .eagle import _windows, token_targets, window_starts
+from .run import (
+    REPORT_NAME,
+    HeldOutSplit,
+    RunConfig,
+    TrainingRun,
+    draft_vocabulary,
+    head_positions,
+    lr_lambda,
+    split_sequences,
+    step_counts,
+)
+
+HEAD_DIR = "head"
+
+
+@dataclass
+class DFlashTrainingConfig(RunConfig):
+    """Hyper-parameters of `train_dflash` (the schedule, split and checkpoints: `RunConfig`'s, with
+    ``positions_per_step`` counting windows).
+
+    Attributes:
+        num_layers / block_size: the head's draft layers and block (anchor included).
+        window: positions per training window (the anchors' context); anchors_per_window: blocks per window.
+        decay: the loss weight of depth d is ``exp(-(d - 1) / decay)``.
+        draft_vocab: size of the draft (and loss) vocabulary; 0 = the full vocabulary (through the target's lm_head).
+        soft_labels: the target's distribution over the draft vocabulary as the target (else its arg-max).
+    """
+
+    num_layers: int = 1
+    block_size: int = 8
+    window: int = 256
+    anchors_per_window: int = 16
+    decay: float = 4.0
+    draft_vocab: int = 8192
+    soft_labels: bool = True
+    positions_per_step: int = 4
+    epochs: float = 3.0
+    max_grad_norm: float = 0.5
+    eval_every: int = 100
+    checkpoint_every: int = 50
+
+    def __post_init__(self):
+        if self.window < self.block_size + 1 or self.anchors_per_window < 1 or self.block_size < 2:
+            raise ValueError(f"need block_size >= 2, window > block_size and anchors_per_window >= 1, got "
+                             f"{self.block_size}, {self.window}, {self.anchors_per_window}")  # fmt: skip
+        if self.decay <= 0:
+            raise ValueError(f"decay must be > 0, got {self.decay}")
+
+
+# ---------------------------------------------------------------------------------------------------- loss
+def draw_anchors(data: DistillationData, t: torch.Tensor, valid: torch.Tensor, count: int, generator) -> torch.Tensor:
+    """`[B, A]` window-relative anchors, A = ``count`` at most: positions with context before them whose next token
+    is an answer token, drawn at random (sorted); -1 where a window has fewer."""
+    n = data.input_ids.numel()
+    ok = valid & data.answer_mask[(t + 1).clamp(max=n - 1)] & (t + 1 < data.seq_end[t])  # [B, W]
+    ok[:, 0] = False  # an anchor needs context
+    key = torch.rand(ok.shape, generator=generator).masked_fill(~ok, -1.0)
+    top = key.topk(min(count, ok.shape[1]), dim=1)
+    anchors = torch.where(top.values >= 0, top.indices, -1)
+    return anchors.sort(dim=1).values
+
+
+def block_targets(data: DistillationData, labels: torch.Tensor, t: torch.Tensor, anchors: torch.Tensor, depths: int):
+    """``(positions, target)``: `[B, A, D]` the absolute position d places after each anchor, and the draft-vocabulary
+    index of the target's choice there (-100: none, or not an answer token, or an absent anchor)."""
+    n = data.input_ids.numel()
+    base = t.gather(1, anchors.clamp(min=0))  # [B, A]
+    pos = base[..., None] + torch.arange(1, depths + 1)  # [B, A, D]
+    safe = pos.clamp(max=n - 1)
+    target = labels[(safe - 2).clamp(min=0)]  # labels[p - 2]: the target's choice at p
+    keep = (anchors[..., None] >= 0) & (pos < data.seq_end[base][..., None]) & data.answer_mask[safe]
+    return safe, target.masked_fill(~keep, -100)
+
+
+def dflash_loss(
+    head: DFlashHead,
+    data: DistillationData,
+    labels: torch.Tensor,
+    windows: torch.Tensor,
+    cfg: DFlashTrainingConfig,
+    generator: torch.Generator,
+    teacher_rows: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict]:
+    """The depth-weighted block loss over the ``(start, end)`` windows `[B, 2]`, and its per-depth parts.
+    ``teacher_rows``: `[V', H]` the target's lm_head rows of the draft vocabulary (soft labels)."""
+    t, valid = _windows(data, windows, cfg.window)  # [B, W]
+    dtype, device = head.fc.weight.dtype, head.fc.weight.device
+    feats = data.features(head.feature_layers)[t].to(device=device, dtype=dtype)  # [B, W, F]
+    anchors = draw_anchors(data, t, valid, cfg.anchors_per_window, generator)  # [B, A]
+    first, depths = (0 if head.sample_from_anchor else 1), head.num_depths
+    logits = head(data.input_ids[t].to(device), feats, anchors.clamp(min=0).to(device))  # [B, A, k, V']
+    logits = logits[:, :, first : first + depths]  # [B, A, D, V']
+    pos, target = block_targets(data, labels, t, anchors, depths)  # [B, A, D]
+    keep = (target >= 0).to(device)
+    logp = torch.log_softmax(logits[keep].float(), dim=-1)  # [k, V']
+    if teacher_rows is not None:
+        states = data.hidden[(pos - 1)[keep.cpu()]].to(device=teacher_rows.device, dtype=teacher_rows.dtype)
+        with torch.no_grad():
+            soft = torch.softmax((states @ teacher_rows.T).float(), dim=-1)  # [k, V']
+        nll = (torch.special.xlogy(soft, soft) - soft * logp).sum(-1)  # KL(target || head): 0 when learnt
+    else:
+        nll = F.nll_loss(logp, target.to(device)[keep], reduction="none")
+    depth = torch.arange(depths, device=device).expand_as(keep)[keep]  # [k]
+    weight = torch.exp(-depth.float() / cfg.decay)
+    loss = (weight * nll).sum() / weight.sum().clamp(min=1e-9)
+    parts = {f"depth{d + 1}": float(nll[depth == d].detach().mean()) for d in range(depths) if (depth == d).any()}
+    return torch.nan_to_num(loss), parts
+
+
+@torch.no_grad()
+def evaluate_dflash(head: DFlashHead, data: DistillationData, seq_ids: torch.Tensor, max_positions: int) -> dict:
+    """Held-out chain acceptance of the head's arg-max blocks at answer anchors, each sequence read whole.
+
+    Returns:
+        ``{"top1", "chain_tau", "per_depth", "positions"}``: depth-1 hit rate, 1 + mean leading hits, the share of
+        anchors whose first d depths all hit, and the anchors scored (at most ``max_positions``).
+    """
+    was = head.training
+    head.eval()
+    features, nxt = data.features(head.feature_layers), data.next_tokens()
+    first, depths, w = (0 if head.sample_from_anchor else 1), head.num_depths, head.fc.weight
+    runs, total = [], 0
+    for s, a, e in data.seq_bounds[seq_ids].tolist():
+        anchors = torch.arange(max(s + 1, a - 1), e - 1)
+        anchors = anchors[data.answer_mask[anchors + 1]][: max_positions - total]
+        if total >= max_positions or anchors.numel() == 0:
+            continue
+        t = torch.arange(s, e)
+        logits = head(data.input_ids[t][None].to(w.device), features[t][None].to(w.device, w.dtype),
+                      (anchors - s)[None].to(w.device))[0, :, first : first + depths]  # fmt: skip
+        guess = head.draft_to_token(logits.argmax(-1)).cpu()  # [A, D]
+        pos = anchors[:, None] + torch.arange(1, depths + 1)  # [A, D]
+        want = torch.where(pos < e, nxt[(pos - 1).clamp(max=e - 1)], -2)
+        runs.append(torch.cumprod((guess == want).long(), dim=1))  # [A, D] 1 while every depth so far hit
+        total += int(anchors.numel())
+    head.train(was)
+    if not runs:
+        return {"top1": 0.0, "chain_tau": 1.0, "per_depth": [], "positions": 0}
+    hits = torch.cat(runs).float()
+    per_depth = [round(float(x), 4) for x in hits.mean(0)]
+    return {"top1": per_depth[0], "chain_tau": round(1 + float(hits.sum(1).mean()), 4), "per_depth": per_depth,
+            "positions": total}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------- training
+def train_dflash(
+    model: torch.nn.Module,
+    data: DistillationData,
+    out_dir: str | Path,
+    cfg: DFlashTrainingConfig | None = None,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    device: str | torch.device | None = None,
+) -> tuple[DFlashHead, dict]:
+    """Train a fresh `DFlashHead` for ``model`` on ``data`` (built with the head's feature layers,
+    `default_feature_layers`); write ``out_dir/head`` and the report.
+
+    Args:
+        model: the target (frozen; its embeddings and lm_head are read).
+        data: self-distillation data for ``model`` with ``aux_layers`` = the head's feature layers.
+        out_dir: output folder: ``checkpoints/``, ``head/``, ``training_report.json``.
+        cfg: hyper-parameters; resume: continue from the latest checkpoint (same settings); progress: tqdm bars.
+        device: where the head trains (default: the target's); the returned head is on the CPU.
+    Returns:
+        ``(head, report)``.
+    """
+    cfg = cfg or DFlashTrainingConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    train_seqs, eval_seqs = split_sequences(data, cfg.eval_fraction, cfg.seed)
+    lm_weight = model.get_output_embeddings().weight.detach()
+    vocab_size = int(lm_weight.shape[0])
+    device = torch.device(device) if device is not None else lm_weight.device
+    vocab, coverage = None, 1.0
+    if cfg.draft_vocab and cfg.draft_vocab < vocab_size:
+        vocab, coverage = draft_vocabulary(data, head_positions(data, train_seqs), cfg.draft_vocab)
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    layers = data.aux_layers or default_feature_layers(int(config.num_hidden_layers))
+    head = DFlashHead.for_model(model, cfg.num_layers, cfg.block_size, draft_vocab=vocab, aux_layers=list(layers))
+    head = head.to(device).train()
+    data.features(head.feature_layers)  # refuses data without the head's layers
+    for p in model.parameters():
+        p.requires_grad_(False)
+    labels = token_targets(data, lm_weight, vocab if vocab is not None else torch.arange(vocab_size))
+    starts = window_starts(data, train_seqs, cfg.window)
+    split = HeldOutSplit(train_seqs, eval_seqs, starts, torch.zeros(0, dtype=torch.long))
+    _, total = step_counts(starts.shape[0], cfg.positions_per_step, cfg.epochs, cfg.max_steps)
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps, total))
+    run = TrainingRun(out, cfg, head, "head", optimizer, scheduler)
+    run.resume(resume, same=("num_layers", "block_size", "window", "draft_vocab", "seed", "soft_labels"))
+    gen = torch.Generator().manual_seed(cfg.seed + 17)
+    rows = lm_weight[vocab if vocab is not None else slice(None)].to(device, torch.float32) if cfg.soft_labels else None
+
+    def loss_of(batch: torch.Tensor) -> torch.Tensor:
+        return dflash_loss(head, data, labels, batch, cfg, gen, rows)[0]
+
+    def evaluate() -> dict:
+        return evaluate_dflash(head, data, eval_seqs, cfg.eval_positions) if eval_seqs.numel() else {}
+
+    before, after = run.train(starts, total, loss_of, evaluate, desc="dflash head", metric="chain_tau",
+                              progress=progress)  # fmt: skip
+    head.to("cpu").eval()
+    report = run.report(data, split, before, after)
+    report.update(device=str(device), draft_vocab=None if vocab is None else int(vocab.numel()),
+                  draft_vocab_answer_coverage=round(coverage, 4), train_windows=int(starts.shape[0]))  # fmt: skip
+    head.model_card = {
+        "training_data": report["training_data"],
+        "held_out_chain_tau": (after or {}).get("chain_tau"),
+        "notes": f"DFlash block drafter trained by hf-specdec ({cfg.num_layers} layer(s), block {cfg.block_size}, "
+        f"target layers {list(head.feature_layers)}, {'soft' if cfg.soft_labels else 'arg-max'} targets, position "
+        f"decay {cfg.decay}, {run.step} steps; target frozen).",
+    }
+    head.save_pretrained(out / HEAD_DIR)
+    (out / REPORT_NAME).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return head, report
+
+
+__all__ = ["DFlashTrainingConfig", "block_targets", "dflash_loss", "draw_anchors", "evaluate_dflash", "train_dflash"]

@@ -1,0 +1,87 @@
+"""A short DFlash training run on a tiny model lowers the loss and raises acceptance (held-out chain acceptance and
+the tau of a real generate call, whose output stays vanilla's), writes a loadable head, and resumes from its
+checkpoint; the anchored blocks are labelled with the target's choice at each depth."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_specdec  # noqa: F401  (routes generate(assistant=...))
+from hf_specdec.generation.proposers.dflash import DFlashAssistant
+from hf_specdec.heads.dflash import DFlashHead, default_feature_layers
+from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm, torch_threads
+from hf_specdec.training.data import build_distillation_data, load_distillation_data
+from hf_specdec.training.dflash import DFlashTrainingConfig, block_targets, draw_anchors, train_dflash
+from hf_specdec.training.eagle import _windows, token_targets, window_starts
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    with torch_threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    """A 4-layer target's greedy answers with the states of the head's default layers (1, 2, 3)."""
+    model = tiny_causal_lm("llama", vocab_size=64, hidden_size=32, num_layers=4, seed=3)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 64, (int(torch.randint(4, 10, (1,), generator=gen)),), generator=gen).tolist()
+               for _ in range(48)]  # fmt: skip
+    folder = tmp_path_factory.mktemp("data")
+    build_distillation_data(model, prompts, folder, max_new_tokens=24, batch_size=16, shard_size=24,
+                            hidden_dtype=torch.float32, aux_layers=default_feature_layers(4), progress=False)  # fmt: skip
+    return model, load_distillation_data(folder), prompts
+
+
+def tau_of(model, head, prompts) -> float:
+    ids, mask = left_pad(prompts)
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, return_dict_in_generate=True,
+                         assistant=DFlashAssistant(head, top_k=3, num_nodes=12), tree_budget=False)  # fmt: skip
+    assert_same_tokens(out.sequences, expected, "trained DFlash head")
+    return float(out.spec_stats.tau)
+
+
+def test_block_targets_are_the_targets_choices(tiny_data):
+    """Slot d of an anchor's block is labelled with the token the target chose d places after the anchor (greedy
+    answers: the next answer tokens themselves)."""
+    model, data, _ = tiny_data
+    labels = token_targets(data, model.lm_head.weight.detach(), torch.arange(64))  # full vocabulary: index = id
+    windows = window_starts(data, torch.arange(4), 32)
+    t, valid = _windows(data, windows, 32)
+    anchors = draw_anchors(data, t, valid, 6, torch.Generator().manual_seed(0))
+    pos, target = block_targets(data, labels, t, anchors, 3)
+    known = target >= 0
+    assert known.sum() > 20
+    assert torch.equal(target[known], data.input_ids[pos[known]])  # greedy answers are the target's choices
+    assert bool(data.answer_mask[pos[known]].all())
+
+
+def test_training_lowers_the_loss_and_raises_acceptance(tiny_data, tmp_path):
+    model, data, prompts = tiny_data
+    cfg = DFlashTrainingConfig(block_size=4, window=32, anchors_per_window=8, positions_per_step=8, epochs=12,
+                               lr=3e-3, warmup_steps=5, draft_vocab=0, eval_fraction=0.15, eval_every=0,
+                               checkpoint_every=40)  # fmt: skip
+    head, report = train_dflash(model, data, tmp_path / "run", cfg, progress=False)
+    assert report["train_loss_last_steps"] < 0.7 * report["train_loss_first_steps"], report
+    before, after = report["held_out_before"], report["held_out"]
+    assert after["positions"] > 50 and after["chain_tau"] > before["chain_tau"] + 0.2, (before, after)
+    saved = DFlashHead.from_pretrained(tmp_path / "run" / "head", base_model=model)
+    assert saved.feature_layers == (1, 2, 3) and saved.block_size == 4
+    untrained = DFlashHead.for_model(model, block_size=4).eval()
+    held_out = [prompts[i] for i in range(0, 48, 6)]
+    assert tau_of(model, saved, held_out) > tau_of(model, untrained, held_out) + 0.3
+
+
+def test_resume_continues_from_the_checkpoint(tiny_data, tmp_path):
+    model, data, _ = tiny_data
+    cfg = DFlashTrainingConfig(block_size=4, window=32, positions_per_step=8, max_steps=6, eval_every=0,
+                               checkpoint_every=3, draft_vocab=40)  # fmt: skip
+    train_dflash(model, data, tmp_path / "run", cfg, progress=False)
+    with pytest.raises(FileExistsError, match="resume=True"):
+        train_dflash(model, data, tmp_path / "run", cfg, progress=False)
+    longer = DFlashTrainingConfig(**{**cfg.__dict__, "max_steps": 9})
+    head, report = train_dflash(model, data, tmp_path / "run", longer, resume=True, progress=False)
+    assert report["steps"] == 9 and head.draft_vocab_size == 40
