@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CARDS = sorted((ROOT / "hf_specdec" / "assets").glob("*/README.md"))
 OTHER = [ROOT / "custom_generate" / "README.md", *sorted((ROOT / "notebooks").glob("*.ipynb"))]
+# pages outside docs/ whose relative links (into docs/) must resolve too: the notebooks' markdown, developer notes
+LINKED_FROM_ELSEWHERE = [*sorted((ROOT / "notebooks").glob("*.ipynb")), *sorted((ROOT / "scripts").glob("*.md"))]
 
 FENCE = re.compile(r"^(```|~~~)")
 LINK = re.compile(r"!?\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -77,8 +79,9 @@ def relative_links(path: Path) -> list[tuple[int, str]]:
 
 def prose_lines_keep(path: Path) -> list[tuple[int, str]]:
     """Every line, with fenced code blocks blanked (line numbers stay the file's)."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    keep = dict(prose_lines(path.read_text(encoding="utf-8")))
+    text = page_text(path)
+    lines = text.splitlines()
+    keep = dict(prose_lines(text))
     return [(n, keep.get(n, "")) for n in range(1, len(lines) + 1)]
 
 
@@ -103,7 +106,7 @@ def test_the_link_extraction_skips_code_and_urls(tmp_path):
     assert [t for _, t in relative_links(page)] == ["a.md#x", "b.png", "#y"]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", PAGES + LINKED_FROM_ELSEWHERE, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_and_anchor_resolves(page):
     broken = []
     for line, target in relative_links(page):
