@@ -38,3 +38,16 @@ def test_readme_python_snippets_run_as_written(page, monkeypatch):
     namespace: dict = {"__name__": "__readme__"}
     for i, code in enumerate(python_blocks(page.read_text(encoding="utf-8"))):
         exec(compile(code, f"{page.name} python block {i + 1}", "exec"), namespace)  # noqa: S102 - the page's own code
+
+
+def test_the_readme_test_command_installs_what_ci_installs():
+    """The README's test command is CI's: the same extras for scripts/install.sh, then scripts/test.sh."""
+    ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
+    ci_extras = re.search(r"^bash scripts/install\.sh (\S+)", ci, re.MULTILINE)
+    line = next(li for li in README.read_text(encoding="utf-8").splitlines() if li.startswith("Tests: "))
+    readme_extras = re.search(r"bash scripts/install\.sh (\S+)", line)
+    assert ci_extras and readme_extras, "no scripts/install.sh call found"
+    assert set(readme_extras.group(1).split(",")) == set(ci_extras.group(1).split(",")), (
+        f"README installs {readme_extras.group(1)}, CI {ci_extras.group(1)}"
+    )
+    assert "bash scripts/test.sh" in line and "bash scripts/test.sh" in ci
