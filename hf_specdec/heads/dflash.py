@@ -312,12 +312,16 @@ class DFlashHead(
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """`[..., V']` fp32 logits over the draft vocabulary (the target's lm_head without one)."""
+        """`[..., V']` fp32 logits over the draft vocabulary (the target's lm_head without one). The product runs on
+        2-D rows: on the CPU a 3-D bf16 ``F.linear`` over the 49152-row lm_head took 0.5 s against 40 ms in 2-D."""
+        flat = hidden.reshape(-1, hidden.shape[-1])  # [n, H]
         if self.lm_head is not None:
-            return self.lm_head(hidden).float()
-        if self._target_lm_head is None:
+            out = self.lm_head(flat)
+        elif self._target_lm_head is None:
             raise ValueError("a full-vocabulary DFlashHead uses the target's lm_head: call head.bind(target) first")
-        return lm_head_logits(self, self._target_lm_head, hidden, None, self._param.dtype).float()
+        else:
+            out = lm_head_logits(self, self._target_lm_head, flat, None, self._param.dtype)
+        return out.float().view(*hidden.shape[:-1], -1)
 
     def block_tokens(self, anchors: torch.Tensor) -> torch.Tensor:
         """`[..., block_size]` blocks of the anchors `[...]`: the anchor, then mask tokens."""
