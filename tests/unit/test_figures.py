@@ -2,11 +2,10 @@
 file(s) its section cites (``docs/results/NAME.md`` / ``.json``), and the generated blocks
 (``<!-- results:begin ... -->``, hf_specdec/bench/render.py) equal what the data renders today.
 
-A section is the text from one ``##`` heading to the next. The figures a section may quote are every number of the
-files it links or names, at 1, 2 or 3 decimals: a bench run's committed summary, its summary recomputed from its
-records (the older runs reported medians; `summarize` gives the totals too), its meta (the verify cost curve) and
-each record's per-prompt speedup; the
-whole file for other result files (teacher-forced evaluations, kernel timings). ``1.00x`` and τ 1.00 (vanilla, no
+A section is the text from one ``##`` heading to the next. The figures a section may quote are those of the
+files it links or names (`figures_of`), at 1 to 4 decimals: a bench run's speedups (committed and recomputed summary,
+each record's, the verify cost curve) and its τ values; any number of another results file (teacher-forced
+evaluations, kernel timings). ``1.00x`` and τ 1.00 (vanilla, no
 accepted draft) need no source. Figures inside a generated block come from the data by construction (the freshness
 test holds them to it), and the section's prose may quote them too (an ``exclude=`` block recomputes a run without
 some records).
@@ -66,22 +65,37 @@ def _numbers(obj, out: set[str]) -> None:
         out.update(format(obj, spec) for spec in (".1f", ".2f", ".3f", ".4f"))
 
 
+SPEEDUP_KEYS = ("speedup", "median_speedup")
+
+
+def _summary_values(rows: list[dict], keys: tuple[str, ...], out: set[str]) -> None:
+    _numbers([row.get(k) for row in rows for k in keys], out)
+
+
 @cache
-def figures_of(name: str) -> frozenset[str]:
-    """Every figure the results file ``docs/results/<name>.json`` holds (empty if there is no such file)."""
+def figures_of(name: str) -> tuple[frozenset[str], frozenset[str]]:
+    """``(speedups, τ values)`` the results file ``docs/results/<name>.json`` holds (empty if there is no such file).
+
+    A bench run's speedups are its summary's ``speedup`` and ``median_speedup`` (committed and recomputed from the
+    records), each record's own speedup and the verify cost curve the tree budget learnt (relative to one token); its
+    τ values are the summary's ``tau``. Another results file (teacher-forced evaluations, kernel timings) may be
+    quoted for any number it holds."""
     path = RESULTS / f"{name}.json"
     if not path.exists():
-        return frozenset()
+        return frozenset(), frozenset()
     data = json.loads(path.read_text(encoding="utf-8"))
-    out: set[str] = set()
+    speedups: set[str] = set()
+    taus: set[str] = set()
     if isinstance(data, dict) and "records" in data and "summary" in data:
-        _numbers(data["summary"], out)
-        _numbers(data.get("meta") or {}, out)  # the verify cost curve the tree budget learnt, ...
-        _numbers(summarize(data["records"]), out)
-        _numbers([r.get("speedup") for r in data["records"]], out)
+        rows = [*data["summary"], *summarize(data["records"])]
+        _summary_values(rows, SPEEDUP_KEYS, speedups)
+        _summary_values(rows, ("tau",), taus)
+        _numbers([r.get("speedup") for r in data["records"]], speedups)
+        _numbers(((data.get("meta") or {}).get("verify_cost") or {}).get("relative") or {}, speedups)
     else:
-        _numbers(data, out)
-    return frozenset(out)
+        _numbers(data, speedups)
+        taus = speedups
+    return frozenset(speedups), frozenset(taus)
 
 
 def unsourced_figures(text: str) -> list[str]:
@@ -90,13 +104,15 @@ def unsourced_figures(text: str) -> list[str]:
     line_no = 1
     for section in SECTION.split(text):
         cited = sorted(set(CITATION.findall(section)))
-        allowed = set(NEED_NO_SOURCE).union(*(figures_of(n) for n in cited))
+        speedups = set(NEED_NO_SOURCE).union(*(figures_of(n)[0] for n in cited))
+        taus = set(NEED_NO_SOURCE).union(*(figures_of(n)[1] for n in cited))
         generated = "".join(found.group("body") for found in render.BLOCK.finditer(section))
-        allowed.update(m.group(1) or m.group(2) for m in FIGURE.finditer(generated))
+        for m in FIGURE.finditer(generated):
+            (speedups if m.group(1) else taus).add(m.group(1) or m.group(2))
         for offset, line in enumerate(section.splitlines()):
             for match in FIGURE.finditer(line):
                 value = match.group(1) or match.group(2)
-                if value not in allowed:
+                if value not in (speedups if match.group(1) else taus):
                     where = ", ".join(cited) if cited else "no results file"
                     found.append(f"line {line_no + offset}: {match.group(0)!r} (section cites {where})")
         line_no += section.count("\n")
@@ -113,6 +129,9 @@ def test_the_figure_check_catches_a_figure_the_data_does_not_hold():
     assert len(unsourced_figures("## Other\n\nmedusa 1.35x\n" + cited.format("1.35x"))) == 1
     # medians of an older run count, and so do its totals recomputed from the records
     assert unsourced_figures("results/greedy_batch1.md: 1.29x, τ 1.88\n") == []
+    # a speedup is not any number of the run: vanilla's 23.0 tokens/s is no "23.00x", a τ is no speedup
+    assert len(unsourced_figures(cited.format("23.00x"))) == 1
+    assert len(unsourced_figures(cited.format("2.59x"))) == 1  # a τ of the run (ngram on rag), not a speedup
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
