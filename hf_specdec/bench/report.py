@@ -241,6 +241,8 @@ def markdown_report(summary: Sequence[dict], meta: dict, records: Sequence[dict]
         "draft_dtype",
         "questions",
         "clock",
+        "transformers",
+        "hf_specdec",
     )
     for key in (*keys, "date"):
         if meta.get(key) is not None:
