@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..heads.dflash import DFlashHead, default_feature_layers
+from ..heads.hub import base_model_dims
 from .data import DistillationData
 from .eagle import _windows, token_targets, window_starts
 from .run import (
@@ -173,6 +174,20 @@ def evaluate_dflash(head: DFlashHead, data: DistillationData, seq_ids: torch.Ten
 
 
 # ---------------------------------------------------------------------------------------------------- training
+def _fresh_head(model, data: DistillationData, train_seqs: torch.Tensor, cfg: DFlashTrainingConfig):
+    """``(head, draft vocabulary [V'] or None, its share of the answer labels)``: a fresh head reading the layers the
+    data hold (else `default_feature_layers`, which the data must then hold: refused otherwise)."""
+    vocab, coverage = None, 1.0
+    vocab_size = base_model_dims(model)[1]
+    if cfg.draft_vocab and cfg.draft_vocab < vocab_size:
+        vocab, coverage = draft_vocabulary(data, head_positions(data, train_seqs), cfg.draft_vocab)
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    layers = data.aux_layers or default_feature_layers(int(config.num_hidden_layers))
+    head = DFlashHead.for_model(model, cfg.num_layers, cfg.block_size, draft_vocab=vocab, aux_layers=list(layers))
+    data.features(head.feature_layers)  # refuses data without the head's layers
+    return head, vocab, coverage
+
+
 def train_dflash(
     model: torch.nn.Module,
     data: DistillationData,
@@ -203,14 +218,8 @@ def train_dflash(
     lm_weight = model.get_output_embeddings().weight.detach()
     vocab_size = int(lm_weight.shape[0])
     device = torch.device(device) if device is not None else lm_weight.device
-    vocab, coverage = None, 1.0
-    if cfg.draft_vocab and cfg.draft_vocab < vocab_size:
-        vocab, coverage = draft_vocabulary(data, head_positions(data, train_seqs), cfg.draft_vocab)
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    layers = data.aux_layers or default_feature_layers(int(config.num_hidden_layers))
-    head = DFlashHead.for_model(model, cfg.num_layers, cfg.block_size, draft_vocab=vocab, aux_layers=list(layers))
+    head, vocab, coverage = _fresh_head(model, data, train_seqs, cfg)
     head = head.to(device).train()
-    data.features(head.feature_layers)  # refuses data without the head's layers
     for p in model.parameters():
         p.requires_grad_(False)
     labels = token_targets(data, lm_weight, vocab if vocab is not None else torch.arange(vocab_size))
