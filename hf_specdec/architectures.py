@@ -103,6 +103,9 @@ def causal_lm_types() -> list[str]:
     return out
 
 
+# Mamba-2 scans in chunks of 8 tokens (default 256): the test sequences span several chunks, so the chunk-to-chunk
+# recurrence runs, and a batch of short prompts is not padded to 256 positions each
+MAMBA2_CHUNK = 8
 # types whose layer pattern or mixer sizes are set by fields of their own (one attention layer among the first few)
 _TYPE_OVERRIDES = {
     "jamba": dict(
@@ -113,11 +116,17 @@ _TYPE_OVERRIDES = {
         mamba_dt_rank=8,
         mamba_d_state=16,
     ),
-    "bamba": dict(attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16),
-    "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"], mamba_n_heads=8, mamba_d_head=16),
+    "bamba": dict(attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16, mamba_chunk_size=MAMBA2_CHUNK),
+    "granitemoehybrid": dict(
+        layer_types=["linear_attention", "full_attention"],
+        mamba_n_heads=8,
+        mamba_d_head=16,
+        mamba_chunk_size=MAMBA2_CHUNK,
+    ),
     "lfm2": dict(layer_types=["conv", "full_attention"]),
     "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
-    "falcon_h1": dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_ssm=128),
+    "falcon_h1": dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_ssm=128, mamba_chunk_size=MAMBA2_CHUNK),
+    "nemotron_h": dict(chunk_size=MAMBA2_CHUNK),
     "recurrent_gemma": dict(block_types=["recurrent", "attention"], attention_window_size=WINDOW, lru_width=HIDDEN),
     "zamba": dict(
         attention_hidden_size=2 * HIDDEN,
@@ -134,8 +143,9 @@ _TYPE_OVERRIDES = {
         n_mamba_heads=8,
         hybrid_layer_ids=[1],
         adapter_rank=8,
+        chunk_size=MAMBA2_CHUNK,
     ),
-    "mamba2": dict(num_heads=8, head_dim=16),
+    "mamba2": dict(num_heads=8, head_dim=16, chunk_size=MAMBA2_CHUNK),
     "rwkv": dict(attention_hidden_size=HIDDEN),
     "inkling2_text": dict(
         unpadded_vocab_size=VOCAB,
@@ -330,25 +340,38 @@ def read_table(path: Path) -> dict[str, str]:
     return {cells[1].strip(): cells[2].strip() for cells in rows}
 
 
-def write_table(path: Path, outcomes: list[Outcome]) -> None:
-    """Replace the table between the markers of ``path``."""
+def write_table(path: Path, outcomes: list[Outcome], partial: bool = False) -> None:
+    """Replace the table between the markers of ``path``; with ``partial``, only the rows of ``outcomes``' types (the
+    others keep theirs)."""
     text = path.read_text()
     head, tail = text[: text.index(TABLE_START) + len(TABLE_START)], text[text.index(TABLE_END) :]
-    path.write_text(f"{head}\n{table(outcomes)}\n{tail}")
+    lines = table(outcomes).splitlines()
+    if partial:
+        new = {line.split("|")[1].strip(): line for line in lines[2:]}
+        old = [line for line in text[len(head) : text.index(TABLE_END)].splitlines() if line.startswith("| ")]
+        kept = {line.split("|")[1].strip(): line for line in old[2:]}
+        rows = {**kept, **new}
+        lines = old[:2] + [rows[t] for t in sorted(rows)]
+    body = "\n".join(lines)
+    path.write_text(f"{head}\n{body}\n{tail}")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("types", nargs="*", help="model types (default: every stock causal LM type)")
     parser.add_argument("--quick", action="store_true", help="one assistant of each kind, the batch of 2 only")
-    parser.add_argument("--write", type=Path, help="rewrite the outcome table in this markdown file")
+    parser.add_argument(
+        "--write",
+        type=Path,
+        help="rewrite the outcome table in this markdown file (with types given: only their rows)",
+    )
     args = parser.parse_args(argv)
     with torch.no_grad():
         outcomes = sweep(args.types or None, full=not args.quick)
     counts = {v: sum(o.verdict == v for o in outcomes) for v in dict.fromkeys(o.verdict for o in outcomes)}
     print(f"transformers {transformers.__version__}: {len(outcomes)} types, {counts}")
     if args.write:
-        write_table(args.write, outcomes)
+        write_table(args.write, outcomes, partial=bool(args.types))
 
 
 if __name__ == "__main__":

@@ -83,19 +83,18 @@ def tree_gated_delta(module: torch.nn.Module, hidden_states: torch.Tensor, plan:
     g = -module.A_log.float().exp() * F.softplus(a.float() + module.dt_bias)
     rule = dict(use_qk_l2norm_in_kernel=True, output_final_state=True)
 
-    def chunk(s: int, e: int, initial: torch.Tensor):  # vanilla's prefill rule over tokens s:e
+    def chunk(index: torch.Tensor, initial: torch.Tensor):  # vanilla's prefill rule over rows of tokens [R, n]
         out, last = rules.torch_chunk_gated_delta_rule(
-            q[None, s:e], k[None, s:e], v[None, s:e], g=g[None, s:e], beta=beta[None, s:e],
-            initial_state=initial[None], **rule,
-        )  # fmt: skip
-        return out[0], last[0]
+            q[index], k[index], v[index], g=g[index], beta=beta[index], initial_state=initial, **rule
+        )
+        return out, last
 
-    def token(i: int, start: torch.Tensor):  # vanilla's decode rule for token i
+    def token(index: torch.Tensor, start: torch.Tensor):  # vanilla's decode rule for tokens [m]
         out, state = rules.torch_recurrent_gated_delta_rule(
-            q[None, i : i + 1], k[None, i : i + 1], v[None, i : i + 1], g=g[None, i : i + 1],
-            beta=beta[None, i : i + 1], initial_state=start[None], **rule,
+            q[index, None], k[index, None], v[index, None], g=g[index, None], beta=beta[index, None],
+            initial_state=start, **rule,
         )  # fmt: skip
-        return out[0, 0], state[0]
+        return out[:, 0], state
 
     zero = torch.zeros(v.shape[1], module.head_k_dim, module.head_v_dim, dtype=torch.float32, device=v.device)
     core = recurrent_outputs(plan, module.layer_idx, zero, chunk, token)  # [N, H_v, d_v]

@@ -117,47 +117,112 @@ def parents(plan: AttentionPlan) -> list[np.ndarray]:
     return out
 
 
-def recurrent_outputs(plan: AttentionPlan, layer: int, zero: torch.Tensor, chunk_rule, token_rule) -> torch.Tensor:
+def recurrent_outputs(
+    plan: AttentionPlan, layer: int, zero: torch.Tensor, chunk_rule, token_rule, chunk_from_state: bool = True
+) -> torch.Tensor:
     """`[N, ...]` a recurrent layer's outputs for the plan's packed tokens, its states staged in
     ``plan.cache.recurrent_states`` (shared by the recurrent layers served on trees: ``gated_delta.py``, ``mamba.py``).
+
+    A row that is a causal chunk with nothing pending (a prompt, or accepted tokens a draft model catches up on) runs
+    the layer's prefill rule, batched over the rows of equal length; every other token runs the one-token rule (the
+    decode step), batched over all tokens of one depth, each from its predecessor's state.
 
     Args:
         plan: the forward's plan.
         layer: the layer's index (its states' key in the cache).
         zero: `[*state]` a row's state before its first token (shape, dtype and device of every state).
-        chunk_rule: ``(s, e, initial [*state]) -> (out [e - s, ...], last [*state])``, the layer's own prefill rule
-            over the causal chunk of packed tokens ``s:e`` from ``initial``.
-        token_rule: ``(i, start [*state]) -> (out [...], state [*state])``, the layer's own one-token rule for packed
-            token ``i`` from its predecessor's state ``start`` (which it must not write).
+        chunk_rule: ``(index [R, n], initial [R, *state]) -> (out [R, n, ...], last [R, *state])``, the prefill rule
+            over the causal chunks of packed tokens ``index`` from ``initial``.
+        token_rule: ``(index [m], start [m, *state]) -> (out [m, ...], state [m, *state])``, the one-token rule for
+            packed tokens ``index`` from their predecessors' states ``start`` (which it must not write).
+        chunk_from_state: whether ``chunk_rule`` starts from a state (Mamba-1's scan starts from zeros only: a
+            chunk after committed tokens then runs the one-token rule, token after token).
     """
     states = plan.cache.recurrent_states
     committed = states.committed(layer, plan.rows, zero)  # [B, *state]
-    outs = []
-    for r, (row, prev) in enumerate(zip(plan.rows.tolist(), parents(plan))):
+    rows = plan.rows.tolist()
+    pending = [states.pending(layer, row, int(plan.pending_lens[r])) for r, row in enumerate(rows)]  # [P, *state]
+    chunks = _chunk_rows(plan, chunk_from_state)
+    index, outs, lasts = _run_chunks(plan, chunks, committed, chunk_rule)
+    trees = [r for r in range(plan.num_rows) if not chunks[r]]
+    new = None
+    if trees:
+        base = torch.cat([committed, *[p for p in pending if p is not None]])  # [B + pending, *state]
+        tree_index, tree_outs, new = _run_levels(plan, trees, base, token_rule)
+        index, outs = index + tree_index, outs + tree_outs
+    for r, row in enumerate(rows):
         s, e = int(plan.cu_seqlens[r]), int(plan.cu_seqlens[r + 1])
-        pending = states.pending(layer, row, int(plan.pending_lens[r]))  # [P, *state] or None
-        if pending is None and plan.row_mask(r, "cpu") is None:  # a causal chunk: vanilla's prefill rule
-            out, last = chunk_rule(s, e, committed[r])
-            states.stage(layer, row, e - s, last[None])
-        else:
-            out, new = _tree_recurrence(token_rule, s, prev, committed[r], pending)
-            states.stage(layer, row, e - s, new)
-        outs.append(out)
-    return torch.cat(outs)
+        states.stage(layer, row, e - s, lasts[r][None] if chunks[r] else new[s:e])
+    order = torch.cat(index).to(outs[0].device)
+    result = outs[0].new_empty(int(plan.cu_seqlens[-1]), *outs[0].shape[1:])  # [N, ...]
+    result[order] = torch.cat(outs)
+    return result
 
 
-def _tree_recurrence(token_rule, s: int, prev: np.ndarray, committed: torch.Tensor, pending: torch.Tensor | None):
-    """The one-token rule per node of a row (packed tokens from ``s``), each from its predecessor's state (``prev``:
-    `parents`): ``(out [n, ...], states [n, *state])``."""
-    offset = 0 if pending is None else pending.shape[0]
-    new: list[torch.Tensor] = []
-    outs = []
-    for i, p in enumerate(prev.tolist()):
-        start = committed if p < 0 else pending[p] if p < offset else new[p - offset]
-        out, state = token_rule(s + i, start)
+def _chunk_rows(plan: AttentionPlan, from_state: bool) -> list[bool]:
+    """Per row, whether it runs the prefill rule: a causal chunk with nothing pending, and not a single token after
+    committed ones (vanilla decodes that one with the one-token rule); without ``from_state``, a row's first chunk
+    only."""
+    n, prefix = np.diff(plan.cu_seqlens), plan.prefix_lens
+    return [
+        bool(plan.mask.causal[b])
+        and not plan.pending_lens[b]
+        and (n[b] > 1 or not prefix[b])
+        and (from_state or not prefix[b])
+        for b in range(plan.num_rows)
+    ]
+
+
+def _run_chunks(plan: AttentionPlan, chunks: list[bool], committed: torch.Tensor, chunk_rule):
+    """The prefill rule over the chunk rows, one call per chunk length: ``(index [per call: [R n]], out [per call:
+    [R n, ...]], last {row b: [*state]})``."""
+    index, outs, lasts = [], [], {}
+    n = np.diff(plan.cu_seqlens)
+    for length in sorted({int(n[b]) for b in range(plan.num_rows) if chunks[b]}):
+        group = [b for b in range(plan.num_rows) if chunks[b] and n[b] == length]
+        idx = torch.as_tensor(plan.cu_seqlens[group])[:, None] + torch.arange(length)  # [R, n]
+        out, last = chunk_rule(idx.to(committed.device), committed[torch.as_tensor(group, device=committed.device)])
+        index.append(idx.reshape(-1))
+        outs.append(out.reshape(-1, *out.shape[2:]))
+        lasts.update(zip(group, last))
+    return index, outs, lasts
+
+
+def _run_levels(plan: AttentionPlan, trees: list[int], base: torch.Tensor, token_rule):
+    """The one-token rule over the tokens of rows ``trees``, one call per depth, each token from its predecessor's
+    state in ``base`` `[B + pending, *state]` (committed, then the rows' pending states) or a new token's:
+    ``(index [per call: [m]], out [per call: [m, ...]], states [N, *state])``."""
+    source, depth = _sources(plan, trees)  # [N] each (-1 for chunk rows' tokens)
+    new = base.new_zeros(int(plan.cu_seqlens[-1]), *base.shape[1:])  # [N, *state]
+    index, outs = [], []
+    for level in range(int(depth.max()) + 1):
+        idx = np.nonzero(depth == level)[0]
+        src = torch.as_tensor(source[idx], device=base.device)
+        start = torch.cat([base, new]).index_select(0, src) if level else base.index_select(0, src)  # [m, *state]
+        out, state = token_rule(torch.as_tensor(idx, device=base.device), start)
+        new[torch.as_tensor(idx, device=base.device)] = state
+        index.append(torch.as_tensor(idx))
         outs.append(out)
-        new.append(state)
-    return torch.stack(outs), torch.stack(new)
+    return index, outs, new
+
+
+def _sources(plan: AttentionPlan, trees: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """For the tokens of rows ``trees``: ``(source [N], depth [N])``: where each token's predecessor's state lies in
+    ``[committed (B) ; pending of every row ; this forward's tokens (N)]``, and how many of this forward's tokens
+    precede it on its path (-1 for other rows' tokens)."""
+    prev = parents(plan)
+    pending = plan.pending_lens
+    offset = plan.num_rows + np.concatenate([[0], np.cumsum(pending)[:-1]])  # where each row's pending states start
+    nb = plan.num_rows + int(pending.sum())
+    source = np.full(int(plan.cu_seqlens[-1]), -1, dtype=np.int64)
+    depth = np.full(int(plan.cu_seqlens[-1]), -1, dtype=np.int64)
+    for b in trees:
+        s, e, p = int(plan.cu_seqlens[b]), int(plan.cu_seqlens[b + 1]), prev[b]
+        source[s:e] = np.where(p < 0, b, np.where(p < pending[b], offset[b] + p, nb + s + p - pending[b]))
+        mask = plan.row_mask(b, "cpu")  # [n, prefix + pending + n] or None (causal)
+        own = np.arange(e - s) if mask is None else mask[:, int(plan.prefix_lens[b] + pending[b]) :].sum(-1).numpy() - 1
+        depth[s:e] = own
+    return source, depth
 
 
 def wrap_layer_classes(model: torch.nn.Module, active_plan, is_layer, tree_forward) -> None:

@@ -28,7 +28,7 @@ from collections import Counter
 import torch
 
 from ..attention.gated_delta import is_gated_delta
-from ..attention.mamba import is_mamba2
+from ..attention.mamba import is_mamba
 from ..attention.short_conv import is_short_conv
 from ..attention.unsupported import UnsupportedModelError
 
@@ -39,9 +39,9 @@ STATELESS_LAYER_TYPES = frozenset({"mlp", "moe"})
 # what a kind of layer keeps, for the refusal
 _STATE_OF = {
     "linear_attention": "a recurrent state (Mamba / gated delta net / linear attention) in modules other than the "
-    "gated delta nets and Mamba-2 mixers served on trees",
+    "gated delta nets and Mamba mixers served on trees",
     "conv": "a short-convolution state",
-    "hybrid": "a recurrent state beside its attention, in modules other than the Mamba-2 mixers served on trees",
+    "hybrid": "a recurrent state beside its attention, in modules other than the Mamba mixers served on trees",
     "hybrid_sliding": "a recurrent state beside its attention",
     "chunked_attention": "chunked attention without a chunk size in the config",
     "indexed_attention": "a sparse-attention indexer over its own key cache",
@@ -98,8 +98,8 @@ def check_config(model) -> None:
 def _recurrent_kinds_served(model, kinds: list[str]) -> set[str]:
     """The kinds among ``linear_attention`` (a recurrent layer) and ``hybrid`` (a recurrent layer beside attention)
     whose every layer has a recurrent module served on trees with its index: a gated delta net
-    (``attention/gated_delta.py``) or a Mamba-2 mixer (``attention/mamba.py``)."""
-    served = {m.layer_idx for m in model.modules() if is_gated_delta(m) or is_mamba2(m)}
+    (``attention/gated_delta.py``) or a Mamba-1 / Mamba-2 mixer (``attention/mamba.py``)."""
+    served = {m.layer_idx for m in model.modules() if is_gated_delta(m) or is_mamba(m)}
     return {
         kind
         for kind in ("linear_attention", "hybrid")

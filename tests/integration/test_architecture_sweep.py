@@ -52,14 +52,13 @@ def test_every_type_is_exact_or_refused_by_name(model_type, documented):
 @pytest.mark.parametrize(
     "model_type, words",
     [
-        ("bamba", ["'linear_attention' layers", "recurrent state"]),  # Mamba-2 beside attention
+        ("zamba", ["'linear_attention' layers", "recurrent state"]),  # Zamba's multi-head Mamba: no mixer we serve
         ("kimi_linear", ["'linear_attention' layers"]),  # a linear attention that is no gated delta net we know
-        ("jamba", ["'linear_attention' layers"]),
-        ("falcon_h1", ["'hybrid' layers"]),  # attention and Mamba side by side in every layer
+        ("zaya", ["'hybrid' layers"]),  # a recurrent state beside attention in every layer, in no mixer we serve
         ("diffllama", ["more than once per layer"]),
         ("doge", ["attention mask of its own"]),
         ("phimoe", ["windows", "[8]"]),  # a sliding window its mask has and its attention call lacks
-        ("mamba", ["'linear_attention' layers", "recurrent state"]),
+        ("recurrent_gemma", ["'linear_attention' layers", "recurrent state"]),
         ("bloom", ["ran no attention through transformers' AttentionInterface"]),  # attention in its own code
     ],
 )

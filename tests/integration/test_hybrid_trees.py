@@ -1,5 +1,6 @@
-"""Hybrid targets on token trees: short convolutions (LFM2, LFM2-MoE, LFM3: attention/short_conv.py) and gated delta
-nets (Qwen3-Next, Qwen3.5: attention/gated_delta.py), their state in cache/conv_states.py and recurrent_states.py:
+"""Hybrid targets on token trees: short convolutions (LFM2, LFM2-MoE, LFM3: attention/short_conv.py), gated delta
+nets (Qwen3-Next, Qwen3.5: attention/gated_delta.py) and Mamba-2 mixers (Bamba, GraniteMoE-Hybrid, Falcon-H1,
+Nemotron-H, Zamba2: attention/mamba.py), their state in cache/conv_states.py and recurrent_states.py:
 every tree node's logits equal vanilla's forward over the node's own path, node by node, for ragged rows, after a
 committed path and over a draft model's pending levels; greedy output equals vanilla's with every assistant, batch 1
 and a ragged batch of 4; sampled first tokens follow the target's distribution."""
@@ -26,7 +27,12 @@ from hf_specdec.testing import (
     sample_first_tokens,
 )
 
-HYBRIDS = ["lfm2", "lfm2_moe", "lfm3", "qwen3_next", "qwen3_5_text", "bamba", "granitemoehybrid", "falcon_h1", "nemotron_h", "zamba2"]
+HYBRIDS = [
+    *["lfm2", "lfm2_moe", "lfm3"],  # short convolutions
+    *["qwen3_next", "qwen3_5_text"],  # gated delta nets
+    *["bamba", "granitemoehybrid", "falcon_h1", "nemotron_h", "zamba2"],  # Mamba-2 mixers
+    "jamba",  # Mamba-1 mixers
+]
 
 
 def _vanilla_last_logits(model, tokens: list[int]) -> torch.Tensor:
@@ -95,7 +101,7 @@ def test_each_tree_node_sees_its_own_path_through_the_convolution(model_type):
         )
 
 
-@pytest.mark.parametrize("model_type", ["lfm2", "qwen3_next"])
+@pytest.mark.parametrize("model_type", ["lfm2", "qwen3_next", "bamba"])
 def test_pending_levels_of_a_draft_see_their_ancestors(model_type):
     """A draft model writes a tree level per forward; each level sees the earlier ones as pending tokens."""
     model = tiny_model(model_type)
@@ -138,12 +144,17 @@ def test_greedy_equals_vanilla_with_every_assistant_batch_1_and_ragged_4(model_t
             assert_same_tokens(got, want, f"{model_type}, {name}, batch {len(batch)}")
 
 
-@pytest.mark.parametrize("model_type", ["lfm2", "qwen3_next"])
-def test_sampled_first_tokens_follow_the_hybrid_targets_distribution(model_type):
+@pytest.mark.parametrize(
+    "model_type, sizes",
+    [("lfm2", {}), ("qwen3_next", {}), ("bamba", {"mamba_n_heads": 4})],  # Bamba: 4 heads x 16 = 2 x 32 channels
+)
+def test_sampled_first_tokens_follow_the_hybrid_targets_distribution(model_type, sizes):
     """Chi-square of the first 1, 2, 3 sampled tokens (3,000 rows in one batch, a draft model's sampled trees) against
     the hybrid target's own joint distribution, enumerated from vanilla's processed scores."""
     config = tiny_config(model_type)
     config.vocab_size, config.hidden_size, config.intermediate_size = SAMPLING_VOCAB, 32, 64
+    for name, value in sizes.items():
+        setattr(config, name, value)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
