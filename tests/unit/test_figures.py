@@ -1,6 +1,6 @@
-"""One source for every figure: a speedup (``1.35x``) or τ (``τ 1.27``) that a page quotes is a figure of the results
-file(s) its section cites (``docs/results/NAME.md`` / ``.json``), and the generated blocks
-(``<!-- results:begin ... -->``, hf_specdec/bench/render.py) equal what the data renders today.
+"""One source for every figure: a speedup (``1.35x``) or τ (``τ 1.27``) that a page quotes (in prose or in a table's
+τ column) is a figure of the results file(s) its section cites (``docs/results/NAME.md`` / ``.json``), and the
+generated blocks (``<!-- results:begin ... -->``, hf_specdec/bench/render.py) equal what the data renders today.
 
 A section is the text from one ``##`` heading to the next. The figures a section may quote are those of the
 files it links or names (`figures_of`), at 1 to 4 decimals: a bench run's speedups (committed and recomputed summary,
@@ -109,7 +109,17 @@ def unsourced_figures(text: str) -> list[str]:
         generated = "".join(found.group("body") for found in render.BLOCK.finditer(section))
         for m in FIGURE.finditer(generated):
             (speedups if m.group(1) else taus).add(m.group(1) or m.group(2))
+        tau_column = None  # the index of a table's "τ" column, while inside that table
         for offset, line in enumerate(section.splitlines()):
+            cells = [c.strip().strip("*") for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+            if not cells:
+                tau_column = None
+            elif tau_column is None and "τ" in cells:
+                tau_column = cells.index("τ")
+            elif tau_column is not None and tau_column < len(cells) and re.fullmatch(r"\d+\.\d+", cells[tau_column]):
+                if cells[tau_column] not in taus and line not in generated:
+                    where = ", ".join(cited) if cited else "no results file"
+                    found.append(f"line {line_no + offset}: τ column {cells[tau_column]!r} (section cites {where})")
             for match in FIGURE.finditer(line):
                 value = match.group(1) or match.group(2)
                 if value not in (speedups if match.group(1) else taus):
@@ -124,6 +134,12 @@ def test_the_figure_check_catches_a_figure_the_data_does_not_hold():
     assert unsourced_figures(cited.format("1.35x")) == []
     assert [f.split(": ", 1)[1] for f in unsourced_figures(cited.format("1.41x"))] == [
         "'1.41x' (section cites amd_sharegpt_eagle_batch1_seed0)"
+    ]
+    # a table's τ column is held to the run's τ values
+    table = "\n| method | overall | τ |\n|---|---:|---:|\n| medusa | 1.35x | {} |\n"
+    assert unsourced_figures(cited.format("1.35x") + table.format("1.27")) == []
+    assert [f.split(": ", 1)[1] for f in unsourced_figures(cited.format("1.35x") + table.format("1.41"))] == [
+        "τ column '1.41' (section cites amd_sharegpt_eagle_batch1_seed0)"
     ]
     # a figure in a section that cites nothing has no source
     assert len(unsourced_figures("## Other\n\nmedusa 1.35x\n" + cited.format("1.35x"))) == 1
