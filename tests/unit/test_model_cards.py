@@ -13,7 +13,11 @@ from hf_specdec.assistants import DEFAULT_EAGLE_DIR, DEFAULT_MEDUSA_DIR, DEFAULT
 from hf_specdec.heads.hub import hub_base_model, without_local_paths
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
-SHIPPED = [(MedusaHeads, DEFAULT_MEDUSA_DIR), (EagleHead, DEFAULT_EAGLE_DIR), (MLPSpeculator, DEFAULT_MLP_SPECULATOR_DIR)]
+SHIPPED = [
+    (MedusaHeads, DEFAULT_MEDUSA_DIR),
+    (EagleHead, DEFAULT_EAGLE_DIR),
+    (MLPSpeculator, DEFAULT_MLP_SPECULATOR_DIR),
+]
 
 
 def front_matter(card: str) -> dict[str, str]:
