@@ -24,6 +24,7 @@ CSS = """
   .hfsd-pane {min-height: 80px;}
   #depth, #bench-chart {width: 100% !important; min-width: 0 !important;}
   #depth img, #bench-chart img {width: 100% !important; max-width: 100%; height: auto !important;}
+  #bench-table table {display: block; overflow-x: auto; white-space: nowrap;}  /* scrolls, never one letter a line */
 }
 """
 
@@ -129,7 +130,7 @@ def depth_chart(per_depth: Sequence[float]):
         the figure (the page shows it without a label over it).
     """
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.0, 3.0))
+    fig, ax = plt.subplots(figsize=(4.6, 2.9))
     depths = list(range(1, len(per_depth) + 1))
     ax.bar(depths, list(per_depth), color=GREEN)
     ax.set_xlabel("d: drafted tokens accepted in one verify step")
@@ -184,7 +185,7 @@ def bench_chart(rows: Sequence[dict], category: str):
     rows = [r for r in rows if r["status"] == "done" and r["method"] != "vanilla"][::-1]  # first chosen on top
     names = [r["method"] for r in rows]
     height = 1.2 + 0.42 * max(1, len(rows))
-    fig, (ax_s, ax_t) = plt.subplots(2, 1, figsize=(5.6, 2 * height), sharey=True)
+    fig, (ax_s, ax_t) = plt.subplots(2, 1, figsize=(4.8, 2 * height), sharey=True)
     flagged = [above(r["speedup"], r["bound"]) for r in rows]
     bars = ax_s.barh(names, [r["speedup"] for r in rows], color=[ORANGE if f else BLUE for f in flagged],
                      hatch=None)  # fmt: skip

@@ -305,7 +305,7 @@ def test_the_benchmark_tab_streams_progress_and_lists_each_method_once(browser, 
 
 
 def test_stop_in_the_benchmark_tab_keeps_the_finished_lines(browser, demo_url):
-    page = _open(browser, demo_url)
+    page = _open(browser, demo_url, PHONE)  # on a phone: the table stays legible too
     _bench_setup(page, ("ngram",), 2)
     page.locator("#bench-run").click()
     page.locator("#bench-table").get_by_text("question 1/2 done").wait_for(timeout=3 * LONG)
@@ -319,6 +319,8 @@ def test_stop_in_the_benchmark_tab_keeps_the_finished_lines(browser, demo_url):
     assert "error" not in text.lower() and "no results" not in text.lower()
     _assert_rows_bounded_or_flagged(rows)
     assert page.locator("#bench-log textarea").input_value().endswith("stopped by the user.")
+    method_cell = page.locator("#bench-table table th").first.bounding_box()
+    assert method_cell["width"] >= 50 and method_cell["height"] < 60, "a table column squeezed to a letter a line"
     assert _no_error_badges(page)
     page.close()
 

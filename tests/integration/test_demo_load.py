@@ -60,7 +60,7 @@ def _vanilla_texts(model, tokenizer) -> dict[str, str]:
 
 def _ask(client, prompt: str, method: str) -> dict:
     # prompt, more prompts, method, do_sample, temperature, top_p, seed, max new tokens
-    return client.predict(prompt, "", method, False, 0.7, 0.9, 0, MAX_NEW, api_name="/compare")[4]
+    return client.predict(prompt, "", method, False, 0.7, 0.9, 0, MAX_NEW, 1, api_name="/compare")[4]
 
 
 class _User(threading.Thread):
