@@ -2,19 +2,21 @@
 
 A token tree is verified in one forward whose every layer must read the context and the tree through the
 `PagedCache`: attention layers do (their K/V are paged, committed and rolled back per node), so do the stateful
-layers served on trees (LFM2's short convolutions, Qwen3-Next's and Qwen3.5's gated delta nets: their state is in the
-cache too), and nothing else may carry state from one forward to the next, since a rejected branch would leave its
+layers served on trees (LFM2's short convolutions, Qwen3-Next's and Qwen3.5's gated delta nets, Mamba-1 and Mamba-2
+mixers: their state is in the cache too), and nothing else may carry state from one forward to the next, since a rejected branch would leave its
 mark there. So a model runs only when all of this holds, and is refused by name (`UnsupportedModelError`) otherwise:
 
 - `check_config`, before any forward: every entry of the config's ``layer_types`` is a kind we page (full, sliding
-  or chunked attention, stateless ``mlp`` / ``moe``, ``conv`` of short convolutions, ``linear_attention`` when every
-  such layer is a gated delta net); a Mamba, other linear-attention or indexed layer is named with its model type.
+  or chunked attention, stateless ``mlp`` / ``moe``, ``conv`` of short convolutions, ``linear_attention`` and
+  ``hybrid`` when every such layer holds a gated delta net or a Mamba mixer); another recurrent, linear-attention or
+  indexed layer is named with its model type.
 - `check_forward`, after the call's first planned forward (the prefill, which only writes hf_specdec's own cache):
   every layer of the cache ran attention (or a stateful layer served on trees) through the plan exactly once (a layer
   that ran none keeps its state elsewhere; a layer that ran twice, or one attention module serving several layers,
   would read one K/V set for two purposes), no module that takes a cache argument (``past_key_values``,
-  ``cache_params``, ...) ran outside those calls and their parents (such a module keeps a state we do not page), and
-  the windows of vanilla's masks reach the attention calls.
+  ``cache_params``, ...) ran outside those calls and their parents (such a module keeps a state we do not page; a
+  block of a layer the config declares ``mlp`` / ``moe`` passes when nothing below it takes one), and the windows of
+  vanilla's masks reach the attention calls.
 - `unclear_failure`, when the first forward itself fails: the error is re-raised naming the model type and saying
   that the architecture cannot run hf_specdec's planned forwards, the original error attached.
 """
@@ -126,7 +128,7 @@ def check_forward(
     state_modules: list[torch.nn.Module] = (),
 ) -> None:
     """Refuse ``model`` unless its first planned forward ran paged attention (or a layer whose state the cache pages
-    too: a short convolution, a gated delta net) once per layer, and nothing stateful beside it.
+    too: a short convolution, a gated delta net, a Mamba mixer) once per layer, and nothing stateful beside it.
 
     Args:
         model: the model that ran the forward.
@@ -136,7 +138,7 @@ def check_forward(
         mask_windows: the window of each mask the model asked transformers for (its ``local_size``: a sliding
             window or a chunk; None: causal): what vanilla applies.
         state_modules: the stateful layers that served the forward on its tree (``attention/short_conv.py``,
-            ``attention/gated_delta.py``).
+            ``attention/gated_delta.py``, ``attention/mamba.py``).
     """
     if not attention_modules and not state_modules:
         impl = getattr(model.config, "_attn_implementation", None)

@@ -122,6 +122,29 @@ def test_pending_levels_of_a_draft_see_their_ancestors(model_type):
         torch.testing.assert_close(out.logits[1], _vanilla_last_logits(model, prompt + [31, 41]), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("model_type", ["qwen3_next", "bamba", "jamba"])
+def test_a_prompt_in_two_chunks_continues_from_the_committed_state(model_type):
+    """A second causal chunk after committed tokens starts from the committed state: the prefill rule from it (gated
+    delta nets, Mamba-2), or the one-token rule token by token (Mamba-1's scan starts from zeros only)."""
+    model = tiny_model(model_type)
+    prompts = [[5, 9, 11, 7, 5, 9, 13, 17, 19, 23, 29], [31, 37, 41, 43, 47, 53, 59]]
+    with torch.no_grad(), PlannedModel(model) as target:
+        rows = target.add_rows(2)
+        first = [p[:4] for p in prompts]
+        target.forward(rows, torch.tensor([t for p in first for t in p]), torch.arange(4).repeat(2), [4, 4])
+        target.commit_chunks(rows, [4, 4])
+        rest = [p[4:] for p in prompts]
+        out = target.forward(
+            rows,
+            torch.tensor([t for p in rest for t in p]),
+            torch.cat([torch.arange(4, len(p)) for p in prompts]),
+            [len(r) for r in rest],
+        )
+    ends = np.cumsum([len(r) for r in rest]) - 1
+    for prompt, end in zip(prompts, ends):
+        torch.testing.assert_close(out.logits[end], _vanilla_last_logits(model, prompt), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("model_type", HYBRIDS)
 def test_greedy_equals_vanilla_with_every_assistant_batch_1_and_ragged_4(model_type):
     model = tiny_model(model_type)
