@@ -59,3 +59,16 @@ def test_a_head_of_an_unknown_local_model_gets_no_base_model_and_no_license():
     assert "base_model" not in meta and "license" not in meta
     assert "/data/models" not in card
     assert 'from_pretrained("your-org/my-model")' in card
+
+
+def test_the_shipped_cards_link_the_repository_pyproject_names():
+    import tomllib
+    from pathlib import Path
+
+    from hf_specdec.bench.render import REPOSITORY
+
+    root = Path(__file__).resolve().parents[2]
+    urls = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["project"]["urls"]
+    assert urls["Repository"] == REPOSITORY
+    for card in sorted((root / "hf_specdec" / "assets").glob("*/README.md")):
+        assert f"({REPOSITORY}/blob/main/docs/results/" in card.read_text(encoding="utf-8"), card.parent.name
