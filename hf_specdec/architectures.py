@@ -347,11 +347,9 @@ def write_table(path: Path, outcomes: list[Outcome], partial: bool = False) -> N
     head, tail = text[: text.index(TABLE_START) + len(TABLE_START)], text[text.index(TABLE_END) :]
     lines = table(outcomes).splitlines()
     if partial:
-        new = {line.split("|")[1].strip(): line for line in lines[2:]}
-        old = [line for line in text[len(head) : text.index(TABLE_END)].splitlines() if line.startswith("| ")]
-        kept = {line.split("|")[1].strip(): line for line in old[2:]}
-        rows = {**kept, **new}
-        lines = old[:2] + [rows[t] for t in sorted(rows)]
+        old = text[len(head) : text.index(TABLE_END)].splitlines()[3:]  # after the blank line, header and rule
+        rows = {line.split("|")[1].strip(): line for line in [*old, *lines[2:]] if line.startswith("| ")}
+        lines = lines[:2] + [rows[t] for t in sorted(rows)]
     body = "\n".join(lines)
     path.write_text(f"{head}\n{body}\n{tail}")
 
