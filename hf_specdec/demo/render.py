@@ -47,12 +47,12 @@ def speedup_text(value: float | None, bound: float | None) -> str:
 
 
 def spread_text(spread: Spread | None, bound: float | None = None, unit: str = "×") -> str:
-    """``"1.10–1.31× (median 1.20×, 3 runs)"``, each end flagged like `speedup_text` when above ``bound``; "" for
-    fewer than two runs (one run measures no spread)."""
+    """``"1.10× – 1.31× (median 1.20×, 3 runs)"``, flagged like `speedup_text` when its high end is above ``bound``;
+    "" for fewer than two runs (one run measures no spread)."""
     if spread is None or spread.n < 2:
         return ""
-    ends = [f"{v:.2f}{unit}" + (f" {FLAG} {bound:.2f}×" if above(v, bound) else "") for v in (spread.low, spread.high)]
-    return f"{ends[0]} – {ends[1]} (median {spread.median:.2f}{unit}, {spread.n} runs)"
+    flag = f" {FLAG} {bound:.2f}×" if above(spread.high, bound) else ""
+    return f"{spread.low:.2f}{unit} – {spread.high:.2f}{unit}{flag} (median {spread.median:.2f}{unit}, {spread.n} runs)"
 
 
 def speed_line(tokens: int, seconds: float, done: bool, extra: str = "", stopped: bool = False) -> str:

@@ -274,13 +274,16 @@ def _bench_rows(page) -> list[list[str]]:
 
 
 def _assert_rows_bounded_or_flagged(rows: list[list[str]]) -> None:
-    """Every speedup shown (column 4) is at most the bound (column 7) or carries the flag."""
+    """Every speedup shown (column 4, and the spread's high end in column 5) is at most the bound (column 7) or
+    carries the flag."""
     for cells in rows:
         if cells[0] == "vanilla" or not cells[3]:
             continue
         speedup = float(cells[3].split("×")[0])
         bound = float(cells[6].rstrip("×"))
         assert speedup <= bound or FLAG in cells[3], cells
+        spread = re.findall(r"([0-9.]+)×", cells[4])  # low, high[, bound], median; "one run" has none
+        assert not spread or float(spread[1]) <= bound or FLAG in cells[4], cells
 
 
 def test_the_benchmark_tab_streams_progress_and_lists_each_method_once(browser, demo_url):
