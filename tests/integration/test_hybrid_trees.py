@@ -101,7 +101,7 @@ def test_each_tree_node_sees_its_own_path_through_the_convolution(model_type):
         )
 
 
-@pytest.mark.parametrize("model_type", ["lfm2", "qwen3_next", "bamba"])
+@pytest.mark.parametrize("model_type", ["lfm2", "qwen3_next", "bamba", "jamba"])
 def test_pending_levels_of_a_draft_see_their_ancestors(model_type):
     """A draft model writes a tree level per forward; each level sees the earlier ones as pending tokens."""
     model = tiny_model(model_type)
