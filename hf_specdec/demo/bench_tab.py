@@ -36,8 +36,8 @@ WARMUP_TOKENS = 16
 
 NOISE_NOTE = (
     "How to read this: every method and vanilla ran {runs} per question, taking turns after an untimed warm-up; "
-    "**speedup** = total tokens / total time over vanilla's, each over its fastest runs; **spread** = the lowest "
-    "and highest per-run speedup (a CPU shared with other work moves them; differences inside the spread are "
+    "**speedup** = total tokens / total time over vanilla's, each over its fastest runs (the two fastest may come "
+    "from different runs, so it can fall outside the spread); **spread** = the lowest and highest per-run speedup (a CPU shared with other work moves them; differences inside the spread are "
     "noise). **bound** = the largest speedup drafting can give with this τ and these step counts: a verify step "
     "runs the target once, so it costs at least one vanilla decode step, hence speedup ≤ τ for greedy output "
     "(see the assistant help in the Compare tab). A speedup above it is flagged: a timing was disturbed. "
