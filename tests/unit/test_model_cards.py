@@ -72,3 +72,17 @@ def test_the_shipped_cards_link_the_repository_pyproject_names():
     assert re.search(r'^Repository = "([^"]+)"$', urls, re.MULTILINE).group(1) == REPOSITORY
     for card in sorted((root / "hf_specdec" / "assets").glob("*/README.md")):
         assert f"({REPOSITORY}/blob/main/docs/results/" in card.read_text(encoding="utf-8"), card.parent.name
+
+
+@pytest.mark.parametrize("cls,folder", SHIPPED, ids=lambda x: getattr(x, "__name__", ""))
+def test_shipped_card_facts_are_the_cited_runs(cls, folder):
+    """The speedup and τ a shipped head's config gives its card are the overall figures of the run it cites."""
+    import json
+    from pathlib import Path
+
+    facts = cls.from_pretrained(folder).model_card
+    run = json.loads((Path(__file__).parents[2] / facts["results"]).read_text())
+    method = {"MedusaHeads": "medusa", "EagleHead": "eagle", "MLPSpeculator": "mlp_speculator"}[cls.__name__]
+    (overall,) = [s for s in run["summary"] if s["method"] == method and s["category"] == "overall"]
+    assert facts["speedup"] == round(overall["speedup"], 2) and facts["tau"] == round(overall["tau"], 2)
+    assert "/root/" not in json.dumps(facts)
