@@ -5,7 +5,7 @@ transformers reads this folder's layout from a Hub repository or a local folder 
     model.generate(ids, custom_generate="<repo id or folder>", trust_remote_code=True, assistant="ngram")
 
 runs hf-specdec's loop with no import of hf_specdec in the caller's code. transformers checks
-``custom_generate/requirements.txt`` first (hf-specdec must be installed: ``pip install hf-specdec``), then calls
+``custom_generate/requirements.txt`` first (hf-specdec must be installed: ``bash scripts/install.sh`` in a checkout of its repository), then calls
 `generate` below with the model and every argument of ``model.generate``.
 
 ``assistant=`` is a ready-made assistant's name (``"ngram"``, the default: prompt lookup, for any model; the others,

