@@ -106,14 +106,14 @@ def tree_mamba2(module: torch.nn.Module, hidden_states: torch.Tensor, plan: Atte
         )  # fmt: skip
         return out.reshape(r, t, -1), last
 
-    def token(index: torch.Tensor, start: torch.Tensor):  # vanilla's decode rule for tokens [m] (it writes `state`)
-        m, state = index.shape[0], start.clone()  # [m, H, P, N]
+    def token(index: torch.Tensor, start: torch.Tensor):  # vanilla's decode rule for tokens [m] (it writes `start`)
+        m = index.shape[0]
         out = rules.mamba2_selective_state_update(
-            state, x[index].view(m, h, p), dt[index, :, None].expand(-1, -1, p), a[:, None, None].expand(-1, p, n),
+            start, x[index].view(m, h, p), dt[index, :, None].expand(-1, -1, p), a[:, None, None].expand(-1, p, n),
             b[index].view(m, g, n), c[index].view(m, g, n), module.D[:, None].expand(-1, p), z=None,
             dt_bias=module.dt_bias[:, None].expand(-1, p), dt_softplus=True,
         )  # fmt: skip
-        return out.reshape(m, -1), state
+        return out.reshape(m, -1), start  # the state after each token [m, H, P, N]
 
     zero = torch.zeros(h, p, n, dtype=torch.float32, device=x.device)
     scan = recurrent_outputs(plan, module.layer_idx, zero, chunk, token)  # [N, I]
@@ -151,12 +151,11 @@ def tree_mamba1(module: torch.nn.Module, hidden_states: torch.Tensor, plan: Atte
         )  # fmt: skip
         return out.transpose(1, 2), last  # [R, n, I], [R, I, S]
 
-    def token(index: torch.Tensor, start: torch.Tensor):  # vanilla's decode rule for tokens [m] (it writes `state`)
-        state = start.clone()  # [m, I, S]
+    def token(index: torch.Tensor, start: torch.Tensor):  # vanilla's decode rule for tokens [m] (it writes `start`)
         out = rules.mamba_selective_state_update(
-            state, x[index], dt[index], a, b[index], c[index], module.D, z=gate[index], dt_bias=bias, dt_softplus=True
+            start, x[index], dt[index], a, b[index], c[index], module.D, z=gate[index], dt_bias=bias, dt_softplus=True
         )
-        return out, state
+        return out, start  # the state after each token [m, I, S]
 
     zero = torch.zeros(module.intermediate_size, module.ssm_state_size, dtype=torch.float32, device=x.device)
     out = recurrent_outputs(plan, module.layer_idx, zero, chunk, token, chunk_from_state=False)  # [N, I]

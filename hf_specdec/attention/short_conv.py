@@ -134,7 +134,7 @@ def recurrent_outputs(
         chunk_rule: ``(index [R, n], initial [R, *state]) -> (out [R, n, ...], last [R, *state])``, the prefill rule
             over the causal chunks of packed tokens ``index`` from ``initial``.
         token_rule: ``(index [m], start [m, *state]) -> (out [m, ...], state [m, *state])``, the one-token rule for
-            packed tokens ``index`` from their predecessors' states ``start`` (which it must not write).
+            packed tokens ``index`` from their predecessors' states ``start`` (a copy, which it may write).
         chunk_from_state: whether ``chunk_rule`` starts from a state (Mamba-1's scan starts from zeros only: a
             chunk after committed tokens then runs the one-token rule, token after token).
     """
@@ -195,10 +195,11 @@ def _run_levels(plan: AttentionPlan, trees: list[int], base: torch.Tensor, token
     source, depth = _sources(plan, trees)  # [N] each (-1 for chunk rows' tokens)
     new = base.new_zeros(int(plan.cu_seqlens[-1]), *base.shape[1:])  # [N, *state]
     index, outs = [], []
+    nb = base.shape[0]  # a token at depth d > 0 follows one of this forward's tokens, at depth 0 a base state
     for level in range(int(depth.max()) + 1):
         idx = np.nonzero(depth == level)[0]
         src = torch.as_tensor(source[idx], device=base.device)
-        start = torch.cat([base, new]).index_select(0, src) if level else base.index_select(0, src)  # [m, *state]
+        start = new.index_select(0, src - nb) if level else base.index_select(0, src)  # [m, *state], a copy
         out, state = token_rule(torch.as_tensor(idx, device=base.device), start)
         new[torch.as_tensor(idx, device=base.device)] = state
         index.append(torch.as_tensor(idx))
