@@ -33,7 +33,7 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from .derived import drafting_copy, lm_head_logits
-from .eagle import EagleKVCache, _architectures, _num_layers
+from .eagle import EagleHead, EagleKVCache, _architectures, _num_layers
 from .hub import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -202,21 +202,9 @@ class DFlashHead(
                 head.norm.weight.copy_(norm.weight.detach())
         return head.bind(model)
 
-    def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
-        """Draft over ``token_ids`` `[V']` only (distinct ids of the vocabulary): fills ``d2t`` and ``t2d``."""
-        ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
-        if self.d2t is None or ids.numel() != self.d2t.numel():
-            raise ValueError(f"draft vocabulary of {ids.numel()} ids for a head built with {self.draft_vocab_size}")
-        if ids.unique().numel() != ids.numel() or int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
-            raise ValueError(f"draft vocabulary ids must be distinct and in [0, {self.vocab_size})")
-        with torch.no_grad():
-            self.d2t.copy_(ids - torch.arange(ids.numel()))
-            self.t2d.zero_()
-            self.t2d[ids] = True
-
-    def draft_to_token(self, index: torch.Tensor) -> torch.Tensor:
-        """Token ids of draft-vocabulary indices (identity without a draft vocabulary)."""
-        return index if self.d2t is None else index + self.d2t.to(index.device)[index]
+    # the same d2t / t2d buffers as EagleHead's: its vocabulary mapping serves both heads
+    set_draft_vocab = EagleHead.set_draft_vocab
+    draft_to_token = EagleHead.draft_to_token
 
     # ------------------------------------------------------------------------------------------ target
     def check_compatible(self, model: nn.Module) -> None:
@@ -371,21 +359,13 @@ class DFlashHead(
 
     # ------------------------------------------------------------------------------------------ Hub I/O
     def config_dict(self) -> dict:
-        """What our ``config.json`` holds."""
+        """What our ``config.json`` holds: the layer config, the target's sizes and every other init argument."""
         return {
             "head_type": "dflash",
             "transformer_layer_config": _layer_dict(self.config),
             "hidden_size": self.hidden_size,
             "vocab_size": self.vocab_size,
-            "aux_layers": self.aux_layers,
-            "block_size": self.block_size,
-            "mask_token_id": self.mask_token_id,
-            "draft_vocab_size": self.draft_vocab_size,
-            "sample_from_anchor": self.sample_from_anchor,
-            "base_model_name_or_path": self.base_model_name_or_path,
-            "verifier_architectures": self.verifier_architectures,
-            "tree": self.tree,
-            "model_card": self.model_card,
+            **{k: getattr(self, k) for k in _INIT_KEYS},
             "source_format": self.source_format,
             "dtype": str(self._param.dtype).removeprefix("torch."),
         }
