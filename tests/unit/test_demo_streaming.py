@@ -218,4 +218,8 @@ def test_the_benchmark_warms_up_then_interleaves_the_methods_on_each_question():
     for row in runner.board.rows():
         assert row["status"] == "done" and row["questions"] == 3
         if row["method"] != "vanilla":
-            assert row["spread"].n == 2 and row["bound"] >= row["tau"] - 1e-9
+            assert row["spread"].n == 2
+            # greedy: each question's bound is its τ, or less where the budget cut an accepted draft short; over
+            # the questions the bound weighs them by vanilla's time
+            calls = [c for (m, _q), cs in runner.board.calls.items() if m == row["method"] for c in cs]
+            assert 1.0 <= row["bound"] <= max(1 + c.accepted / c.steps for c in calls) + 1e-9
