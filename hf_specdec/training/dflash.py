@@ -36,9 +36,7 @@ from .run import (
     TrainingRun,
     draft_vocabulary,
     head_positions,
-    lr_lambda,
     split_sequences,
-    step_counts,
 )
 
 HEAD_DIR = "head"
@@ -225,12 +223,8 @@ def train_dflash(
     labels = token_targets(data, lm_weight, vocab if vocab is not None else torch.arange(vocab_size))
     starts = window_starts(data, train_seqs, cfg.window)
     split = HeldOutSplit(train_seqs, eval_seqs, starts, torch.zeros(0, dtype=torch.long))
-    _, total = step_counts(starts.shape[0], cfg.positions_per_step, cfg.epochs, cfg.max_steps)
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps, total))
-    run = TrainingRun(out, cfg, head, "head", optimizer, scheduler)
-    run.resume(resume, same=("num_layers", "block_size", "window", "draft_vocab", "seed", "soft_labels"))
+    same = ("num_layers", "block_size", "window", "draft_vocab", "seed", "soft_labels")
+    run, total = TrainingRun.start(out, cfg, head, "head", starts.shape[0], resume, same)
     gen = torch.Generator().manual_seed(cfg.seed + 17)
     rows = lm_weight[vocab if vocab is not None else slice(None)].to(device, torch.float32) if cfg.soft_labels else None
 

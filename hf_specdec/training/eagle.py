@@ -49,9 +49,7 @@ from .run import (
     TrainingRun,
     draft_vocabulary,
     head_positions,
-    lr_lambda,
     split_sequences,
-    step_counts,
     trainable_copy,
 )
 
@@ -360,12 +358,8 @@ def train_eagle(
     labels = token_targets(data, lm_weight, vocab if vocab is not None else torch.arange(vocab_size))
     starts = window_starts(data, train_seqs, cfg.window)
     split = HeldOutSplit(train_seqs, eval_seqs, starts, torch.zeros(0, dtype=torch.long))
-    _, total = step_counts(starts.shape[0], cfg.positions_per_step, cfg.epochs, cfg.max_steps)
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps, total))
-    run = TrainingRun(out, cfg, head, "head", optimizer, scheduler)
-    run.resume(resume, same=("window", "draft_vocab", "seed", "version", "unroll", "soft_labels"))
+    same = ("window", "draft_vocab", "seed", "version", "unroll", "soft_labels")
+    run, total = TrainingRun.start(out, cfg, head, "head", starts.shape[0], resume, same)
     feature_std = float(features[:: max(1, features.shape[0] // 4096)].float().std())
     gen = torch.Generator(device=device).manual_seed(cfg.seed + 17)
 

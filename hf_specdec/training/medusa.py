@@ -35,9 +35,7 @@ from .run import (
     head_positions,
     held_out_split,
     latest_checkpoint,
-    lr_lambda,
     split_sequences,
-    step_counts,
     trainable_copy,
 )
 
@@ -311,12 +309,9 @@ def train_medusa(
                                share_lm_head=cfg.share_lm_head)  # fmt: skip
     else:
         heads = _fresh_heads(cfg, lm_weight, vocab, base_model_name_or_path or data.manifest.get("base_model"))
-    _, total = step_counts(split.train_pos.numel(), cfg.positions_per_step, cfg.epochs, cfg.max_steps)
-    optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps, total))
-    run = TrainingRun(out, cfg, heads, "heads", optimizer, scheduler)
-    run.resume(resume, same=("num_heads", "num_layers", "share_lm_head", "positions_per_step", "seed"))
-    prepared, run.optimizer = accelerator.prepare(heads, optimizer)
+    same = ("num_heads", "num_layers", "share_lm_head", "positions_per_step", "seed")
+    run, total = TrainingRun.start(out, cfg, heads, "heads", split.train_pos.numel(), resume, same)
+    prepared, run.optimizer = accelerator.prepare(heads, run.optimizer)
     run.module, run.backward, run.clip = (
         accelerator.unwrap_model(prepared),
         accelerator.backward,

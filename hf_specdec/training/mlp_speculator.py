@@ -43,8 +43,6 @@ from .run import (
     TrainingRun,
     draft_vocabulary,
     held_out_split,
-    lr_lambda,
-    step_counts,
     trainable_copy,
 )
 from .step_cost import step_cost_curve
@@ -325,12 +323,8 @@ def train_mlp_speculator(
         token_map, coverage = _draft_vocab(data, split.train_pos, cfg)
         base = base_model_name_or_path or data.manifest.get("base_model")
         spec = _fresh_speculator(cfg, data, token_map, base).to(device).train()
-    _, total = step_counts(split.train_pos.numel(), cfg.positions_per_step, cfg.epochs, cfg.max_steps)
-    optimizer = torch.optim.AdamW(spec.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps, total))
-    run = TrainingRun(out, cfg, spec, "speculator", optimizer, scheduler)
     same = ("inner_dim", "n_predict", "tie_weights", "scale_input", "draft_vocab", "positions_per_step", "seed")
-    run.resume(resume, same=same)
+    run, total = TrainingRun.start(out, cfg, spec, "speculator", split.train_pos.numel(), resume, same)
 
     def loss_of(pos: torch.Tensor) -> torch.Tensor:
         return speculator_loss(spec, *_batch(data, pos, cfg.n_predict, device), cfg.decay)[0]

@@ -2,8 +2,7 @@
 and the step loop (`TrainingRun`). A trainer brings its module, its loss over a batch of positions and its held-out
 evaluation; `hf_specdec.training.medusa` is one.
 
-    run = TrainingRun(out, cfg, heads, "heads", optimizer, lr_schedule(optimizer, cfg.warmup_steps, total))
-    run.resume(resume, same=("num_heads", "seed"))
+    run, total = TrainingRun.start(out, cfg, heads, "heads", split.train_pos.numel(), resume, same=("num_heads", "seed"))
     before, after = run.train(split.train_pos, total, loss_of, evaluate, desc="medusa heads", metric="top1_per_head")
 """
 
@@ -246,6 +245,22 @@ class TrainingRun:
     elapsed: float = 0.0
     history: list[dict] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)  # this process's per-step training losses
+
+    @classmethod
+    def start(
+        cls, out: Path, config: RunConfig, module: nn.Module, module_key: str, rows: int, resume: bool,
+        same: Sequence[str],
+    ) -> tuple[TrainingRun, int]:  # fmt: skip
+        """``(run, total steps)``: a run over ``rows`` training rows (positions or windows) with every trainer's
+        optimizer (AdamW over ``module``'s trainable parameters) and schedule (`lr_lambda` over the `step_counts`
+        total), resumed from the latest checkpoint in ``out`` as `resume` says (``resume``, ``same``)."""
+        _, total = step_counts(rows, config.positions_per_step, config.epochs, config.max_steps)
+        params = [p for p in module.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config.warmup_steps, total))
+        run = cls(Path(out), config, module, module_key, optimizer, scheduler)
+        run.resume(resume, same)
+        return run, total
 
     def resume(self, resume: bool, same: Sequence[str]) -> None:
         """Continue from the latest checkpoint in ``out`` (refused unless ``resume``, and unless the config fields
