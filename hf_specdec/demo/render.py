@@ -214,5 +214,6 @@ def _whiskers_and_bounds(ax, rows: Sequence[dict], flagged: Sequence[bool]) -> N
             ax.plot([row["bound"]], [y], marker="|", markersize=16, markeredgewidth=2.5, color=RED)
         if flag:
             ax.text(row["speedup"], y, "  ⚠ above bound", va="center", color=ORANGE, fontsize=CHART_FONT - 1)
-    right = max([r["speedup"] for r in rows] + [r["bound"] or 0 for r in rows] + [1.0])
+    highs = [r["spread"].high for r in rows if r.get("spread") is not None]
+    right = max([r["speedup"] for r in rows] + [r["bound"] or 0 for r in rows] + highs + [1.0])
     ax.set_xlim(0, right * (1.45 if any(flagged) else 1.15))

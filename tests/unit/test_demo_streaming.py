@@ -144,6 +144,14 @@ def test_a_speedup_above_its_bound_is_rendered_with_the_flag():
     assert "1.52×" in speedup_cell and FLAG in speedup_cell
     assert FLAG not in bench_line({**row, "speedup": 0.95, "spread": Spread.of([0.9, 0.95])})
 
+    from hf_specdec.demo.render import bench_chart
+
+    ngram = {**row, "method": "ngram", "speedup": 1.35, "bound": 1.69, "tau": 1.82, "spread": Spread.of([0.84, 1.94])}
+    ax = bench_chart([{"method": "vanilla", "status": "done"}, ngram, row], "writing").axes[0]
+    bars = {t.get_text(): b for t, b in zip(ax.get_yticklabels(), ax.patches)}
+    assert bars["eagle"].get_hatch() == "//" and not bars["ngram"].get_hatch()  # only the bar above its bound
+    assert [t.get_text().strip() for t in ax.texts] == ["⚠ above bound"] and ax.get_xlim()[1] > 1.94
+
 
 def test_the_compare_summary_flags_an_impossible_speedup_and_speaks_of_noise():
     from hf_specdec.demo.compare import summary_markdown
