@@ -1,6 +1,6 @@
 """The Gradio demo (``hf-specdec demo``): vanilla `generate` against speculative decoding, side by side.
 
-Needs the ``demo`` extra (``pip install hf-specdec[demo]``): gradio is imported only when the app is built.
+Needs the ``demo`` extra (``bash scripts/install.sh demo`` in a checkout): gradio is imported only when the app is built.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ def __getattr__(name):
             import gradio  # noqa: F401
         except ModuleNotFoundError as exc:
             raise ModuleNotFoundError(
-                "the hf-specdec demo needs gradio, which is not installed; run `pip install 'hf-specdec[demo]'` "
+                "the hf-specdec demo needs gradio, which is not installed; run `bash scripts/install.sh demo` in an hf-specdec checkout (or pip install gradio) "
                 "(or `pip install gradio`)"
             ) from exc
         from . import app

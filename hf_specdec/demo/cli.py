@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         import gradio  # noqa: F401
     except ModuleNotFoundError as exc:
         raise SystemExit(
-            "the hf-specdec demo needs gradio, which is not installed; run `pip install 'hf-specdec[demo]'`"
+            "the hf-specdec demo needs gradio, which is not installed; run `bash scripts/install.sh demo` in an hf-specdec checkout (or pip install gradio)"
         ) from exc
     from .app import launch
 
