@@ -9,6 +9,7 @@ hf-specdec convert                                       # convert the default m
 hf-specdec train medusa --out DIR [--model M --num-prompts N --max-new-tokens M --epochs E --num-heads 4 --resume]
 hf-specdec train mlp-speculator --out DIR [--data FOLDER... --epochs E --inner-dim 384 --resume]
 hf-specdec train eagle --out DIR [--version 3] [--model M --data sharegpt --soft-labels --unroll K --resume ...]
+hf-specdec train dflash --out DIR [--model M --data sharegpt --block-size 8 --num-layers 1 --resume ...]
 hf-specdec export HEAD --format speculators|eagle|medusa --out DIR [--model M --verifier NAME]   # for vLLM / SGLang
 hf-specdec demo [--host H] [--port P] [--share] [--concurrency N] [--parallel]   # Gradio demo, http://127.0.0.1:7860
 hf-specdec --version
@@ -22,7 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .assistants import DEFAULT_ASSISTANT, available_assistants, describe_assistant
@@ -311,6 +312,21 @@ def _train_eagle_main(args: argparse.Namespace) -> int:
     return eagle_cli.train_eagle_main(args)
 
 
+def _train_dflash_main(args: argparse.Namespace) -> int:
+    from .training import eagle_cli
+
+    _check_out_folders(args)
+    return eagle_cli.train_dflash_main(args)
+
+
+def _add_trainer(train_sub, name: str, what: str, add_arguments: Callable, func: Callable) -> None:
+    """``hf-specdec train NAME``: ``what`` is its help (and, capitalised, its description)."""
+    parser = train_sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".")
+    add_arguments(parser)
+    add_threads_argument(parser)
+    parser.set_defaults(func=func)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .bench.spec_bench import add_arguments as add_bench_arguments
@@ -347,10 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .training import eagle_cli
 
     what = "an EAGLE head (EAGLE-1/2, or EAGLE-3 with --version 3) on six-task self-distillation data"
-    eagle = train_sub.add_parser("eagle", help=what, description=what[0].upper() + what[1:] + ".")
-    eagle_cli.add_train_eagle_arguments(eagle)
-    add_threads_argument(eagle)
-    eagle.set_defaults(func=_train_eagle_main)
+    _add_trainer(train_sub, "eagle", what, eagle_cli.add_train_eagle_arguments, _train_eagle_main)
+    what = "a DFlash block drafter (anchored blocks, target frozen) on six-task self-distillation data"
+    _add_trainer(train_sub, "dflash", what, eagle_cli.add_train_dflash_arguments, _train_dflash_main)
     from . import export_cli
 
     export = sub.add_parser("export", help="write a head in the layout vLLM or SGLang serves, with a model card")

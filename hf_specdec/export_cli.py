@@ -4,11 +4,12 @@
     hf-specdec export runs/eagle3 --format speculators --out spec --model meta-llama/Llama-3.1-8B-Instruct
     hf-specdec export medusa --format medusa --out medusa-vllm --verifier HuggingFaceTB/SmolLM2-135M-Instruct
 
-HEAD is a head folder or Hub repo id in any layout hf-specdec reads (docs/formats.md), or the name of a head that
-ships with hf-specdec (``eagle``, ``medusa``). The head is loaded, bound to its target model (``--model``; default:
-the default model), which checks that their sizes fit and records what the exported config names (the target's
-architectures; Medusa's vLLM layout also stores a copy of the target's lm_head), then saved with
-``save_pretrained(format=...)``. The exported folder loads back into hf-specdec unchanged.
+HEAD is a head folder or Hub repo id in any layout hf-specdec reads (docs/formats.md; ``--format speculators`` takes
+an EAGLE-3 head or a DFlash block drafter), or the name of a head that ships with hf-specdec (``eagle``,
+``medusa``). The head is loaded, bound to its target model (``--model``; default: the default model), which checks
+that their sizes fit and records what the exported config names (the target's architectures; Medusa's vLLM layout
+also stores a copy of the target's lm_head), then saved with ``save_pretrained(format=...)``. The exported folder
+loads back into hf-specdec unchanged.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from .cli_args import UsageError, check_model_argument, positive_int
 
-# export format -> the head class that writes it
+# export format -> the shipped head it takes (speculators also takes a DFlash head: `_load_head`)
 FORMATS = {"speculators": "eagle", "eagle": "eagle", "medusa": "medusa"}
 
 
@@ -30,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--format",
         required=True,
         choices=list(FORMATS),
-        help="speculators: vLLM's speculators format (EAGLE-3 heads; `vllm serve DIR`); eagle: the upstream "
+        help="speculators: vLLM's speculators format (EAGLE-3 heads, DFlash drafters; `vllm serve DIR`); eagle: the "
+        "upstream "
         "EAGLE / SpecForge layout (SGLang, vLLM); medusa: vLLM's Medusa layout",
     )
     parser.add_argument("--out", required=True, help="the folder to write (created; files in it are replaced)")
@@ -85,25 +87,49 @@ def _load_target(name: str | None):
         raise UsageError(f"--model {name}: {str(err).splitlines()[0]}") from err
 
 
+def _load_head(args: argparse.Namespace):
+    """The head ``HEAD`` names, as the class that writes ``--format`` (speculators: an EAGLE head, else a DFlash
+    block drafter); a head none of them reads is a `UsageError` giving each one's reason."""
+    from .heads.dflash import DFlashHead
+    from .heads.eagle import EagleHead
+    from .heads.medusa import MedusaHeads
+
+    head_type = FORMATS[args.format]
+    source = _head_source(args.head, head_type)
+    classes = {"eagle": [EagleHead], "medusa": [MedusaHeads]}[head_type] + [DFlashHead] * (args.format == "speculators")
+    errors = []
+    for head_class in classes:
+        try:
+            return head_class.from_pretrained(source, dtype=None)
+        except (OSError, ValueError) as err:
+            errors.append(f"{head_class.__name__}: {err}" if len(classes) > 1 else str(err))
+    names = " or ".join(c.__name__ for c in classes)
+    raise UsageError(f"cannot load {args.head} as {names}: {'; '.join(errors)}")
+
+
+def _tree_depth(head, tokens: int | None) -> None:
+    """``--speculative-tokens``: an EAGLE head's tree depth; a DFlash head's is its block's (refused otherwise)."""
+    if tokens is None:
+        return
+    if head.head_type == "dflash":
+        if tokens != head.num_depths:
+            raise UsageError(f"--speculative-tokens {tokens}: a DFlash head drafts its block's {head.num_depths} "
+                             "tokens per step (block_size - 1); leave the option out")  # fmt: skip
+        return
+    head.tree = {**getattr(head, "tree", {}), "depth": tokens}
+
+
 def export_main(args: argparse.Namespace) -> int:
     """Load the head and its target, bind them, save the export and print what was written and how to serve it."""
     import torch
 
-    from .heads.eagle import EagleHead
-    from .heads.medusa import MedusaHeads
     from .models import default_model_dir
 
-    head_type = FORMATS[args.format]
-    source = _head_source(args.head, head_type)
     check_model_argument(args.model)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a folder")
-    head_class = EagleHead if head_type == "eagle" else MedusaHeads
-    try:
-        head = head_class.from_pretrained(source, dtype=None)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"cannot load {args.head} as {head_class.__name__}: {err}") from err
+    head = _load_head(args)
     model, name = _load_target(args.model)
     verifier = args.verifier or (args.model if args.model else str(default_model_dir()))
     try:
@@ -111,8 +137,7 @@ def export_main(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from err
     head.base_model_name_or_path = verifier
-    if args.speculative_tokens is not None:
-        head.tree = {**getattr(head, "tree", {}), "depth": args.speculative_tokens}
+    _tree_depth(head, args.speculative_tokens)
     with torch.no_grad():
         try:
             card = {"repo_id": args.repo_id or str(out.resolve())}
@@ -120,7 +145,7 @@ def export_main(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise UsageError(f"--format {args.format}: {err}") from err
     written = ", ".join(sorted(p.name for p in out.iterdir()))
-    print(f"wrote {out} ({written}): {head_class.__name__} for {name} in the {args.format} format", file=sys.stderr)
+    print(f"wrote {out} ({written}): {type(head).__name__} for {name} in the {args.format} format", file=sys.stderr)
     card = (out / "README.md").read_text(encoding="utf-8")
     start = card.find("## Serve with")
     print(card[start : card.rfind("Written by")].strip() if start >= 0 else card)

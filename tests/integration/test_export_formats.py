@@ -19,6 +19,7 @@ import hf_specdec
 import hf_specdec.generation.loop as loop
 from hf_specdec.cli import main as cli_main
 from hf_specdec.generation.proposers import as_proposer
+from hf_specdec.heads.dflash import DFlashHead
 from hf_specdec.heads.eagle import EagleHead
 from hf_specdec.heads.hub import CONFIG_NAME, WEIGHTS_NAME
 from hf_specdec.heads.medusa import MedusaHeads
@@ -264,6 +265,29 @@ def test_export_cli(tmp_path, target, capsys):
                   "--model", target.config._name_or_path])  # fmt: skip
     assert exit_info.value.code == 2
     assert "cannot load" in capsys.readouterr().err and not (tmp_path / "m").exists()
+
+
+def test_export_cli_writes_a_dflash_head_for_vllm(tmp_path, target, capsys):
+    """``--format speculators`` also takes a DFlash block drafter: the folder is the library's ``dflash`` kind, loads
+    back bit-identical, and its card gives vLLM's command; a chain length other than the block's is refused."""
+    head = _randomize(DFlashHead.for_model(target, block_size=4, draft_vocab=torch.arange(5, 70)), 7, norms=True)
+    head.save_pretrained(tmp_path / "head")
+    assert "(FORMAT: speculators)" in str(head.generate_model_card("x"))
+    out = tmp_path / "spec"
+    code = cli_main(["export", str(tmp_path / "head"), "--format", "speculators", "--out", str(out),
+                     "--model", target.config._name_or_path, "--verifier", "org/tiny-llama", "--repo-id", "org/spec",
+                     "--speculative-tokens", "3"])  # fmt: skip
+    assert code == 0
+    assert "vllm serve org/spec" in capsys.readouterr().out
+    config = json.loads((out / CONFIG_NAME).read_text())
+    assert config["speculators_model_type"] == "dflash" and config["block_size"] == 4
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "org/tiny-llama"
+    head.base_model_name_or_path = "org/tiny-llama"  # what --verifier writes
+    assert_bit_identical(DFlashHead.from_pretrained(out, base_model=target), head)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["export", str(tmp_path / "head"), "--format", "speculators", "--out", str(tmp_path / "s2"),
+                  "--model", target.config._name_or_path, "--speculative-tokens", "5"])  # fmt: skip
+    assert exit_info.value.code == 2 and "drafts its block's 3 tokens" in capsys.readouterr().err
 
 
 def test_push_to_hub_uploads_the_export(tmp_path, target, monkeypatch):

@@ -4,6 +4,8 @@ checkpoint; the anchored blocks are labelled with the target's choice at each de
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -85,3 +87,25 @@ def test_resume_continues_from_the_checkpoint(tiny_data, tmp_path):
     longer = DFlashTrainingConfig(**{**cfg.__dict__, "max_steps": 9})
     head, report = train_dflash(model, data, tmp_path / "run", longer, resume=True, progress=False)
     assert report["steps"] == 9 and head.draft_vocab_size == 40
+
+
+def test_cli_trains_a_dflash_head_on_a_data_folder(tiny_data, tmp_path, monkeypatch, capsys):
+    """``hf-specdec train dflash`` takes the trainers' shared options and its own, and trains with them."""
+    from hf_specdec.cli import _train_dflash_main, build_parser, main
+    from hf_specdec.training import eagle_cli
+
+    model, data, _ = tiny_data
+    args = build_parser().parse_args(["train", "dflash", "--out", "x", "--block-size", "4", "--no-soft-labels"])
+    assert args.func is _train_dflash_main and (args.block_size, args.soft_labels, args.window) == (4, False, 256)
+    assert build_parser().parse_args(["train", "dflash", "--out", "x"]).soft_labels
+    monkeypatch.setattr(eagle_cli, "_target", lambda args: (model, None))  # the tiny target, no tokenizer needed
+    out = tmp_path / "run"
+    assert main(["train", "dflash", "--out", str(out), "--data", str(data.folder), "--block-size", "4", "--window",
+                 "32", "--max-steps", "2", "--draft-vocab", "40", "--anchors-per-window", "4", "--decay", "2"]) == 0  # fmt: skip
+    report = json.loads((out / "training_report.json").read_text())
+    assert report["steps"] == 2 and report["draft_vocab"] == 40
+    cfg = report["config"]
+    assert (cfg["block_size"], cfg["anchors_per_window"], cfg["decay"], cfg["soft_labels"]) == (4, 4, 2, True)
+    head = DFlashHead.from_pretrained(out / "head", base_model=model)
+    assert head.block_size == 4 and head.feature_layers == (1, 2, 3)
+    assert f"DFlash head saved to {out / 'head'}" in capsys.readouterr().out

@@ -51,6 +51,7 @@ CASES = [
     (["train", "medusa", "--out", "ok", "--data-dir", "/dev/null/d"], ["--data-dir", "/dev/null/d", "cannot create"]),
     (["train", "mlp-speculator", "--out", "/dev/null/s"], ["--out", "/dev/null/s", "cannot create"]),
     (["train", "eagle", "--out", "/dev/null/e"], ["--out", "/dev/null/e", "cannot create"]),
+    (["train", "dflash", "--out", "/dev/null/f"], ["--out", "/dev/null/f", "cannot create"]),
     (["export", "medusa", "--format", "medusa", "--out", "/dev/null/m"], ["--out", "/dev/null/m", "cannot create"]),
     (["export", "eagle", "--format", "eagle", "--out", "/proc/hf-specdec-x"], ["--out", "/proc/hf-specdec-x"]),
     (["demo", "--threads", "0"], ["--threads", "at least 1", "0"]),
