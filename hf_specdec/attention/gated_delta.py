@@ -17,7 +17,6 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from . import mamba
 from .plan import AttentionPlan
 from .short_conv import depthwise, path_windows, recurrent_outputs, wrap_layer_classes
 
@@ -103,7 +102,5 @@ def tree_gated_delta(module: torch.nn.Module, hidden_states: torch.Tensor, plan:
 
 
 def install_for(model: torch.nn.Module, active_plan) -> None:
-    """Serve ``model``'s recurrent layers on trees inside planned forwards (`short_conv.wrap_layer_classes`): its gated
-    delta nets, and its Mamba-2 mixers (``mamba.py``)."""
+    """Serve ``model``'s gated delta nets on trees inside planned forwards (`short_conv.wrap_layer_classes`)."""
     wrap_layer_classes(model, active_plan, is_gated_delta, tree_gated_delta)
-    mamba.install_for(model, active_plan)
