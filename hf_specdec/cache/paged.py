@@ -551,15 +551,16 @@ def _move_kv(pools: Sequence[tuple[torch.Tensor, torch.Tensor]], src_dst: torch.
         src_dst: `[2 M]` int64 (host) the source slots, then the destination slots.
         use_triton: one Triton launch for all layers (``kernels/move_kv.py``); else torch copies layer by layer.
     """
-    if not pools:
-        return
-    device = pools[0][0].device
-    src, dst = src_dst.to(device, non_blocking=True).chunk(2)  # one host-to-device copy, no wait
-    if use_triton:
-        from ..kernels.move_kv import move_kv_triton  # optional dependency: triton is imported only when used
+    by_device: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for kv in pools:  # a model dispatched over several devices (device_map) has pools on each
+        by_device.setdefault(kv[0].device, []).append(kv)
+    for device, group in by_device.items():
+        src, dst = src_dst.to(device, non_blocking=True).chunk(2)  # one host-to-device copy per device, no wait
+        if use_triton:
+            from ..kernels.move_kv import move_kv_triton  # optional dependency: triton is imported only when used
 
-        move_kv_triton(pools, src, dst)
-        return
-    for k, v in pools:
-        k.index_copy_(0, dst, k.index_select(0, src))
-        v.index_copy_(0, dst, v.index_select(0, src))
+            move_kv_triton(group, src, dst)
+            continue
+        for k, v in group:
+            k.index_copy_(0, dst, k.index_select(0, src))
+            v.index_copy_(0, dst, v.index_select(0, src))

@@ -43,6 +43,17 @@ def cached_derived(owner: nn.Module, name: str, sources: Sequence[torch.Tensor |
     return cached[1]
 
 
+def dense_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` as a plain dense tensor of its full shape, to copy from: a tensor-parallel shard (DTensor) is
+    gathered whole, a quantized tensor subclass (torchao) dequantized; a plain tensor is returned as it is."""
+    weight = weight.detach()
+    if hasattr(weight, "full_tensor"):
+        weight = weight.full_tensor()
+    if type(weight) is not torch.Tensor and hasattr(weight, "dequantize"):
+        weight = weight.dequantize()
+    return weight
+
+
 def lm_head_rows(
     owner: nn.Module, lm_head: nn.Linear, index: torch.Tensor | None, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor | None]:

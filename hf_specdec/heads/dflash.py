@@ -32,7 +32,7 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
-from .derived import drafting_copy, lm_head_logits
+from .derived import dense_weight, drafting_copy, lm_head_logits
 from .eagle import EagleHead, EagleKVCache, _architectures, _num_layers
 from .hub import (
     CONFIG_NAME,
@@ -195,7 +195,7 @@ class DFlashHead(
         if draft_vocab is not None:
             head.set_draft_vocab(draft_vocab)
             with torch.no_grad():
-                head.lm_head.weight.copy_(model.get_output_embeddings().weight.detach()[draft_vocab])
+                head.lm_head.weight.copy_(dense_weight(model.get_output_embeddings().weight)[draft_vocab])
         norm = getattr(model.get_decoder(), "norm", None)  # the target's final norm: what its lm_head expects
         if getattr(norm, "weight", None) is not None and norm.weight.shape == head.norm.weight.shape:
             with torch.no_grad():

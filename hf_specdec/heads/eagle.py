@@ -31,7 +31,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..cache.model_arg import cache_kwarg
-from .derived import cached_derived, drafting_copy, lm_head_logits
+from .derived import cached_derived, dense_weight, drafting_copy, lm_head_logits
 from .hub import (
     CONFIG_NAME,
     HeadSource,
@@ -264,7 +264,7 @@ class EagleHead(
         if version == 3:
             with torch.no_grad():
                 rows = draft_vocab if draft_vocab is not None else torch.arange(vocab)
-                head.lm_head.weight.copy_(model.get_output_embeddings().weight.detach()[rows])
+                head.lm_head.weight.copy_(dense_weight(model.get_output_embeddings().weight)[rows])
                 norm = getattr(model.get_decoder(), "norm", None)  # the target's final norm: what its lm_head expects
                 if getattr(norm, "weight", None) is not None and norm.weight.shape == head.norm.weight.shape:
                     head.norm.weight.copy_(norm.weight.detach())

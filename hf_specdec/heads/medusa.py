@@ -28,7 +28,7 @@ from .convert import (
     medusa_to_vllm,
     read_medusa_checkpoint,
 )
-from .derived import drafting_copy, lm_head_logits
+from .derived import dense_weight, drafting_copy, lm_head_logits
 from .hub import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -169,7 +169,7 @@ class MedusaHeads(
             **kwargs,
         )
         if not share_lm_head:
-            base_w = model.get_output_embeddings().weight.detach().to(heads.lm_head_weight.dtype)
+            base_w = dense_weight(model.get_output_embeddings().weight).to(heads.lm_head_weight.dtype)
             if heads.token_map is not None:
                 base_w = base_w[heads.token_map]
             with torch.no_grad():

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..heads.derived import dense_weight
 from ..heads.dflash import DFlashHead, default_feature_layers
 from ..heads.hub import base_model_dims
 from .data import DistillationData
@@ -213,7 +214,7 @@ def train_dflash(
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     train_seqs, eval_seqs = split_sequences(data, cfg.eval_fraction, cfg.seed)
-    lm_weight = model.get_output_embeddings().weight.detach()
+    lm_weight = dense_weight(model.get_output_embeddings().weight)
     vocab_size = int(lm_weight.shape[0])
     device = torch.device(device) if device is not None else lm_weight.device
     head, vocab, coverage = _fresh_head(model, data, train_seqs, cfg)

@@ -88,3 +88,21 @@ def test_default_model_quantized_matches_its_own_vanilla(quant):
     ids, mask = spec_bench_batch(tokenizer, 1)
     assistants = {name: hf_specdec.load_default_assistant(name) for name in ("ngram", "eagle")}
     _check_equal(model, ids, mask, assistants, 16, f"default model {quant}")
+
+
+@pytest.mark.parametrize("quant", sorted(QUANTIZERS))
+def test_fresh_heads_copy_a_quantized_lm_head(quant):
+    """Heads with lm_heads of their own start as copies of the target's: a quantized lm_head is dequantized for the
+    copy (it cannot be copied into a plain tensor as it is), so the copies equal the dequantized weight, and the heads
+    draft for the quantized target with greedy output equal to vanilla."""
+    model = tiny_causal_lm("llama", hidden_size=128, num_layers=2)
+    quantize_(model, QUANTIZERS[quant]())
+    dense = model.lm_head.weight.dequantize()  # [V, H]
+    medusa = random_medusa_heads(model, share_lm_head=False)
+    fresh = hf_specdec.MedusaHeads.for_model(model, num_heads=2, share_lm_head=False)
+    assert all(torch.equal(w, dense) for w in fresh.lm_head_weight)
+    rows = torch.arange(0, dense.shape[0], 2)  # an EAGLE-3 head over a draft vocabulary copies those rows
+    eagle = hf_specdec.EagleHead.for_model(model, version=3, draft_vocab=rows)
+    assert torch.equal(eagle.lm_head.weight, dense[rows])
+    ids, mask = left_pad(PROMPTS)
+    _check_equal(model, ids, mask, {"medusa": medusa, "eagle": eagle}, 16, f"tiny {quant} own lm_heads")
