@@ -34,7 +34,7 @@ def _worker(folder: str, out_dir: str) -> None:
 
     import hf_specdec
     from hf_specdec.generation.tree import DraftTree
-    from hf_specdec.testing import left_pad, tiny_causal_lm
+    from hf_specdec.testing import left_pad, random_medusa_heads, tiny_causal_lm
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=40))
     rank = dist.get_rank()
@@ -65,6 +65,8 @@ def _worker(folder: str, out_dir: str) -> None:
         "ngram": hf_specdec.NgramAssistant(),
         "ngram, rank 1 slow": SlowRankNgram(),
         "draft model": tiny_causal_lm("llama", seed=7),  # unsharded: every rank runs its own copy
+        # heads with lm_heads of their own start as copies of the sharded lm_head, gathered whole
+        "medusa": random_medusa_heads(model, share_lm_head=False),
     }
     for name, assistant in assistants.items():
         out = model.generate(ids, **kwargs, assistant=assistant, return_dict_in_generate=True)
@@ -100,7 +102,7 @@ def tp_results(tmp_path_factory):
 def test_both_ranks_generate_vanillas_tokens(tp_results):
     rank0, rank1 = tp_results
     assert rank0["vanilla"] == rank1["vanilla"]
-    for name in ("ngram", "ngram, rank 1 slow", "draft model"):
+    for name in ("ngram", "ngram, rank 1 slow", "draft model", "medusa"):
         assert rank0[name] == rank0["vanilla"], f"{name}: rank 0 differs from vanilla"
         assert rank1[name] == rank1["vanilla"], f"{name}: rank 1 differs from vanilla"
         assert rank0[name + " drafted"] == rank1[name + " drafted"], f"{name}: the ranks verified different trees"
