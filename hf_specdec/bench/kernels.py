@@ -558,7 +558,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import triton  # noqa: F401
     except ImportError:
-        print("hf_specdec.bench.kernels: triton is not installed (pip install triton, or pip install -e '.[triton]' in a checkout)", file=sys.stderr)
+        print(
+            "hf_specdec.bench.kernels: triton is not installed (pip install triton, or pip install -e '.[triton]' in a checkout)",
+            file=sys.stderr,
+        )
         return 2
     report = run_kernel_bench(
         args.out_dir,

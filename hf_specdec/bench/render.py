@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .questions import category_sort_key
-from .report import OVERALL, summarize
+from .report import OVERALL, mismatch_text, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 REPOSITORY = "https://github.com/hf-specdec/hf-specdec"  # pyproject's [project.urls]: a model card on the Hub links here
@@ -110,10 +110,7 @@ def tau(row: dict | None) -> str:
     return "" if row is None or row.get("tau") is None else f"{row['tau']:.2f}"
 
 
-def mismatches(row: dict | None) -> str:
-    if row is None or row.get("mismatches") is None:
-        return ""
-    return f"{row['mismatches']}/{row['checked']}"
+mismatches = mismatch_text
 
 
 def by_overall(run: Run, setting: str = "greedy") -> list[str]:

@@ -10,7 +10,8 @@ prompt in the same run::
 ``steps`` / ``drafted`` / ``accepted`` come from ``out.spec_stats`` (None where a method has none), and
 ``nodes_per_row`` from its tree budget ({nodes verified for a row in a step: how often}), ``accepted_per_depth``
 (entry d - 1: the steps that accepted at least d draft tokens, ``SpecStats.accepted_per_depth``); ``match`` is
-whether the method's tokens equal vanilla's (greedy only, None otherwise).
+whether the method's tokens equal vanilla's (greedy only, None otherwise), and ``near_tie`` (on a
+mismatch only) whether every differing row first differs at a near-tie of vanilla's own logits (`testing.near_tie`).
 
 Metric definitions (as in docs/results.md):
 
@@ -84,6 +85,7 @@ def summarize_group(records: Sequence[dict]) -> dict:
     checked = [r for r in ok if r.get("match") is not None]
     row["checked"] = len(checked)
     row["mismatches"] = sum(1 for r in checked if not r["match"]) if checked else None
+    row["near_ties"] = sum(1 for r in checked if not r["match"] and r.get("near_tie")) if checked else None
     return row
 
 
@@ -130,8 +132,18 @@ def _speedup_cell(row: dict | None, bold: bool = False) -> str:
     return f"**{text}**" if bold else text
 
 
+def mismatch_text(row: dict | None) -> str:
+    """``mismatches/checked``, with how many of the mismatches the near-tie oracle explains when any does (outputs
+    that first leave vanilla's where vanilla's own top-2 logits are within the dtype's rounding: docs/precision.md);
+    "" where nothing was checked."""
+    if row is None or row.get("mismatches") is None:
+        return ""
+    text = f"{row['mismatches']}/{row['checked']}"
+    return text + (f" ({row['near_ties']} near-ties)" if row.get("near_ties") else "")
+
+
 def _mismatch_cell(row: dict) -> str:
-    mism = "" if row["mismatches"] is None else f"{row['mismatches']}/{row['checked']}"
+    mism = mismatch_text(row)
     return f"**{mism}**" if row["mismatches"] else mism
 
 

@@ -49,6 +49,7 @@ from ..cli_args import (
 from ..generation import draft_dtype
 from ..generation.cost_model import cost_model_for
 from ..generation.packed_linears import packed_weights
+from ..testing import near_ties
 from .methods import BenchContext, Method, available_methods, quick_methods, resolve_methods
 from .questions import find_questions_file, interleave_categories, load_questions, sample_questions
 from .report import budgets_by_method, depth_acceptance_by_method, markdown_report, summarize, write_results
@@ -304,6 +305,13 @@ class _BenchRunner:
             kw["return_dict_in_generate"] = True
         return timed_generate(self.model, inputs, kw, self.seed, repeats, self.clock)
 
+    def explained_by_near_ties(self, inputs: dict, base: CallResult, res: CallResult) -> bool:
+        """Whether every row where ``res`` leaves vanilla's greedy output first leaves it at a near-tie of vanilla's
+        own logits (`hf_specdec.testing.near_tie`: within the dtype's rounding; docs/precision.md)."""
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]  # [B, W] each
+        ties = near_ties(self.model, ids, mask, base.sequences, res.sequences, pad_token_id=self.pad_id)
+        return all(t.ok for t in ties)
+
     def warm_up(self, setting: Setting, first_group: list[Prompt]) -> None:
         """One short untimed call of every method; those that fail are marked broken for this setting."""
         short = self.inputs_of([Prompt(None, "", p.ids[:32]) for p in first_group])
@@ -341,6 +349,8 @@ class _BenchRunner:
             rec.update(
                 category=category, question_id=qid, batch=len(group), prompt_tokens=int(inputs["attention_mask"].sum())
             )
+            if rec["match"] is False:
+                rec["near_tie"] = self.explained_by_near_ties(inputs, base, results[method.name])
             records.append(rec)
             if method.name == "vanilla":
                 continue
@@ -348,6 +358,7 @@ class _BenchRunner:
                 line.append(f"{method.name} error")
             else:
                 mark = "" if rec["match"] is not False else f" MISMATCH@{rec['first_diff']}"
+                mark += " (near-tie)" if rec.get("near_tie") else ""
                 line.append(f"{method.name} {rec['time_s']:.2f}s ({rec['speedup'] or 0:.2f}x){mark}")
         self.log(f"[{setting.name}] {gi + 1}/{num_groups} {category} q{qid}: {base_tokens} tok; " + ", ".join(line))
         return records

@@ -326,3 +326,31 @@ def test_an_interrupted_bench_keeps_every_finished_prompt(tmp_path):
     assert len(data["records"]) == 4 and data["meta"]["complete"] is False
     assert "partial results" in (tmp_path / "results.md").read_text()
     assert not list(tmp_path.glob("*.tmp"))
+
+
+@needs_loop
+def test_mismatches_say_whether_the_near_tie_oracle_explains_them():
+    """A greedy output that leaves vanilla's where vanilla's two best logits are equal is flagged as a near-tie; one
+    that leaves it where they are far apart is not (`testing.near_tie`), and the report counts the near-ties."""
+    from hf_specdec.bench.methods import Method
+
+    model = tiny_causal_lm("llama", num_layers=2)
+    prompt = Prompt(0, "qa", torch.randint(3, 97, (8,), generator=torch.Generator().manual_seed(1)))
+    first = int(model.generate(prompt.ids[None], max_new_tokens=1, do_sample=False)[0, -1])
+    banning = Method("bans-first", "never emits vanilla's first token", lambda ctx: {"bad_words_ids": [[first]]})
+    methods = [METHODS["vanilla"], banning]
+
+    far = run_bench(model, [prompt], methods, settings_for(sample=False), max_new_tokens=4, warmup=False)[1]
+    assert far["match"] is False and far["near_tie"] is False
+
+    twin = first + 1 if first + 1 < model.config.vocab_size else first - 1  # a token whose logit always equals it
+    with torch.no_grad():
+        model.get_output_embeddings().weight[twin] = model.get_output_embeddings().weight[first]
+    assert int(model.generate(prompt.ids[None], max_new_tokens=1, do_sample=False)[0, -1]) == min(first, twin)
+    if twin < first:  # vanilla now picks the twin (the lower index of a tie): ban that one instead
+        methods[1] = Method("bans-twin", "", lambda ctx: {"bad_words_ids": [[twin]]})
+    records = run_bench(model, [prompt], methods, settings_for(sample=False), max_new_tokens=4, warmup=False)
+    assert records[1]["match"] is False and records[1]["near_tie"] is True
+    overall = {r["method"]: r for r in summarize(records) if r["category"] == OVERALL}[methods[1].name]
+    assert overall["mismatches"] == 1 and overall["near_ties"] == 1
+    assert "1/1 (1 near-ties)" in markdown_report(summarize(records), {})
