@@ -31,7 +31,50 @@ _ARCH_KWARGS = {
         num_local_experts=4,
         num_experts_per_tok=2,
     ),
+    # hybrids whose recurrent layers are verified on trees: at least `HYBRID_LAYERS` layers (one recurrent, one
+    # attention: a model of recurrent layers alone fails in vanilla generate too), the pattern repeated over them
+    "lfm2": dict(num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention"]),
+    "qwen3_next": dict(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+    ),
+    # Mamba-2 mixers scanning in chunks of 8 (prompts and trees cross chunk boundaries)
+    "bamba": dict(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_indices=[1],
+        mamba_n_heads=8,
+        mamba_d_head=16,
+        mamba_n_groups=1,
+        mamba_d_state=16,
+        mamba_chunk_size=8,
+    ),
+    "jamba": dict(  # Mamba-1 mixers, attention and experts every second layer
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        mamba_dt_rank=8,
+        mamba_d_state=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+    ),
 }
+
+HYBRIDS = ("lfm2", "qwen3_next", "bamba", "jamba")
+HYBRID_LAYERS = 2
 
 
 def tiny_causal_lm(
@@ -43,8 +86,8 @@ def tiny_causal_lm(
     dtype: torch.dtype = torch.float32,
     **overrides,
 ):
-    """A randomly initialised decoder-only model of ``arch`` (llama, qwen2, qwen3, mistral, gemma, gemma2, gpt_oss),
-    eval mode.
+    """A randomly initialised decoder-only model of ``arch`` (llama, qwen2, qwen3, mistral, gemma, gemma2, gpt_oss, and
+    the hybrids lfm2, qwen3_next, bamba, jamba), eval mode.
 
     The weights are drawn with a larger-than-usual std so that logits are peaked enough to give non-trivial
     greedy continuations (a near-uniform model would make every draft fail).
@@ -64,6 +107,11 @@ def tiny_causal_lm(
     )
     kwargs.update(_ARCH_KWARGS[arch])
     kwargs.update(overrides)
+    if arch in HYBRIDS:
+        num_layers = kwargs["num_hidden_layers"] = max(num_layers, HYBRID_LAYERS)
+    if "layer_types" in kwargs:  # a hybrid's pattern, repeated over the model's layers
+        kinds = kwargs["layer_types"]
+        kwargs["layer_types"] = [kinds[i % len(kinds)] for i in range(num_layers)]
     config = AutoConfig.for_model(arch, **kwargs)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
