@@ -124,6 +124,10 @@ _TYPE_OVERRIDES = {
         mamba_chunk_size=MAMBA2_CHUNK,
     ),
     "lfm2": dict(layer_types=["conv", "full_attention"]),
+    # MiniMax: its prefill in blocks of 8 like Mamba-2's; no sliding window (its config's default: a window would
+    # reach the mask of its 'full_attention' layers); attention first, as vanilla builds its decode masks from layer
+    # 0's K/V length (a lightning layer 0 has none, and left padding then goes wrong in vanilla itself)
+    "minimax": dict(layer_types=["full_attention", "linear_attention"], block_size=MAMBA2_CHUNK, sliding_window=None),
     "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
     "falcon_h1": dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_ssm=128, mamba_chunk_size=MAMBA2_CHUNK),
     "nemotron_h": dict(chunk_size=MAMBA2_CHUNK),

@@ -31,7 +31,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from . import gated_delta, mamba, short_conv
+from . import gated_delta, lightning, mamba, short_conv
 from .plan import BACKENDS, AttentionPlan
 from .reference import paged_attention_reference
 from .unsupported import UnsupportedModelError
@@ -257,6 +257,7 @@ def install_for(model: torch.nn.Module) -> None:
     short_conv.install_for(model, active_plan)
     gated_delta.install_for(model, active_plan)
     mamba.install_for(model, active_plan)
+    lightning.install_for(model, active_plan)
 
 
 def register() -> None:

@@ -12,7 +12,7 @@ the original runs unchanged.
 
 What every stateful layer served on trees shares lives here: the path windows (`window_index`, `path_windows`), each
 token's predecessor along its path (`parents`), the recurrence driver that gives each token its predecessor's state
-(`recurrent_outputs`: ``gated_delta.py``, ``mamba.py``) and the class wrapper (`wrap_layer_classes`).
+(`recurrent_outputs`: ``gated_delta.py``, ``mamba.py``, ``lightning.py``) and the class wrapper (`wrap_layer_classes`).
 """
 
 from __future__ import annotations
@@ -121,7 +121,8 @@ def recurrent_outputs(
     plan: AttentionPlan, layer: int, zero: torch.Tensor, chunk_rule, token_rule, chunk_from_state: bool = True
 ) -> torch.Tensor:
     """`[N, ...]` a recurrent layer's outputs for the plan's packed tokens, its states staged in
-    ``plan.cache.recurrent_states`` (shared by the recurrent layers served on trees: ``gated_delta.py``, ``mamba.py``).
+    ``plan.cache.recurrent_states`` (shared by the recurrent layers served on trees: ``gated_delta.py``, ``mamba.py``,
+    ``lightning.py``).
 
     A row that is a causal chunk with nothing pending (a prompt, or accepted tokens a draft model catches up on) runs
     the layer's prefill rule, batched over the rows of equal length; every other token runs the one-token rule (the
@@ -135,8 +136,8 @@ def recurrent_outputs(
             over the causal chunks of packed tokens ``index`` from ``initial``.
         token_rule: ``(index [m], start [m, *state]) -> (out [m, ...], state [m, *state])``, the one-token rule for
             packed tokens ``index`` from their predecessors' states ``start`` (a copy, which it may write).
-        chunk_from_state: whether ``chunk_rule`` starts from a state (Mamba-1's scan starts from zeros only: a
-            chunk after committed tokens then runs the one-token rule, token after token).
+        chunk_from_state: whether ``chunk_rule`` starts from a state (Mamba-1's scan and MiniMax's blocked prefill
+            start from zeros only: a chunk after committed tokens then runs the one-token rule, token after token).
     """
     states = plan.cache.recurrent_states
     committed = states.committed(layer, plan.rows, zero)  # [B, *state]
@@ -229,7 +230,8 @@ def _sources(plan: AttentionPlan, trees: list[int]) -> tuple[np.ndarray, np.ndar
 def wrap_layer_classes(model: torch.nn.Module, active_plan, is_layer, tree_forward) -> None:
     """Wrap, once per class, the ``forward`` of ``model``'s modules that ``is_layer``: inside a planned forward
     (``active_plan()`` returns this thread's plan) the wrapper runs ``tree_forward(module, hidden_states, plan)``,
-    everywhere else the original. Shared by every stateful layer served on trees (this module, ``gated_delta.py``)."""
+    everywhere else the original. Shared by every stateful layer served on trees (this module, ``gated_delta.py``,
+    ``mamba.py``, ``lightning.py``)."""
     classes = {type(m) for m in model.modules() if is_layer(m)}
     with _LOCK:
         for cls in classes:

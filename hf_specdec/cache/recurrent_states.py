@@ -1,6 +1,6 @@
 """The recurrent state of the recurrent layers served on trees (Qwen3-Next's and Qwen3.5's gated delta nets, Mamba-1
-and Mamba-2 mixers) per cache row: the state after the row's committed tokens, and the states of the tokens forwards
-wrote since.
+and Mamba-2 mixers, MiniMax's lightning attention) per cache row: the state after the row's committed tokens, and the
+states of the tokens forwards wrote since.
 
 A tree node's state follows from its parent's, so a verify forward stages one state per tree token; committing the
 accepted path keeps the state of its last token. A prompt's chunk stages only the state after its last token (the

@@ -3,13 +3,14 @@
 A token tree is verified in one forward whose every layer must read the context and the tree through the
 `PagedCache`: attention layers do (their K/V are paged, committed and rolled back per node), so do the stateful
 layers served on trees (LFM2's short convolutions, Qwen3-Next's and Qwen3.5's gated delta nets, Mamba-1 and Mamba-2
-mixers: their state is in the cache too), and nothing else may carry state from one forward to the next, since a rejected branch would leave its
-mark there. So a model runs only when all of this holds, and is refused by name (`UnsupportedModelError`) otherwise:
+mixers, MiniMax's lightning attention: their state is in the cache too), and nothing else may carry state from one
+forward to the next, since a rejected branch would leave its mark there. So a model runs only when all of this holds,
+and is refused by name (`UnsupportedModelError`) otherwise:
 
 - `check_config`, before any forward: every entry of the config's ``layer_types`` is a kind we page (full, sliding
   or chunked attention, stateless ``mlp`` / ``moe``, ``conv`` of short convolutions, ``linear_attention`` and
-  ``hybrid`` when every such layer holds a gated delta net or a Mamba mixer); another recurrent, linear-attention or
-  indexed layer is named with its model type.
+  ``hybrid`` when every such layer holds a gated delta net, a Mamba mixer or a lightning attention); another
+  recurrent, linear-attention or indexed layer is named with its model type.
 - `check_forward`, after the call's first planned forward (the prefill, which only writes hf_specdec's own cache):
   every layer of the cache ran attention (or a stateful layer served on trees) through the plan exactly once (a layer
   that ran none keeps its state elsewhere; a layer that ran twice, or one attention module serving several layers,
@@ -30,6 +31,7 @@ from collections import Counter
 import torch
 
 from ..attention.gated_delta import is_gated_delta
+from ..attention.lightning import is_lightning
 from ..attention.mamba import is_mamba
 from ..attention.short_conv import is_short_conv
 from ..attention.unsupported import UnsupportedModelError
@@ -41,7 +43,7 @@ STATELESS_LAYER_TYPES = frozenset({"mlp", "moe"})
 # what a kind of layer keeps, for the refusal
 _STATE_OF = {
     "linear_attention": "a recurrent state (Mamba / gated delta net / linear attention) in modules other than the "
-    "gated delta nets and Mamba mixers served on trees",
+    "gated delta nets, Mamba mixers and lightning attentions served on trees",
     "conv": "a short-convolution state",
     "hybrid": "a recurrent state beside its attention, in modules other than the Mamba mixers served on trees",
     "hybrid_sliding": "a recurrent state beside its attention",
@@ -100,8 +102,9 @@ def check_config(model) -> None:
 def _recurrent_kinds_served(model, kinds: list[str]) -> set[str]:
     """The kinds among ``linear_attention`` (a recurrent layer) and ``hybrid`` (a recurrent layer beside attention)
     whose every layer has a recurrent module served on trees with its index: a gated delta net
-    (``attention/gated_delta.py``) or a Mamba-1 / Mamba-2 mixer (``attention/mamba.py``)."""
-    served = {m.layer_idx for m in model.modules() if is_gated_delta(m) or is_mamba(m)}
+    (``attention/gated_delta.py``), a Mamba-1 / Mamba-2 mixer (``attention/mamba.py``) or a lightning attention
+    (``attention/lightning.py``)."""
+    served = {m.layer_idx for m in model.modules() if is_gated_delta(m) or is_mamba(m) or is_lightning(m)}
     return {
         kind
         for kind in ("linear_attention", "hybrid")
@@ -128,7 +131,8 @@ def check_forward(
     state_modules: list[torch.nn.Module] = (),
 ) -> None:
     """Refuse ``model`` unless its first planned forward ran paged attention (or a layer whose state the cache pages
-    too: a short convolution, a gated delta net, a Mamba mixer) once per layer, and nothing stateful beside it.
+    too: a short convolution, a gated delta net, a Mamba mixer, a lightning attention) once per layer, and nothing
+    stateful beside it.
 
     Args:
         model: the model that ran the forward.
@@ -138,7 +142,7 @@ def check_forward(
         mask_windows: the window of each mask the model asked transformers for (its ``local_size``: a sliding
             window or a chunk; None: causal): what vanilla applies.
         state_modules: the stateful layers that served the forward on its tree (``attention/short_conv.py``,
-            ``attention/gated_delta.py``, ``attention/mamba.py``).
+            ``attention/gated_delta.py``, ``attention/mamba.py``, ``attention/lightning.py``).
     """
     if not attention_modules and not state_modules:
         impl = getattr(model.config, "_attn_implementation", None)

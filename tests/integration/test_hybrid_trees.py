@@ -1,9 +1,10 @@
 """Hybrid targets on token trees: short convolutions (LFM2, LFM2-MoE, LFM3: attention/short_conv.py), gated delta
-nets (Qwen3-Next, Qwen3.5: attention/gated_delta.py) and Mamba-2 mixers (Bamba, GraniteMoE-Hybrid, Falcon-H1,
-Nemotron-H, Zamba2: attention/mamba.py), their state in cache/conv_states.py and recurrent_states.py:
-every tree node's logits equal vanilla's forward over the node's own path, node by node, for ragged rows, after a
-committed path and over a draft model's pending levels; greedy output equals vanilla's with every assistant, batch 1
-and a ragged batch of 4; sampled first tokens follow the target's distribution."""
+nets (Qwen3-Next, Qwen3.5: attention/gated_delta.py), Mamba mixers (Bamba, GraniteMoE-Hybrid, Falcon-H1, Nemotron-H,
+Zamba2, Jamba: attention/mamba.py) and lightning attention (MiniMax: attention/lightning.py), their state in
+cache/conv_states.py and recurrent_states.py: every tree node's logits equal vanilla's forward over the node's own
+path, node by node, for ragged rows, after a committed path and over a draft model's pending levels; greedy output
+equals vanilla's with every assistant, batch 1 and a ragged batch of 4; sampled first tokens follow the target's
+distribution."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ HYBRIDS = [
     *["qwen3_next", "qwen3_5_text"],  # gated delta nets
     *["bamba", "granitemoehybrid", "falcon_h1", "nemotron_h", "zamba2"],  # Mamba-2 mixers
     "jamba",  # Mamba-1 mixers
+    "minimax",  # lightning attention
 ]
 
 
@@ -101,7 +103,7 @@ def test_each_tree_node_sees_its_own_path_through_the_convolution(model_type):
         )
 
 
-@pytest.mark.parametrize("model_type", ["lfm2", "qwen3_next", "bamba", "jamba"])
+@pytest.mark.parametrize("model_type", ["lfm2", "qwen3_next", "bamba", "jamba", "minimax"])
 def test_pending_levels_of_a_draft_see_their_ancestors(model_type):
     """A draft model writes a tree level per forward; each level sees the earlier ones as pending tokens."""
     model = tiny_model(model_type)
@@ -122,7 +124,7 @@ def test_pending_levels_of_a_draft_see_their_ancestors(model_type):
         torch.testing.assert_close(out.logits[1], _vanilla_last_logits(model, prompt + [31, 41]), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_next", "bamba", "jamba"])
+@pytest.mark.parametrize("model_type", ["qwen3_next", "bamba", "jamba", "minimax"])
 def test_a_prompt_in_two_chunks_continues_from_the_committed_state(model_type):
     """A second causal chunk after committed tokens starts from the committed state: the prefill rule from it (gated
     delta nets, Mamba-2), or the one-token rule token by token (Mamba-1's scan starts from zeros only)."""
@@ -169,8 +171,8 @@ def test_greedy_equals_vanilla_with_every_assistant_batch_1_and_ragged_4(model_t
 
 @pytest.mark.parametrize(
     "model_type, sizes",
-    [("lfm2", {}), ("qwen3_next", {}), ("bamba", {"mamba_n_heads": 4})],  # Bamba: 4 heads x 16 = 2 x 32 channels
-)
+    [("lfm2", {}), ("qwen3_next", {}), ("bamba", {"mamba_n_heads": 4}), ("minimax", {})],
+)  # Bamba: 4 heads x 16 = 2 x 32 channels
 def test_sampled_first_tokens_follow_the_hybrid_targets_distribution(model_type, sizes):
     """Chi-square of the first 1, 2, 3 sampled tokens (3,000 rows in one batch, a draft model's sampled trees) against
     the hybrid target's own joint distribution, enumerated from vanilla's processed scores."""
