@@ -21,6 +21,7 @@ import argparse
 import datetime
 import hashlib
 import importlib.metadata
+import json
 import os
 import platform
 import re
@@ -43,13 +44,24 @@ def busy(load_average: float, cores: int) -> bool:
     return load_average > BUSY_LOAD * max(1, cores)
 
 
+def _drafting_bytes(path: Path) -> bytes:
+    """What of a head file decides its drafts: the weights as they are; the config without its ``model_card`` facts
+    (measured figures, training notes: text for the card, like README.md), keys sorted."""
+    if path.suffix != ".json":
+        return path.read_bytes()
+    config = json.loads(path.read_text())
+    config.pop("model_card", None)
+    return json.dumps(config, sort_keys=True).encode()
+
+
 def shipped_heads(assets: Path = ASSETS) -> dict[str, str]:
-    """``{head folder name: SHA-256 of its config.json and model.safetensors}`` of every head in ``assets``."""
+    """``{head folder name: SHA-256 of its config.json (card facts left out) and model.safetensors}`` of every head
+    in ``assets``."""
     out = {}
     for folder in sorted(p.parent for p in assets.glob("*/model.safetensors")):
         digest = hashlib.sha256()
         for name in HEAD_FILES:
-            digest.update(name.encode() + b"\0" + (folder / name).read_bytes())
+            digest.update(name.encode() + b"\0" + _drafting_bytes(folder / name))
         out[folder.name] = digest.hexdigest()
     return out
 

@@ -13,16 +13,18 @@ import hf_specdec
 from hf_specdec.cli import build_parser
 
 REQUIRED = {"train medusa": ["--out", "x"], "train mlp-speculator": ["--out", "x"], "train eagle": ["--out", "x"],
-            "export": ["--format", "eagle", "--out", "x"]}  # fmt: skip
+            "train dflash": ["--out", "x"], "export": ["--format", "eagle", "--out", "x"]}  # fmt: skip
 POSITIONAL = {"generate": ["hello"], "export": ["eagle"]}
 
 # which subcommands share which flag (every subcommand that runs a model takes --threads)
 SHARED = {
-    "--threads": ["generate", "bench", "eval-heads", "train medusa", "train mlp-speculator", "train eagle", "demo"],
-    "--device": ["generate", "bench", "train medusa", "train mlp-speculator", "train eagle", "demo"],
-    "--model": ["generate", "bench", "train medusa", "train eagle", "export", "demo"],
+    "--threads": ["generate", "bench", "eval-heads", "train medusa", "train mlp-speculator", "train eagle",
+                  "train dflash", "demo"],
+    "--device": ["generate", "bench", "train medusa", "train mlp-speculator", "train eagle", "train dflash", "demo"],
+    "--model": ["generate", "bench", "train medusa", "train eagle", "train dflash", "export", "demo"],
     "--dtype": ["generate", "bench"],
-    "--max-new-tokens": ["generate", "bench", "eval-heads", "train medusa", "train mlp-speculator", "train eagle"],
+    "--max-new-tokens": ["generate", "bench", "eval-heads", "train medusa", "train mlp-speculator", "train eagle",
+                         "train dflash"],
     "--do-sample": ["generate", "bench", "train medusa"],
     "--temperature": ["generate", "bench"],
     "--top-p": ["generate", "bench"],
@@ -54,7 +56,7 @@ def parse(command: str, *extra: str) -> argparse.Namespace:
 def test_the_subcommands_are_the_ones_the_table_knows():
     names = set(subcommands(build_parser()))
     assert names == {"generate", "bench", "eval-heads", "convert", "train medusa", "train mlp-speculator",
-                     "train eagle", "export", "demo"}  # fmt: skip
+                     "train eagle", "train dflash", "export", "demo"}  # fmt: skip
     for commands in SHARED.values():
         assert set(commands) <= names
 

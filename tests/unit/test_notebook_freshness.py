@@ -67,6 +67,8 @@ def test_the_digest_follows_any_change_to_a_head(tmp_path):
     before = refresh.heads_digest(tmp_path)
     (tmp_path / "medusa-x" / "README.md").write_text("another card")
     assert refresh.heads_digest(tmp_path) == before  # the card does not change a draft
+    (tmp_path / "medusa-x" / "config.json").write_text('{"tree": [1], "model_card": {"speedup": 1.3}}')
+    assert refresh.heads_digest(tmp_path) == before  # nor do the card's facts in the config
     (tmp_path / "eagle-x" / "config.json").write_text('{"tree": [2]}')
     assert refresh.heads_digest(tmp_path) != before
     with pytest.raises(FileNotFoundError, match="no shipped head"):
