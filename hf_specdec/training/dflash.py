@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..heads.derived import dense_weight
 from ..heads.dflash import DFlashHead, default_feature_layers
 from ..heads.hub import base_model_dims
 from .data import DistillationData
@@ -37,7 +36,7 @@ from .run import (
     TrainingRun,
     draft_vocabulary,
     head_positions,
-    split_sequences,
+    start_head_training,
 )
 
 HEAD_DIR = "head"
@@ -210,13 +209,8 @@ def train_dflash(
         ``(head, report)``.
     """
     cfg = cfg or DFlashTrainingConfig()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    train_seqs, eval_seqs = split_sequences(data, cfg.eval_fraction, cfg.seed)
-    lm_weight = dense_weight(model.get_output_embeddings().weight)
+    out, train_seqs, eval_seqs, lm_weight, device = start_head_training(model, data, out_dir, cfg, device)
     vocab_size = int(lm_weight.shape[0])
-    device = torch.device(device) if device is not None else lm_weight.device
     head, vocab, coverage = _fresh_head(model, data, train_seqs, cfg)
     head = head.to(device).train()
     for p in model.parameters():

@@ -40,7 +40,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..heads.derived import dense_weight
 from ..heads.eagle import EagleHead
 from .data import DistillationData
 from .run import (
@@ -50,7 +49,7 @@ from .run import (
     TrainingRun,
     draft_vocabulary,
     head_positions,
-    split_sequences,
+    start_head_training,
     trainable_copy,
 )
 
@@ -335,13 +334,8 @@ def train_eagle(
         ``(head, report)``.
     """
     cfg = cfg or EagleTrainingConfig()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    train_seqs, eval_seqs = split_sequences(data, cfg.eval_fraction, cfg.seed)
-    lm_weight = dense_weight(model.get_output_embeddings().weight)
+    out, train_seqs, eval_seqs, lm_weight, device = start_head_training(model, data, out_dir, cfg, device)
     vocab_size = int(lm_weight.shape[0])
-    device = torch.device(device) if device is not None else lm_weight.device
     if init_head is not None:
         head, vocab = _continued(init_head, model, cfg)
         labelled = data.next_tokens()[head_positions(data, train_seqs) + 1]

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..heads.derived import dense_weight
 from .data import DistillationData
 
 CHECKPOINT_DIR = "checkpoints"
@@ -68,6 +69,20 @@ def split_sequences(data: DistillationData, eval_fraction: float, seed: int = 0)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     n_eval = min(n - 1, max(1, round(n * eval_fraction))) if n > 1 and eval_fraction > 0 else 0
     return order[n_eval:].sort().values, order[:n_eval].sort().values
+
+
+def start_head_training(model: nn.Module, data: DistillationData, out_dir, cfg, device):
+    """What every head trainer does first: make ``out_dir``, seed torch with ``cfg.seed``, hold out
+    ``cfg.eval_fraction`` of the sequences, read the target's lm_head weight `[V, H]` (`heads.derived.dense_weight`)
+    and pick the training device (default: the lm_head's). Returns ``(out, train_seqs, eval_seqs, lm_weight,
+    device)``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    train_seqs, eval_seqs = split_sequences(data, cfg.eval_fraction, cfg.seed)
+    lm_weight = dense_weight(model.get_output_embeddings().weight)
+    device = torch.device(device) if device is not None else lm_weight.device
+    return out, train_seqs, eval_seqs, lm_weight, device
 
 
 def head_positions(data: DistillationData, seq_ids: torch.Tensor) -> torch.Tensor:
