@@ -33,6 +33,7 @@ from .cli_args import (
     add_dtype_argument,
     add_max_new_tokens_argument,
     add_model_argument,
+    add_quantization_argument,
     add_sampling_arguments,
     add_threads_argument,
     check_device_argument,
@@ -75,6 +76,7 @@ def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_argument(parser)
     add_device_argument(parser)
     add_dtype_argument(parser)
+    add_quantization_argument(parser)
 
 
 def _check_generate_arguments(args: argparse.Namespace) -> None:
@@ -98,7 +100,7 @@ def generate_main(args: argparse.Namespace) -> int:
 
     _check_generate_arguments(args)
     t0 = time.perf_counter()
-    model, tokenizer, name = load_model_argument(args.model, args.device, args.dtype)
+    model, tokenizer, name = load_model_argument(args.model, args.device, args.dtype, args.quantization)
     kwargs: dict = {"max_new_tokens": args.max_new_tokens, "return_dict_in_generate": True}
     if args.assistant not in OTHER_ASSISTANTS:
         kwargs["assistant"] = hf_specdec.load_default_assistant(args.assistant)  # checked against the model

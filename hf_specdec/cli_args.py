@@ -94,6 +94,41 @@ def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+QUANTIZATIONS = ("int8", "int4")
+
+
+def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
+    """``--quantization``: torchao weight-only quantization of the model's linear layers, loaded the transformers way
+    (``from_pretrained(quantization_config=TorchAoConfig(...))``; the ``quant`` extra)."""
+    parser.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default=None,
+        help="torchao weight-only quantization: int8 (Int8WeightOnlyConfig) or int4 (IntxWeightOnlyConfig, groups of "
+        "32); needs the quant extra (default: none; greedy output is vanilla's with the same quantized model)",
+    )
+
+
+def quantization_config(name: str | None):
+    """The ``TorchAoConfig`` of a ``--quantization`` value (None: None).
+
+    Raises:
+        UsageError: torchao is not installed.
+    """
+    if name is None:
+        return None
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, PerGroup
+    except ImportError as err:
+        raise UsageError(f"--quantization {name} needs torchao: pip install -e '.[quant]'") from err
+    import torch
+    from transformers import TorchAoConfig
+
+    if name == "int8":
+        return TorchAoConfig(Int8WeightOnlyConfig())
+    return TorchAoConfig(IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)))
+
+
 def torch_dtype(name: str | None):
     """The torch dtype of a ``--dtype`` value (None: float32)."""
     import torch
@@ -191,9 +226,11 @@ def check_model_argument(name: str | None) -> None:
         raise UsageError(f"--model {name}: no such folder (pass a local model folder or a Hub id like org/name)")
 
 
-def load_model_argument(name: str | None, device: str | None = None, dtype: str | None = None):
+def load_model_argument(
+    name: str | None, device: str | None = None, dtype: str | None = None, quantization: str | None = None
+):
     """``(model, tokenizer, name)`` of ``--model`` (`models.load_causal_lm`: in ``--dtype``, fp32 by default, eval
-    mode, on ``--device``), or of the default model when None.
+    mode, on ``--device``, weight-only quantized as ``--quantization`` asks), or of the default model when None.
 
     Raises:
         UsageError: transformers cannot load ``name`` (not a model folder, an unknown Hub id, offline); the first line
@@ -202,8 +239,10 @@ def load_model_argument(name: str | None, device: str | None = None, dtype: str 
     from .models import load_causal_lm
 
     check_model_argument(name)
+    config = quantization_config(quantization)
+    extra = {} if config is None else {"quantization_config": config}
     try:
-        return load_causal_lm(name, device, dtype=torch_dtype(dtype))
+        return load_causal_lm(name, device, dtype=torch_dtype(dtype), **extra)
     except OSError as err:  # transformers' "not a local folder nor a Hub repo" / offline messages
         raise UsageError(f"--model {name}: {str(err).splitlines()[0]}") from err
 

@@ -230,21 +230,25 @@ def load_default_model(dtype: torch.dtype = torch.float32, device: str | torch.d
 
 
 def load_causal_lm(
-    name: str | None = None, device: str | torch.device | None = None, dtype: torch.dtype = torch.float32
+    name: str | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    **from_pretrained,
 ):
     """``(model, tokenizer, name)``: the causal LM ``name`` (a local folder or Hub id; in ``dtype``, fp32 by default;
-    eval mode) and its tokenizer, or the default model when None; on ``device`` if given.
+    eval mode) and its tokenizer, or the default model when None; on ``device`` if given. ``from_pretrained`` is
+    passed to transformers' ``from_pretrained`` (``quantization_config=``, ...).
 
     Raises:
         OSError: transformers cannot load ``name`` (not a model folder, an unknown Hub id, offline).
     """
     if name is None:
-        model, tokenizer = load_default_model(dtype=dtype, device=device or "cpu")
+        model, tokenizer = load_default_model(dtype=dtype, device=device or "cpu", **from_pretrained)
         return model, tokenizer, DEFAULT_MODEL_NAME
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(name)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **from_pretrained).eval()
     return (model.to(device) if device else model), tokenizer, name
 
 

@@ -245,6 +245,7 @@ def markdown_report(summary: Sequence[dict], meta: dict, records: Sequence[dict]
         "model",
         "device",
         "dtype",
+        "quantization",
         "threads",
         "batch",
         "max_new_tokens",

@@ -35,6 +35,7 @@ from ..cli_args import (
     UsageError,
     add_device_argument,
     add_dtype_argument,
+    add_quantization_argument,
     add_model_argument,
     add_sampling_arguments,
     add_threads_argument,
@@ -426,6 +427,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_argument(parser)
     add_device_argument(parser)
     add_dtype_argument(parser)
+    add_quantization_argument(parser)
     parser.add_argument(
         "--repeats", type=positive_int, default=1, help="timed calls per method and prompt; fastest kept"
     )
@@ -525,7 +527,9 @@ def main(args: argparse.Namespace) -> int:
             bar.write(msg, file=sys.stderr)
 
     t0 = time.perf_counter()
-    model, tokenizer, model_name = load_model_argument(args.model, args.device, args.dtype)
+    model, tokenizer, model_name = load_model_argument(
+        args.model, args.device, args.dtype, getattr(args, "quantization", None)
+    )
     log(f"model {model_name} loaded in {time.perf_counter() - t0:.1f} s")
     draft_layers, total_layers = args.draft_layers, model.config.num_hidden_layers
     if any(m.needs_draft for m in methods):
@@ -602,6 +606,7 @@ def _meta(args, model_name, methods, draft_layers, total_layers, path, num_promp
         "model": model_name,
         "device": f"{_device_name(args.device)}, torch {torch.__version__}",
         "dtype": getattr(args, "dtype", "float32"),
+        "quantization": getattr(args, "quantization", None),
         "threads": torch.get_num_threads(),
         "batch": args.batch,
         "max_new_tokens": args.max_new_tokens,

@@ -106,3 +106,13 @@ def test_fresh_heads_copy_a_quantized_lm_head(quant):
     assert torch.equal(eagle.lm_head.weight, dense[rows])
     ids, mask = left_pad(PROMPTS)
     _check_equal(model, ids, mask, {"medusa": medusa, "eagle": eagle}, 16, f"tiny {quant} own lm_heads")
+
+
+def test_the_cli_loads_a_quantized_model_the_transformers_way():
+    """``--quantization int8`` (generate, bench) loads the default model through ``TorchAoConfig``: its linears hold
+    torchao weights, and the config records the quantizer."""
+    from hf_specdec.cli_args import load_model_argument
+
+    model, _tokenizer, _name = load_model_argument(None, quantization="int8")
+    assert _quantized_linears(model)
+    assert model.config.quantization_config.quant_method == "torchao"

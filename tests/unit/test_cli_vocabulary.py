@@ -23,13 +23,14 @@ SHARED = {
     "--device": ["generate", "bench", "train medusa", "train mlp-speculator", "train eagle", "train dflash", "demo"],
     "--model": ["generate", "bench", "train medusa", "train eagle", "train dflash", "export", "demo"],
     "--dtype": ["generate", "bench"],
+    "--quantization": ["generate", "bench"],
     "--max-new-tokens": ["generate", "bench", "eval-heads", "train medusa", "train mlp-speculator", "train eagle",
                          "train dflash"],
     "--do-sample": ["generate", "bench", "train medusa"],
     "--temperature": ["generate", "bench"],
     "--top-p": ["generate", "bench"],
 }
-VALUES = {"--threads": "2", "--device": "cpu", "--model": "org/name", "--dtype": "bfloat16", "--max-new-tokens": "16", "--temperature": "0.5",
+VALUES = {"--threads": "2", "--device": "cpu", "--model": "org/name", "--dtype": "bfloat16", "--quantization": "int8", "--max-new-tokens": "16", "--temperature": "0.5",
           "--top-p": "0.8"}  # fmt: skip
 # spellings that must not be the visible name of anything (the vocabulary's words are the ones above)
 NOT_THE_VOCABULARY = {"--sample", "--num-threads", "--max-tokens", "--new-tokens", "--temp", "--topp", "--cuda",
