@@ -182,20 +182,35 @@ def render_matrix(runs: list[Run], page: Path, options: dict) -> str:
     return "\n".join(lines) + f"\n\nSource: {run.report_link(page)} ({run.date()}, {machine(run)})."
 
 
+RUN_COLUMNS = {  # the columns a `runs` block may show per run: header, cell of the run's overall row
+    "overall": ("overall", speedup),
+    "median": ("median", median),
+    "tau": ("τ", tau),
+    "tokens_per_s": ("tokens/s", lambda row: f"{row['tokens_per_s']:.1f}" if row and row.get("tokens_per_s") else ""),
+    "mismatches": ("mismatches", lambda row: mismatches(row)),
+}
+
+
 def render_runs(runs: list[Run], page: Path, options: dict) -> str:
     """Several runs side by side: per method, each run's overall speedup, median and τ (methods of the first run,
-    fastest first)."""
-    # labels=seed_0,seed_1 (an underscore stands for a space)
+    fastest first; vanilla too where tokens/s are shown). ``labels=seed_0,seed_1`` names the runs (an underscore
+    stands for a space); ``columns=overall,tau,mismatches`` picks the columns of `RUN_COLUMNS` (default
+    overall,median,tau)."""
     labels = options["labels"].replace("_", " ").split(",") if options.get("labels") else [r.path for r in runs]
+    columns = options.get("columns", "overall,median,tau").split(",")
+    unknown = [c for c in columns if c not in RUN_COLUMNS]
+    if unknown:
+        raise ValueError(f"unknown runs columns {unknown}; known: {sorted(RUN_COLUMNS)}")
     head = ["method"]
     for label in labels:
-        head += [f"{label} overall", "median", "τ"]
+        head += [f"{label} {RUN_COLUMNS[c][0]}" if i == 0 else RUN_COLUMNS[c][0] for i, c in enumerate(columns)]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    for method in by_overall(runs[0]):
+    methods = (["vanilla"] if "tokens_per_s" in columns else []) + by_overall(runs[0])
+    for method in methods:
         cells = [method]
         for run in runs:
             total = run.row(method)
-            cells += [speedup(total), median(total), tau(total)]
+            cells += [RUN_COLUMNS[c][1](total) for c in columns]
         lines.append("| " + " | ".join(cells) + " |")
     sources = ", ".join(f"{label}: {run.report_link(page)}" for label, run in zip(labels, runs))
     return "\n".join(lines) + f"\n\nSources: {sources}."

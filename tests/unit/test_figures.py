@@ -188,3 +188,18 @@ def test_a_hand_edited_block_is_stale(tmp_path):
     assert render.stale_blocks(tmp_path) == []
     text = page.read_text()
     assert text.startswith("x\n") and text.endswith("y\n") and "| `medusa` | 1.27 | 1.35x |" in text
+
+
+def test_a_runs_block_shows_the_columns_it_names(tmp_path):
+    """``columns=overall,tau,mismatches,tokens_per_s``: those columns per run, vanilla first for its tokens/s; an
+    unknown column is refused by name."""
+    source = "docs/results/amd_sharegpt_eagle_batch1_seed0.json"
+    run = render.Run.load(source, ROOT)
+    text = render.render_runs([run], tmp_path / "page.md", {"labels": "fp32", "columns": "overall,tau,mismatches,tokens_per_s"})
+    head, _rule, first, *rows = text.split("\n\n")[0].splitlines()
+    assert head == "| method | fp32 overall | τ | mismatches | tokens/s |"
+    assert first == f"| vanilla | 1.00x |  |  | {run.row('vanilla')['tokens_per_s']:.1f} |"
+    eagle = run.row("eagle")
+    assert f"| eagle | {eagle['speedup']:.2f}x | {eagle['tau']:.2f} | 0/24 | {eagle['tokens_per_s']:.1f} |" in rows
+    with pytest.raises(ValueError, match="unknown runs columns \\['speed'\\]"):
+        render.render_runs([run], tmp_path / "page.md", {"columns": "overall,speed"})
