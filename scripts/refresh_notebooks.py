@@ -8,9 +8,13 @@ Run it on a quiet machine after the shipped heads change (tests/unit/test_notebo
 Each notebook's metadata gets an ``hf_specdec`` entry: the package version, `heads_digest` (a SHA-256 over the shipped
 heads' config.json and model.safetensors), each head's own digest, the date, the machine and its load. The
 ``HF_SPECDEC_NOTEBOOK_*`` variables that CI sets to run the notebooks small are removed first: the committed copies
-show the defaults, and progress bars are turned off (tqdm's and the Hub's), so the outputs hold what the cells print.
-A busy machine (load average above `BUSY_LOAD` per core) is refused: the notebooks time things, and on a busy CPU
-the figures are the other work's. ``--allow-busy`` runs anyway, for a local look; the stamp then records
+show the defaults, and progress bars are turned off (tqdm's and the Hub's), so the outputs hold what the cells print;
+the kernel starts with third-party import-time notices silenced (`KERNEL_STARTUP`: tqdm's "IProgress not found",
+torchao's and torch's logged warnings when torchao's compiled kernels do not match the installed torch), which say
+nothing about hf_specdec. A busy machine (load average above `BUSY_LOAD` per core) is refused: the notebooks time
+things, and on a busy CPU the figures are the other work's. Between notebooks the script waits (up to
+`SETTLE_SECONDS`) for the load the previous notebook left to decay below that limit, so that one notebook's own run
+does not mark the next one busy. ``--allow-busy`` runs anyway, for a local look; the stamp then records
 ``busy: true`` and tests/unit/test_notebook_freshness.py refuses such a copy in a commit. This is the one script that
 executes the notebooks. Needs the test extra (nbclient, nbformat, ipykernel, matplotlib).
 """
@@ -26,6 +30,7 @@ import os
 import platform
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,6 +42,13 @@ METADATA_KEY = "hf_specdec"
 BUSY_LOAD = 0.5  # load average per core above which the timings would be the other work's
 SMALL_RUN_VARIABLES = ("HF_SPECDEC_NOTEBOOK_TOKENS", "HF_SPECDEC_NOTEBOOK_CATEGORIES")
 QUIET = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+SETTLE_SECONDS = 300  # how long to wait for the previous notebook's load to decay before the next one
+KERNEL_STARTUP = """\
+import logging, warnings
+warnings.filterwarnings("ignore", message="IProgress not found")
+for name in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(name).setLevel(logging.ERROR)
+"""
 
 
 def busy(load_average: float, cores: int) -> bool:
@@ -92,6 +104,24 @@ def _cpu() -> str:
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
+def settle(cores: int, limit_s: float = SETTLE_SECONDS, poll_s: float = 5.0) -> tuple[float, float, float]:
+    """The load averages once the 1-minute one is no longer `busy` (or after ``limit_s`` seconds, busy or not)."""
+    deadline = time.monotonic() + limit_s
+    load = os.getloadavg()
+    while busy(load[0], cores) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        load = os.getloadavg()
+    return load
+
+
+def quiet_kernel_profile(folder: Path) -> Path:
+    """An IPython profile folder (for ``IPYTHONDIR``) whose startup file runs `KERNEL_STARTUP` in every kernel."""
+    startup = folder / "profile_default" / "startup"
+    startup.mkdir(parents=True, exist_ok=True)
+    (startup / "00-quiet.py").write_text(KERNEL_STARTUP)
+    return folder
+
+
 def stamp(book, load_before: tuple[float, float, float]) -> dict:
     """Write (and return) the notebook's ``hf_specdec`` metadata: what it was executed with."""
     cores = os.cpu_count() or 1
@@ -118,7 +148,7 @@ def refresh(path: Path, timeout: int = 3600) -> dict:
     from nbclient import NotebookClient
 
     book = nbformat.read(path, as_version=4)
-    load = os.getloadavg()
+    load = settle(os.cpu_count() or 1)
     NotebookClient(
         book, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
     ).execute()
@@ -140,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in SMALL_RUN_VARIABLES:  # the committed copies show the notebooks' defaults
         os.environ.pop(name, None)
     os.environ.update(QUIET)  # the kernel inherits it: no progress bars in the outputs
+    profile = Path(tempfile.mkdtemp(prefix="hf_specdec_ipython_"))
+    os.environ["IPYTHONDIR"] = str(quiet_kernel_profile(profile))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     for path in args.paths or sorted(NOTEBOOKS.glob("*.ipynb")):
         t0 = time.perf_counter()
