@@ -78,7 +78,7 @@ def test_the_digest_follows_any_change_to_a_head(tmp_path):
 # Copies executed on a busy machine before the refresh script recorded it; each must be refreshed on a quiet
 # machine (`python scripts/refresh_notebooks.py NOTEBOOK`). The test fails once a listed copy is quiet, so the entry
 # cannot outlive its reason.
-EXECUTED_BUSY = {"01_quickstart", "02_heads"}
+EXECUTED_BUSY: set[str] = set()
 
 
 def _ran_busy(stamp: dict) -> bool:
@@ -123,3 +123,24 @@ def test_the_committed_notebook_has_no_progress_bars(path):
 
 def test_one_script_executes_the_notebooks():
     assert not (ROOT / "notebooks" / "execute.py").exists(), "scripts/refresh_notebooks.py is the one script"
+
+
+def test_the_refresh_waits_for_the_previous_notebooks_load_to_decay(monkeypatch):
+    """One notebook's own run must not stamp the next one busy: `settle` polls until the load is below the limit."""
+    loads = iter([(1.8, 1.5, 1.2), (1.3, 1.4, 1.2), (0.9, 1.3, 1.2), (0.1, 0.1, 0.1)])
+    monkeypatch.setattr(refresh.os, "getloadavg", lambda: next(loads))
+    monkeypatch.setattr(refresh.time, "sleep", lambda s: None)
+    assert refresh.settle(2) == (0.9, 1.3, 1.2)
+
+
+def test_the_kernel_profile_silences_third_party_import_notices(tmp_path):
+    startup = refresh.quiet_kernel_profile(tmp_path) / "profile_default" / "startup" / "00-quiet.py"
+    import logging
+
+    before = {name: logging.getLogger(name).level for name in ("torchao", "torch.utils._pytree")}
+    try:
+        exec(compile(startup.read_text(), str(startup), "exec"), {})
+        assert logging.getLogger("torchao").level == logging.ERROR
+    finally:  # this process's logging as it was
+        for name, level in before.items():
+            logging.getLogger(name).setLevel(level)
