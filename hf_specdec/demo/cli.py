@@ -4,6 +4,7 @@ the demo starts, so the rest of the command line works without the ``demo`` extr
     hf-specdec demo                                   # http://127.0.0.1:7860
     hf-specdec demo --host 0.0.0.0 --port 8000 --concurrency 8
     hf-specdec demo --model ./my-model                # your own model (prompt lookup: the heads are the default's)
+    hf-specdec demo --dtype bfloat16                  # the default model in bf16 (vanilla in bf16 too)
     python -m hf_specdec.demo ...                     # the same without the console script
     python demo/app.py ...                            # the same, Spaces-style
 """
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from ..cli_args import (
     UsageError,
     add_device_argument,
+    add_dtype_argument,
     add_model_argument,
     add_threads_argument,
     check_device_argument,
@@ -49,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_threads_argument(parser)
     add_model_argument(parser)
     add_device_argument(parser)
+    add_dtype_argument(parser)
 
 
 def _port(text: str) -> int:
@@ -79,10 +82,11 @@ def run(args: argparse.Namespace) -> int:
     from .app import launch
 
     model = tokenizer = None
-    if args.model is not None or args.device is not None:
+    dtype = getattr(args, "dtype", "float32")
+    if args.model is not None or args.device is not None or dtype != "float32":
         t0 = time.perf_counter()
-        print(f"hf-specdec demo: loading {args.model or 'the default model'}…", flush=True)
-        model, tokenizer, _name = load_model_argument(args.model, args.device)
+        print(f"hf-specdec demo: loading {args.model or 'the default model'} ({dtype})…", flush=True)
+        model, tokenizer, _name = load_model_argument(args.model, args.device, dtype)
         print(f"  model loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     launch(
         args.host,

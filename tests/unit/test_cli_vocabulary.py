@@ -22,7 +22,7 @@ SHARED = {
                   "train dflash", "demo"],
     "--device": ["generate", "bench", "train medusa", "train mlp-speculator", "train eagle", "train dflash", "demo"],
     "--model": ["generate", "bench", "train medusa", "train eagle", "train dflash", "export", "demo"],
-    "--dtype": ["generate", "bench"],
+    "--dtype": ["generate", "bench", "demo"],
     "--quantization": ["generate", "bench"],
     "--max-new-tokens": ["generate", "bench", "eval-heads", "train medusa", "train mlp-speculator", "train eagle",
                          "train dflash"],
