@@ -116,14 +116,16 @@ def triton_tree_attention(
     plan: AttentionPlan,
     scale: float,
     *,
+    sinks: torch.Tensor | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """The Triton kernel over ``plan``: `[N, H_q, D]` queries, `[blocks, block_size, H_kv, D]` pools -> `[N, H_q, D]`."""
+    """The Triton kernel over ``plan``: `[N, H_q, D]` queries, `[blocks, block_size, H_kv, D]` pools, optional `[H_q]`
+    attention-sink logits -> `[N, H_q, D]`."""
     from ..kernels.tree_attention import max_block_m, paged_tree_attention  # optional dependency
 
     group = max(1, query.shape[1] // k_pool.shape[2])
     meta = tree_attention_metadata(plan, query.device, group, max_block_m(query.dtype))
-    return paged_tree_attention(query, k_pool, v_pool, meta, scale, num_splits=num_splits)
+    return paged_tree_attention(query, k_pool, v_pool, meta, scale, sinks=sinks, num_splits=num_splits)
 
 
 def attention_chunk(module: torch.nn.Module) -> int | None:
@@ -174,10 +176,10 @@ def paged_attention(
     layer.write(plan.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))  # [N, H_kv, D]
     sliding_window, softcap, sinks = kwargs.get("sliding_window"), kwargs.get("softcap"), kwargs.get("s_aux")
     chunk = attention_chunk(module)
-    if plan.backend == "triton" and softcap is None and sliding_window is None and sinks is None and chunk is None:
+    if plan.backend == "triton" and softcap is None and sliding_window is None and chunk is None:  # sinks or not
         if layer.head_major:
             raise ValueError("the Triton tree attention reads slot-major pools; this PagedCache is head-major")
-        out = triton_tree_attention(query[0].transpose(0, 1), layer.keys, layer.values, plan, scale)
+        out = triton_tree_attention(query[0].transpose(0, 1), layer.keys, layer.values, plan, scale, sinks=sinks)
         return out.unsqueeze(0).contiguous(), None  # [1, N, H_q, D]
     out = paged_attention_reference(
         query, layer, plan, scale, sliding_window=sliding_window, softcap=softcap, sinks=sinks, chunk_size=chunk

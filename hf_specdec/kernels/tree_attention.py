@@ -15,6 +15,9 @@ layer only launches:
 - **split-K** (flash-decoding): when tiles x KV heads do not fill the GPU (batch 1, long context), each tile's key
   range is split over ``num_splits`` programs that write fp32 partials (unnormalised output, running max and sum);
   a second kernel merges them. Online softmax runs in fp32 with base-2 exponentials.
+- **attention sinks** (gpt-oss's ``s_aux``): an optional `[H_q]` logit per query head that joins each query's softmax
+  denominator and contributes no value. A single pass starts its online softmax from the sink (running max = the
+  sink, sum = 1, output 0); split-K programs leave it out and the merge kernel adds it once, as one more partial.
 
 The commit copy of accepted tree nodes lives in `move_kv`. This module knows nothing of the package: tensors in,
 tensors out.
@@ -57,6 +60,12 @@ def _online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _sink_logits_log2(Sinks, head):
+    """The attention-sink logits of query heads ``head`` (`[M]`), in the base-2 units of the scores."""
+    return tl.load(Sinks + head).to(tl.float32) * 1.4426950408889634  # log2(e)
 
 
 @triton.jit
@@ -146,6 +155,7 @@ def _paged_tree_attention_kernel(
     OPart,  # [num_splits, N, H_q, D] fp32 (split-K only)
     MPart,  # [num_splits, N, H_q] fp32
     LPart,
+    Sinks,  # [H_q] attention-sink logits (read only when HAS_SINKS)
     BlockTables,  # [B, max_blocks] int32
     CuSeqlens,  # [B + 1] int32
     PrefixLens,  # [B] int32
@@ -161,6 +171,7 @@ def _paged_tree_attention_kernel(
     GROUP: tl.constexpr, TOKENS_PER_TILE: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SPLIT_K: tl.constexpr,  # num_splits > 1: write partials for the merge kernel
+    HAS_SINKS: tl.constexpr,  # join Sinks to every query's softmax (split-K: the merge kernel does)
     DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
 ):  # fmt: skip
     tile, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -187,6 +198,9 @@ def _paged_tree_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if HAS_SINKS and not SPLIT_K:  # the sink as a first key without value: max = sink, sum = exp2(0) = 1
+        m_i = _sink_logits_log2(Sinks, head)
+        l_i += 1.0
 
     lo, mid, hi = _split_key_tiles(kv_len, prefix, split, num_splits, BLOCK_N)
 
@@ -228,6 +242,7 @@ def _merge_splits_kernel(
     OPart,  # [num_splits, N, H_q, D] fp32
     MPart,  # [num_splits, N, H_q] fp32
     LPart,
+    Sinks,  # [H_q] attention-sink logits (read only when HAS_SINKS)
     num_queries,
     num_heads_q,
     num_splits,
@@ -236,8 +251,11 @@ def _merge_splits_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     pid = tl.program_id(0)  # = query * H_q + head
+    query = pid // num_heads_q
+    head = pid % num_heads_q
     offs_s = tl.arange(0, BLOCK_S)
     s_valid = offs_s < num_splits
     offs_d = tl.arange(0, BLOCK_D)
@@ -249,13 +267,16 @@ def _merge_splits_kernel(
         OPart + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_valid[:, None] & d_valid[None, :], other=0.0
     )
     m_max = tl.max(m, 0)
+    if HAS_SINKS:  # the sink once, as one more partial with max = sink, sum = 1 and output 0
+        sink = _sink_logits_log2(Sinks, head)
+        m_max = tl.maximum(m_max, sink)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.exp2(m - m_max)  # [S]; empty splits (m = -inf) weigh 0
     l_tot = tl.sum(w * l_part, 0)
+    if HAS_SINKS:
+        l_tot += tl.exp2(sink - m_max)
     l_tot = tl.where(l_tot == 0.0, 1.0, l_tot)
     o = tl.sum(w[:, None] * acc, 0) / l_tot  # [D]
-    query = pid // num_heads_q
-    head = pid % num_heads_q
     tl.store(Out + query.to(tl.int64) * stride_on + head * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=d_valid)
 
 
@@ -457,44 +478,36 @@ def paged_tree_attention(
     meta: TreeAttentionMetadata,
     scale: float,
     *,
+    sinks: torch.Tensor | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """Attention of the packed new tokens over their rows' paged K/V, with per-row causal or tree masks.
 
     Same semantics as the torch reference (``attention/reference.py``) without sliding window / soft-capping: row
     ``b`` sees its committed prefix, then among its pending + new tokens those its mask allows (causal when None).
-    The new tokens' K/V must already be in the pools.
+    The new tokens' K/V must already be in the pools. With ``sinks``, each query's softmax also spreads over its
+    head's sink logit, which adds ``exp(sink - max)`` to the denominator and nothing to the output (gpt-oss).
 
     Args:
         query: `[N, H_q, D]` queries of the packed new tokens (last dim contiguous).
         k_pool, v_pool: `[num_blocks, block_size, H_kv, D]` the layer's pools.
         meta: the forward's `build_tree_attention_metadata` for this group size and `max_block_m` of the dtype.
         scale: softmax scale.
+        sinks: `[H_q]` attention-sink logits (unscaled, as gpt-oss's ``s_aux``; any float dtype, read as fp32).
         num_splits: split-K factor (default: chosen from the GPU's SM count; 1 on CPU).
     Returns:
         `[N, H_q, D]` in ``query``'s dtype.
     """
     _check_runnable(query)
+    _check_inputs(query, k_pool, v_pool, meta, sinks)
     num_queries, heads_q, head_dim = query.shape
-    _, page, heads_kv, head_dim_k = k_pool.shape
-    if head_dim_k != head_dim or v_pool.shape[-1] != head_dim:
-        raise ValueError(f"query head dim {head_dim} but K/V pools have {head_dim_k}/{v_pool.shape[-1]}")
-    if heads_q % heads_kv:
-        raise ValueError(f"{heads_q} query heads are not a multiple of {heads_kv} KV heads")
-    if page & (page - 1):
-        raise ValueError(
-            f"the Triton kernel needs a power-of-two block size, got {page}; use HF_SPECDEC_ATTENTION=torch"
-        )
+    _, page, heads_kv, _ = k_pool.shape
+    group = heads_q // heads_kv
     out = torch.empty(num_queries, heads_q, head_dim, dtype=query.dtype, device=query.device)
     if num_queries == 0:
         return out
-    if k_pool.stride(-1) != 1 or v_pool.stride(-1) != 1:
-        raise ValueError("K/V pools must have a contiguous last dimension")
     if query.stride(-1) != 1:
         query = query.contiguous()
-    group = heads_q // heads_kv
-    if meta.tokens_per_tile != meta.block_m // group:
-        raise ValueError(f"the kernel metadata was built for another number of query heads per KV head than {group}")
     splits = num_splits if num_splits is not None else _default_num_splits(meta, heads_kv, query.device)
     splits = max(1, int(splits))
     block_d = max(16, _next_pow2(head_dim))
@@ -509,10 +522,11 @@ def paged_tree_attention(
     # the interpreter multiplies bf16 tiles as raw uint16 bits: compute its dots in fp32 instead
     dot_fp32 = INTERPRETED and query.dtype == torch.bfloat16
     dot_precision = "ieee" if query.dtype == torch.float32 or dot_fp32 else "tf32"
+    sinks_ptr = sinks if sinks is not None else out  # unused without sinks
     grid = (meta.num_tiles, heads_kv, splits)
     with _device_guard(query.device):
         _paged_tree_attention_kernel[grid](
-            query, k_pool, v_pool, out, o_part, m_part, l_part,
+            query, k_pool, v_pool, out, o_part, m_part, l_part, sinks_ptr,
             meta.block_tables, meta.cu_seqlens, meta.prefix_lens, meta.is_causal, meta.mask_words,
             meta.tile_row, meta.tile_q_start, meta.tile_kv_len,
             scale * math.log2(math.e), num_queries, heads_q, splits, meta.words,
@@ -521,15 +535,51 @@ def paged_tree_attention(
             v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
             meta.block_tables.stride(0),
             GROUP=group, TOKENS_PER_TILE=meta.tokens_per_tile, PAGE=page, HEAD_DIM=head_dim,
-            BLOCK_M=meta.block_m, BLOCK_N=block_n, BLOCK_D=block_d, SPLIT_K=splits > 1,
+            BLOCK_M=meta.block_m, BLOCK_N=block_n, BLOCK_D=block_d, SPLIT_K=splits > 1, HAS_SINKS=sinks is not None,
             DOT_PRECISION=dot_precision, DOT_FP32=dot_fp32, num_warps=num_warps, num_stages=3,
         )  # fmt: skip
         if splits > 1:
             _merge_splits_kernel[(num_queries * heads_q,)](
-                out, o_part, m_part, l_part, num_queries, heads_q, splits, out.stride(0), out.stride(1),
-                HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=_next_pow2(splits), num_warps=4,
+                out, o_part, m_part, l_part, sinks_ptr, num_queries, heads_q, splits, out.stride(0), out.stride(1),
+                HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=_next_pow2(splits), HAS_SINKS=sinks is not None,
+                num_warps=4,
             )  # fmt: skip
     return out
+
+
+def _check_inputs(query, k_pool, v_pool, meta: TreeAttentionMetadata, sinks: torch.Tensor | None) -> None:
+    """Refuse arguments of `paged_tree_attention` the kernel cannot read (see its docstring for the shapes)."""
+    _, heads_q, head_dim = query.shape
+    _, page, heads_kv, head_dim_k = k_pool.shape
+    if head_dim_k != head_dim or v_pool.shape[-1] != head_dim:
+        raise ValueError(f"query head dim {head_dim} but K/V pools have {head_dim_k}/{v_pool.shape[-1]}")
+    if heads_q % heads_kv:
+        raise ValueError(f"{heads_q} query heads are not a multiple of {heads_kv} KV heads")
+    if page & (page - 1):
+        raise ValueError(
+            f"the Triton kernel needs a power-of-two block size, got {page}; use HF_SPECDEC_ATTENTION=torch"
+        )
+    if k_pool.stride(-1) != 1 or v_pool.stride(-1) != 1:
+        raise ValueError("K/V pools must have a contiguous last dimension")
+    if meta.tokens_per_tile != meta.block_m // (heads_q // heads_kv):
+        raise ValueError(
+            f"the kernel metadata was built for another number of query heads per KV head than {heads_q // heads_kv}"
+        )
+    if sinks is not None:
+        _check_sinks(sinks, heads_q, query.device)
+
+
+def _check_sinks(sinks: torch.Tensor, heads_q: int, device: torch.device) -> None:
+    """Refuse ``sinks`` (`[H_q]`) the kernel cannot read as one logit per query head."""
+    if sinks.shape != (heads_q,) or not sinks.is_floating_point():
+        raise ValueError(
+            f"attention sinks must be one float logit per query head, shape ({heads_q},); got {tuple(sinks.shape)} "
+            f"{sinks.dtype}"
+        )
+    if sinks.device != device or sinks.stride(0) != 1:
+        raise ValueError(
+            f"attention sinks must be a contiguous tensor on {device}, like the queries; got {sinks.device}"
+        )
 
 
 def _device_guard(device: torch.device):

@@ -95,9 +95,9 @@ def _packed_forward(cache, rows, q_lens, masks, hq, hkv, d, dtype, gen, pending_
     return plan, q
 
 
-def _dense_expected(q, cache, plan, scale, masks):
+def _dense_expected(q, cache, plan, scale, masks, sinks=None):
     """fp64 oracle: each row's K/V gathered densely, its `[n, L + P + n]` mask spelled out from the per-row
-    ``masks`` the forward was planned with (None: causal)."""
+    ``masks`` the forward was planned with (None: causal); `[H_q]` ``sinks`` as `_dense_with_sinks`."""
     layer = cache.layer(0)
     out = torch.empty_like(q)
     cu = plan.cu_seqlens.tolist()
@@ -108,8 +108,35 @@ def _dense_expected(q, cache, plan, scale, masks):
         mask = torch.ones(n, prefix + pending + n, dtype=torch.bool)
         own = masks[b]
         mask[:, prefix:] = own.cpu() if own is not None else torch.ones(n, n, dtype=torch.bool).tril()
-        out[s:e] = dense_tree_attention(q[s:e], k, v, mask, scale)
+        if sinks is None:
+            out[s:e] = dense_tree_attention(q[s:e], k, v, mask, scale)
+        else:
+            out[s:e] = _dense_with_sinks(q[s:e], k, v, mask, scale, sinks)
     return out
+
+
+def _dense_with_sinks(query, keys, values, mask, scale, sinks):
+    """fp64 oracle with attention sinks, as transformers' gpt_oss eager attention: each head's sink logit joins every
+    query's softmax as one more column, whose probability is dropped. `[n, H_q, D]` queries, `[L, H_kv, D]` keys and
+    values, `[n, L]` mask, `[H_q]` sinks -> `[n, H_q, D]`."""
+    q = query.double().transpose(0, 1)  # [H_q, n, D]
+    rep = q.shape[0] // keys.shape[1]
+    k = keys.double().transpose(0, 1).repeat_interleave(rep, 0)  # [H_q, L, D]
+    v = values.double().transpose(0, 1).repeat_interleave(rep, 0)
+    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~mask.to(q.device), float("-inf"))  # [H_q, n, L]
+    sink = sinks.double().to(q.device)[:, None, None].expand(-1, q.shape[1], 1)  # [H_q, n, 1]
+    probs = torch.softmax(torch.cat([scores, sink], -1), -1)[..., :-1]
+    return (probs @ v).transpose(0, 1).to(query.dtype)
+
+
+def _sinks_around_the_scores(hq: int, gen: torch.Generator, dtype=torch.float32) -> torch.Tensor:
+    """`[H_q]` sink logits on DEVICE: moderate ones, one above every score (the running max starts at the sink and
+    stays there) and, with 3+ heads, one far below (the sink weighs nothing)."""
+    sinks = torch.randn(hq, generator=gen) * 2
+    sinks[0] = 9.0
+    if hq >= 3:
+        sinks[1] = -40.0
+    return sinks.to(DEVICE, dtype)
 
 
 def _assert_close(actual, expected, dtype, what):
@@ -174,6 +201,53 @@ def test_split_k_over_long_context_matches_single_pass():
     for splits in (1, 2, 5, 16):  # 16 splits > key tiles: some programs get nothing and must not disturb the merge
         out = triton_tree_attention(q, layer.keys, layer.values, plan, 0.25, num_splits=splits)
         _assert_close(out, expected, torch.float32, f"num_splits={splits}")
+
+
+@pytest.mark.parametrize("heads", [(2, 2), (6, 2)], ids=["mha", "gqa3"])
+def test_kernel_with_sinks_matches_the_oracle_and_the_torch_path_on_a_ragged_batch(heads):
+    """Sinks on a tree, a decode token, a causal chunk after a prefix and a fresh prefill (whose first token sees one
+    key besides the sink), in one pass and split-K."""
+    hq, hkv = heads
+    gen = torch.Generator().manual_seed(hq)
+    cache, rows = _cache_with_prefixes([13, 1, 29, 0], 4, hkv, 16, torch.float32, gen)
+    masks = [_random_tree(7, gen).ancestor_mask(), None, None, None]
+    plan, q = _packed_forward(cache, rows, [8, 1, 5, 6], masks, hq, hkv, 16, torch.float32, gen)
+    sinks = _sinks_around_the_scores(hq, gen)
+    layer = cache.layer(0)
+    expected = _dense_expected(q, cache, plan, 0.3, masks, sinks)
+    torch_path = paged_attention_reference(q, layer, plan, 0.3, sinks=sinks)
+    _assert_close(torch_path, expected, torch.float32, "the torch path with sinks against the oracle")
+    for splits in (1, 3):
+        out = triton_tree_attention(q, layer.keys, layer.values, plan, 0.3, sinks=sinks, num_splits=splits)
+        _assert_close(out, expected, torch.float32, f"heads={heads} splits={splits} with sinks")
+    plain = triton_tree_attention(q, layer.keys, layer.values, plan, 0.3)
+    assert (plain - expected).abs().max() > 0.1, "the sinks should change the output"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_split_k_with_sinks_counts_each_sink_once(dtype):
+    """Every split (even one with no key tile) leaves the sink out; the merge adds it once. bf16 sinks as a bf16
+    gpt-oss gives them."""
+    gen = torch.Generator().manual_seed(11)
+    cache, rows = _cache_with_prefixes([333], 8, 2, 16, dtype, gen)
+    mask = _random_tree(5, gen).ancestor_mask()
+    plan, q = _packed_forward(cache, rows, [6], [mask], 8, 2, 16, dtype, gen)
+    sinks = _sinks_around_the_scores(8, gen, dtype)
+    sinks[2] = 3.0  # near the largest scores of a long context, where a sink counted per split weighs too much
+    expected = _dense_expected(q, cache, plan, 0.25, [mask], sinks)
+    layer = cache.layer(0)
+    for splits in (1, 2, 5, 16):
+        out = triton_tree_attention(q, layer.keys, layer.values, plan, 0.25, sinks=sinks, num_splits=splits)
+        _assert_close(out, expected, dtype, f"num_splits={splits} with sinks")
+
+
+def test_sinks_of_the_wrong_shape_are_refused_with_the_expected_shape():
+    gen = torch.Generator().manual_seed(0)
+    cache, rows = _cache_with_prefixes([3], 4, 1, 16, torch.float32, gen)
+    plan, q = _packed_forward(cache, rows, [2], [None], 4, 1, 16, torch.float32, gen)
+    layer = cache.layer(0)
+    with pytest.raises(ValueError, match=r"one float logit per query head, shape \(4,\); got \(2,\)"):
+        triton_tree_attention(q, layer.keys, layer.values, plan, 0.25, sinks=torch.zeros(2, device=DEVICE))
 
 
 def test_tail_tiles_nobody_sees_are_skipped_without_changing_the_result():
@@ -361,15 +435,48 @@ def _count_calls(monkeypatch, name, module=tree_attention):
     return calls
 
 
-def test_model_forward_with_a_tree_gives_the_same_logits_on_triton_and_torch(monkeypatch):
-    model = tiny_causal_lm("llama").to(DEVICE)
-    calls = _count_calls(monkeypatch, "paged_tree_attention")
+def _tiny_model(arch: str):
+    """A tiny random ``arch`` on DEVICE; gpt_oss's attention sinks drawn large enough to matter (its init draws them
+    with std 0.02, next to scores of about +-1)."""
+    model = tiny_causal_lm(arch).to(DEVICE)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            sinks = getattr(layer.self_attn, "sinks", None)
+            if sinks is not None:
+                sinks.copy_(torch.randn(sinks.shape, generator=gen) * 2)
+    return model
+
+
+def _kernel_layers(model) -> int:
+    """Attention layers the Triton kernel serves: those without a sliding window (which runs on the torch path)."""
+    return sum(getattr(layer.self_attn, "sliding_window", None) is None for layer in model.model.layers)
+
+
+def _kernel_sinks(monkeypatch) -> list[bool]:
+    """Per call of the Triton kernel from now on, whether it got attention sinks (the kernel still runs)."""
+    seen = []
+    original = tree_attention.paged_tree_attention
+
+    def counted(*args, sinks=None, **kwargs):
+        seen.append(sinks is not None)
+        return original(*args, sinks=sinks, **kwargs)
+
+    monkeypatch.setattr(tree_attention, "paged_tree_attention", counted)
+    return seen
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_oss"], ids=["llama", "gpt_oss-sinks"])
+def test_model_forward_with_a_tree_gives_the_same_logits_on_triton_and_torch(arch, monkeypatch):
+    model = _tiny_model(arch)
+    calls = _kernel_sinks(monkeypatch)
     config_before = repr(model.config.to_dict())
     pre_torch, ver_torch = _model_logits_with_tree(model, "torch")
     assert not calls
     pre_triton, ver_triton = _model_logits_with_tree(model, "triton")
     assert repr(model.config.to_dict()) == config_before  # the model is never switched
-    assert len(calls) == 2 * model.config.num_hidden_layers
+    assert len(calls) == 2 * _kernel_layers(model) > 0
+    assert set(calls) == {arch == "gpt_oss"}, calls  # gpt_oss's sinks reach the kernel, llama passes none
     torch.testing.assert_close(pre_triton, pre_torch, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(ver_triton, ver_torch, atol=1e-4, rtol=1e-4)
 
@@ -396,13 +503,14 @@ class _OracleTreeProposer(Proposer):
         return trees
 
 
-def test_speculative_generate_on_triton_matches_vanilla_greedy(monkeypatch):
-    model = tiny_causal_lm("llama").to(DEVICE)
+@pytest.mark.parametrize("arch", ["llama", "gpt_oss"], ids=["llama", "gpt_oss-sinks"])
+def test_speculative_generate_on_triton_matches_vanilla_greedy(arch, monkeypatch):
+    model = _tiny_model(arch)
     ids = torch.tensor([[1, 5, 7, 11, 13, 17, 19], [0, 0, 0, 1, 23, 29, 31]], device=DEVICE)
     attention_mask = (torch.arange(7) >= torch.tensor([[0], [3]])).long().to(DEVICE)
     expected = model.generate(ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False)
     monkeypatch.delenv("HF_SPECDEC_ATTENTION", raising=False)  # the default dispatch: CUDA, or the interpreter
-    attention_calls = _count_calls(monkeypatch, "paged_tree_attention")
+    attention_calls = _kernel_sinks(monkeypatch)
     launches = []
     original_move = move_kv.move_kv_triton
 
@@ -419,6 +527,7 @@ def test_speculative_generate_on_triton_matches_vanilla_greedy(monkeypatch):
         first = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), None)
         assert got == want, f"row {b}: first differing token at {first}: {got} vs {want}"
     assert attention_calls and launches, "the speculative loop did not run the Triton kernels"
+    assert set(attention_calls) == {arch == "gpt_oss"}, "gpt_oss's attention sinks should reach the kernel"
     # every commit moves K and V of all layers in one launch
     assert all(layers == model.config.num_hidden_layers and n == 1 for layers, n in launches), launches
 
@@ -468,22 +577,26 @@ def compile_kernel(fn, pointer_types, constexprs, num_warps, num_stages=3):
     triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def attention(dt, head_dim, group, block_m, split, page, warps):
+def attention(dt, head_dim, group, block_m, split, page, warps, sinks=False):
     ptrs = {n: dt for n in ("Q", "K", "V", "Out")}
-    ptrs.update({n: "fp32" for n in ("OPart", "MPart", "LPart")})
+    ptrs.update({n: "fp32" for n in ("OPart", "MPart", "LPart", "Sinks")})
     ptrs.update({n: "i32" for n in ("BlockTables", "CuSeqlens", "PrefixLens", "IsCausal", "MaskWords", "TileRow",
                                     "TileQStart", "TileKvLen")})
     consts = dict(GROUP=group, TOKENS_PER_TILE=block_m // group, PAGE=page, HEAD_DIM=head_dim, BLOCK_M=block_m,
                   BLOCK_N=64 if dt != "fp32" else 32, BLOCK_D=triton.next_power_of_2(head_dim), SPLIT_K=split,
-                  DOT_PRECISION="ieee" if dt == "fp32" else "tf32", DOT_FP32=False)
+                  HAS_SINKS=sinks, DOT_PRECISION="ieee" if dt == "fp32" else "tf32", DOT_FP32=False)
     compile_kernel(ta._paged_tree_attention_kernel, ptrs, consts, warps)
 
 
 attention("fp16", 64, 3, 16, False, 16, 4)   # SmolLM2 decode
 attention("bf16", 128, 4, 64, True, 16, 8)   # Llama-3-8B tree, split-K
 attention("fp32", 64, 1, 16, False, 1, 4)    # fp32, block size 1
-compile_kernel(ta._merge_splits_kernel, {"Out": "bf16", "OPart": "fp32", "MPart": "fp32", "LPart": "fp32"},
-               dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=32), 4)
+attention("bf16", 64, 8, 64, False, 16, 8, sinks=True)   # gpt-oss (64/8 heads, dim 64) with sinks, one pass
+attention("bf16", 64, 8, 64, True, 16, 8, sinks=True)    # and split-K
+for sinks in (False, True):
+    compile_kernel(ta._merge_splits_kernel,
+                   {"Out": "bf16", "OPart": "fp32", "MPart": "fp32", "LPart": "fp32", "Sinks": "fp32"},
+                   dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=32, HAS_SINKS=sinks), 4)
 for single in (True, False):
     compile_kernel(mv._move_kv_kernel, {"Pools": "i64", "Scratch": "bf16", "Src": "i64", "Dst": "i64"},
                    dict(D=128, DTYPE=mv.tl.bfloat16, BLOCK_R=16 if single else 64, BLOCK_C=128, SINGLE_CHUNK=single), 4)
