@@ -31,6 +31,20 @@ _ARCH_KWARGS = {
         num_local_experts=4,
         num_experts_per_tok=2,
     ),
+    # Llama 4: chunked attention (chunks of 8 tokens, shorter than the fuzzer's texts) with RoPE in layer 0, a NoPE
+    # full-attention layer 1 with a mixture of experts (top-2 of 4 beside a shared expert); floor_scale stays at its
+    # default, so NoPE layers' attention temperature is 1 (vanilla counts left padding in the positions it scales by)
+    "llama4_text": dict(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        attention_chunk_size=8,
+        no_rope_layer_interval=2,
+        interleave_moe_layer_step=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        intermediate_size_mlp=128,
+    ),
     # hybrids whose recurrent layers are verified on trees: at least `HYBRID_LAYERS` layers (one recurrent, one
     # attention: a model of recurrent layers alone fails in vanilla generate too), the pattern repeated over them
     "lfm2": dict(num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention"]),
@@ -86,8 +100,8 @@ def tiny_causal_lm(
     dtype: torch.dtype = torch.float32,
     **overrides,
 ):
-    """A randomly initialised decoder-only model of ``arch`` (llama, qwen2, qwen3, mistral, gemma, gemma2, gpt_oss, and
-    the hybrids lfm2, qwen3_next, bamba, jamba), eval mode.
+    """A randomly initialised decoder-only model of ``arch`` (llama, qwen2, qwen3, mistral, gemma, gemma2, gpt_oss,
+    llama4_text, and the hybrids lfm2, qwen3_next, bamba, jamba), eval mode.
 
     The weights are drawn with a larger-than-usual std so that logits are peaked enough to give non-trivial
     greedy continuations (a near-uniform model would make every draft fail).
@@ -369,10 +383,9 @@ def _routing_near_tie(model, ids: list[int], eps: float, k: float) -> str:
 
     def hook(name: str, top_k: int):
         def record(module, args, out):
-            logits = out[0] if isinstance(out, tuple) else out
-            if found or not torch.is_tensor(logits) or logits.shape[-1] <= top_k:
+            r = None if found else _router_logits(out, top_k)  # [positions, experts]
+            if r is None:
                 return
-            r = logits.detach().float().reshape(-1, logits.shape[-1])  # [positions, experts]
             ranked = r.sort(-1, descending=True).values
             gap = ranked[:, top_k - 1] - ranked[:, top_k]
             bound = k * eps * r.abs().amax(-1).clamp_min(1.0)
@@ -395,6 +408,18 @@ def _routing_near_tie(model, ids: list[int], eps: float, k: float) -> str:
         for h in handles:
             h.remove()
     return found[0] if found else ""
+
+
+def _router_logits(out, top_k: int) -> torch.Tensor | None:
+    """`[positions, experts]` router logits from a router's output: of its tensors wider than ``top_k``, the one with
+    the most distinct values (the logits; scores masked to the top-k have fewer, and Llama 4's router returns such
+    scores before its logits), or None."""
+    tensors = [t for t in (out if isinstance(out, tuple) else (out,))
+               if torch.is_tensor(t) and t.is_floating_point() and t.dim() and t.shape[-1] > top_k]  # fmt: skip
+    if not tensors:
+        return None
+    best = max(tensors, key=lambda t: t.unique().numel())  # the first of equals
+    return best.detach().float().reshape(-1, best.shape[-1])
 
 
 def near_ties(model, input_ids, attention_mask, vanilla, speculative, *, pad_token_id: int | None = None):

@@ -35,6 +35,17 @@ from hf_specdec.testing import _ARCH_KWARGS, RandomTreeProposer, tiny_causal_lm
 VOCAB = 97  # every tiny target and draft shares it (a draft model must have the target's vocabulary)
 PAD, EOS = 0, 2  # tiny_causal_lm's ids
 ARCHS = sorted(_ARCH_KWARGS)
+TARGETS_ENV = "HF_SPECDEC_FUZZ_TARGETS"  # comma-separated architectures: draw only these targets (default: ARCHS)
+
+
+def target_archs() -> list[str]:
+    """The architectures targets are drawn from: ``HF_SPECDEC_FUZZ_TARGETS`` when set, else every one of `ARCHS`
+    (draft models are drawn from all of `ARCHS` either way)."""
+    names = [a.strip() for a in os.environ.get(TARGETS_ENV, "").split(",") if a.strip()]
+    unknown = sorted(set(names) - set(ARCHS))
+    if unknown:
+        raise ValueError(f"{TARGETS_ENV}: unknown architectures {unknown}; choose among {', '.join(ARCHS)}")
+    return names or ARCHS
 
 
 # ------------------------------------------------------------------------------------------------ the call
@@ -411,8 +422,9 @@ def calls(draw, greedy: bool | None = None, refused: bool = False) -> Call:
             for key in ("temperature", "top_k", "top_p", "min_p", "typical_p", "num_return_sequences"):
                 opts.pop(key, None)
     streamer = len(rows) == 1 and not opts.get("num_return_sequences") and draw(st.booleans())
+    arch = draw(st.sampled_from(target_archs()))
     return Call(
-        target=Target(draw(st.sampled_from(ARCHS)), draw(st.integers(0, 3)), draw(_sizes(1, 2)), profile_dtype()),
+        target=Target(arch, draw(st.integers(0, 3)), draw(_sizes(1, 2)), profile_dtype()),
         prompts=rows,
         options=opts,
         assistant=draw(assistants()),
@@ -427,11 +439,13 @@ def calls(draw, greedy: bool | None = None, refused: bool = False) -> Call:
 # ------------------------------------------------------------------------------------------------ profiles
 # Chosen by HF_SPECDEC_FUZZ (default ci); applied to the fuzzer's tests only (other tests keep hypothesis' defaults).
 # - ci: a bounded, reproducible run (the same examples every time; about a minute on 2 cores), the suite's profile;
-# - dev: 200 new examples per property, for a quick look while changing the fuzzer;
+# - dev: 200 new examples per property (HF_SPECDEC_FUZZ_EXAMPLES to change it), for a quick look while changing the
+#   fuzzer;
 # - long: 10,000 new examples per property (HF_SPECDEC_FUZZ_EXAMPLES to change it); failures are remembered in
 #   .hypothesis/ (git-ignored) and tried first next time;
 # - bf16 / fp16: 200 new examples per property (HF_SPECDEC_FUZZ_EXAMPLES to change it) on targets in that dtype;
 #   a greedy output may leave vanilla's only at a near-tie of vanilla's own scores (`hf_specdec.testing.near_tie`).
+# HF_SPECDEC_FUZZ_TARGETS=llama4_text,gemma2 draws only those targets in any profile (a look at one architecture).
 # Found failures are kept as @example in the test module, which every profile runs.
 PROFILE_ENV = "HF_SPECDEC_FUZZ"
 _COMMON = dict(
@@ -446,7 +460,7 @@ PROFILES = {
         name: settings(max_examples=int(os.environ.get("HF_SPECDEC_FUZZ_EXAMPLES", 200)), database=None, **_COMMON)
         for name in _HALF
     },
-    "dev": settings(max_examples=200, database=None, **_COMMON),
+    "dev": settings(max_examples=int(os.environ.get("HF_SPECDEC_FUZZ_EXAMPLES", 200)), database=None, **_COMMON),
     "long": settings(
         max_examples=int(os.environ.get("HF_SPECDEC_FUZZ_EXAMPLES", 10_000)),
         database=DirectoryBasedExampleDatabase(".hypothesis/fuzz"),

@@ -41,7 +41,7 @@ from fuzz_calls import (
 from hypothesis import assume, event, example, given, note
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from hf_specdec.testing import NEAR_TIE_K, _routing_near_tie, assert_same_tokens, left_pad, near_tie
+from hf_specdec.testing import NEAR_TIE_K, _routing_near_tie, assert_same_tokens, left_pad, near_tie, tiny_causal_lm
 
 SCORE_TOL = dict(atol=1e-4, rtol=1e-4)
 TIE = 1e-4  # a greedy step whose best two processed scores are closer than this is a tie fp32 may break either way
@@ -459,3 +459,16 @@ def test_an_undeclared_logits_processor_and_a_batched_streamer_are_refused(tiny_
     with pytest.raises(ValueError, match="streamer"):
         model.generate(ids, attention_mask=mask, streamer=RecordingStreamer(), max_new_tokens=4, assistant=assistant)
     _assert_unchanged(before, model, "refused")
+
+
+def test_the_routing_oracle_reads_llama4s_router_logits_not_its_masked_scores():
+    """Llama 4's router returns sigmoid scores masked to its top-k (zeros elsewhere) before its logits; the bf16
+    profile's oracle must judge the logits. Experts 0-2 share one router row and expert 3 its negation, so the 2nd and
+    3rd logits tie at every position (the masked scores there differ by about 0.5)."""
+    model = tiny_causal_lm("llama4_text", num_layers=2, dtype=torch.bfloat16)
+    router = model.model.layers[1].feed_forward.router  # layer 1 is the mixture of experts
+    with torch.no_grad():
+        router.weight[:3] = router.weight[0]
+        router.weight[3] = -router.weight[0]
+    verdict = _routing_near_tie(model, [5, 9, 11, 7], torch.finfo(torch.bfloat16).eps, NEAR_TIE_K)
+    assert "layers.1.feed_forward.router at prefix position 3" in verdict, f"no routing near-tie found: {verdict!r}"
