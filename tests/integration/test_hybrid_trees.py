@@ -24,6 +24,7 @@ from hf_specdec.testing import (
     RandomTreeProposer,
     assert_same_tokens,
     first_tokens_p_values,
+    greedy_verification,
     left_pad,
     sample_first_tokens,
 )
@@ -176,6 +177,24 @@ def test_greedy_equals_vanilla_with_every_assistant_batch_1_and_ragged_4(model_t
 def test_sampled_first_tokens_follow_the_hybrid_targets_distribution(model_type, sizes):
     """Chi-square of the first 1, 2, 3 sampled tokens (3,000 rows in one batch, a draft model's sampled trees) against
     the hybrid target's own joint distribution, enumerated from vanilla's processed scores."""
+    model = _sampling_hybrid(model_type, sizes)
+    counts = sample_first_tokens(model, _sampling_draft(model), 3000, tree_budget=False)  # every tree verified whole
+    ps = first_tokens_p_values(counts, model)
+    assert min(ps) > 1e-4, f"chi-square p-values of the first 1, 2, 3 tokens: {ps}"
+
+
+def test_a_wrong_verifier_is_caught_on_a_lightning_attention_target():
+    """The check has power on MiniMax: verifying its sampled trees greedily while sampling must be rejected."""
+    model = _sampling_hybrid("minimax", {})
+    with greedy_verification():  # greedy verification rejects most sampled drafts: no power check on the drafts
+        counts = sample_first_tokens(model, _sampling_draft(model), 1000, check_power=False, tree_budget=False)
+    ps = first_tokens_p_values(counts, model)
+    assert min(ps) < 1e-6, f"greedy verification of a sampled call was not caught: p-values {ps}"
+
+
+def _sampling_hybrid(model_type: str, sizes: dict):
+    """The sweep's tiny ``model_type`` (MiniMax: attention in layer 0) shrunk to the `SAMPLING_VOCAB` vocabulary and
+    width 32, its weights drawn with std 0.3 (peaked, not degenerate next-token distributions), ``sizes`` set."""
     config = tiny_config(model_type)
     config.vocab_size, config.hidden_size, config.intermediate_size = SAMPLING_VOCAB, 32, 64
     for name, value in sizes.items():
@@ -187,7 +206,8 @@ def test_sampled_first_tokens_follow_the_hybrid_targets_distribution(model_type,
             if p.dim() >= 2:
                 p.normal_(0.0, 0.3)
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = 2, 0
-    draft = hf_specdec.DraftModelAssistant(hf_specdec.draft_model_from_layers(model, 1), depth=2, top_k=2)
-    counts = sample_first_tokens(model, draft, 3000, tree_budget=False)  # every tree verified whole
-    ps = first_tokens_p_values(counts, model)
-    assert min(ps) > 1e-4, f"chi-square p-values of the first 1, 2, 3 tokens: {ps}"
+    return model
+
+
+def _sampling_draft(model):
+    return hf_specdec.DraftModelAssistant(hf_specdec.draft_model_from_layers(model, 1), depth=2, top_k=2)
