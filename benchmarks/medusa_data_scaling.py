@@ -30,9 +30,10 @@ from hf_specdec.generation.tree_shapes import optimal_tree_choices
 from hf_specdec.heads.medusa import MedusaHeads
 from hf_specdec.models import DEFAULT_MODEL_NAME, chat_prompt_ids, load_default_model
 from hf_specdec.training import MedusaTrainingConfig, build_distillation_data, load_distillation_data, train_medusa
-from hf_specdec.training.data import DistillationData
-from hf_specdec.training.medusa import head_positions, split_sequences
+from hf_specdec.training.labels import head_positions
 from hf_specdec.training.medusa_tree import acceptance_table, guess_matches, tree_tau
+from hf_specdec.training.run import split_sequences
+from hf_specdec.training.shards import DistillationData
 
 TREE_SIZES = (2, 16, 64)
 

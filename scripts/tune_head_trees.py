@@ -23,7 +23,7 @@ from hf_specdec.training import MedusaTrainingConfig, load_distillation_data, tu
 from hf_specdec.training.eagle import tune_eagle_tree
 from hf_specdec.training.mlp_speculator import tune_speculator_tree
 from hf_specdec.training.run import held_out_split
-from hf_specdec.training.task_prompts import build_task_data
+from hf_specdec.training.task_data import build_task_data
 from hf_specdec.training.text_sources import LocalText
 
 NAMES = {"eagle": "eagle-smollm2-135m-instruct", "speculator": "mlp-speculator-smollm2-135m-instruct",

@@ -30,12 +30,13 @@ from ..generation.proposers.ngram import prompt_lookup_predictions
 from ..heads.eagle import EagleHead
 from ..heads.medusa import MedusaHeads
 from ..heads.mlp_speculator import MLPSpeculator
-from ..training.data import DistillationData, build_distillation_data, load_distillation_data
+from ..training.distillation_data import build_distillation_data
 from ..training.eagle import evaluate_eagle, unrolled_draft_logits
+from ..training.labels import head_positions
 from ..training.medusa import evaluate_medusa
 from ..training.medusa_tree import guess_matches
 from ..training.mlp_speculator import evaluate_mlp_speculator, tree_accepted_depths
-from ..training.run import head_positions
+from ..training.shards import DistillationData, load_distillation_data
 from .questions import category_sort_key, load_questions, sample_questions
 from .spec_bench import build_prompts
 

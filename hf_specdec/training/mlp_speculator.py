@@ -1,7 +1,7 @@
 """MLP speculator training by self-distillation (Wertheimer et al. 2024, arXiv:2404.19124, stage 2 of their recipe:
 the base model frozen, the speculator learning the base model's own outputs).
 
-Data comes from `hf_specdec.training.data`: the target's own answers and its cached final hidden states, so a step
+Data comes from `hf_specdec.training.shards`: the target's own answers and its cached final hidden states, so a step
 never runs the target. At a position t, stage 0 reads ``hidden[t]`` and the token at t + 1 (the root); stage k reads
 stage k - 1's state and the token at t + 1 + k (teacher-forced with the target's tokens) and is trained with
 cross-entropy against the token at t + 2 + k, the target's own next token (weight ``decay ** k``). Over a truncated
@@ -32,19 +32,9 @@ import torch.nn.functional as F
 
 from ..generation.proposers.mlp_speculator import check_widths, draft_tree_batch
 from ..heads.mlp_speculator import MLPSpeculator
-from .data import DistillationData, load_distillation_data, write_json
-from .medusa import (
-    IGNORE,
-    medusa_labels,
-)
-from .run import (
-    REPORT_NAME,
-    RunConfig,
-    TrainingRun,
-    draft_vocabulary,
-    held_out_split,
-    trainable_copy,
-)
+from .labels import IGNORE, draft_vocabulary, medusa_labels
+from .run import REPORT_NAME, RunConfig, TrainingRun, held_out_split, trainable_copy
+from .shards import DistillationData, load_distillation_data, write_json
 from .step_cost import step_cost_curve
 
 # level widths tried by `tune_speculator_tree` (each also cut at every depth by the tree budget at run time)
@@ -431,7 +421,7 @@ def main(args) -> int:
     import sys
 
     from ..models import DEFAULT_MODEL_NAME, load_default_model
-    from .data import build_default_data
+    from .default_data import build_default_data
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -471,7 +461,6 @@ __all__ = [
     "DEFAULT_WIDTH_CANDIDATES",
     "RECIPE",
     "add_arguments",
-    "draft_vocabulary",
     "main",
     "MLPSpeculatorTrainingConfig",
     "evaluate_mlp_speculator",

@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from ..heads.derived import dense_weight
-from .data import DistillationData
+from .labels import head_positions
+from .shards import DistillationData
 
 CHECKPOINT_DIR = "checkpoints"
 REPORT_NAME = "training_report.json"
@@ -83,31 +84,6 @@ def start_head_training(model: nn.Module, data: DistillationData, out_dir, cfg, 
     lm_weight = dense_weight(model.get_output_embeddings().weight)
     device = torch.device(device) if device is not None else lm_weight.device
     return out, train_seqs, eval_seqs, lm_weight, device
-
-
-def head_positions(data: DistillationData, seq_ids: torch.Tensor) -> torch.Tensor:
-    """`[P]` int64: every position t of the given sequences whose first guess (token t + 2) is an answer token
-    (``data.answer_mask``: every assistant turn of a conversation)."""
-    bounds = data.seq_bounds[seq_ids]  # [S, 3] start, answer start, end
-    lo = torch.maximum(bounds[:, 0], bounds[:, 1] - 2)
-    counts = (bounds[:, 2] - 2 - lo).clamp(min=0)
-    offsets = counts.cumsum(0) - counts
-    total = int(counts.sum())
-    pos = lo.repeat_interleave(counts) + torch.arange(total) - offsets.repeat_interleave(counts)
-    return pos[data.answer_mask[pos + 2]]
-
-
-def draft_vocabulary(data: DistillationData, positions: torch.Tensor, size: int) -> tuple[torch.Tensor, float]:
-    """`[size]` a head's draft vocabulary: the first-guess labels (the target's token after t + 1) of ``positions``
-    by decreasing count, then (a small data set holds fewer distinct tokens than ``size``) the lowest unseen ids
-    (byte-pair merges rank frequent tokens first), sorted; and the share of the labels it covers. Every trainer
-    (Medusa, EAGLE, the MLP speculator) draws its vocabulary this way."""
-    vocab = int(data.manifest["vocab_size"])
-    labels = data.next_tokens()[positions + 1]
-    counts = torch.bincount(labels[labels >= 0], minlength=vocab).double()
-    key = counts * vocab - torch.arange(vocab, dtype=torch.float64)  # count first, then the lower id
-    top = key.topk(min(size, vocab)).indices.sort().values
-    return top, float(counts[top].sum() / counts.sum().clamp(min=1))
 
 
 @dataclass

@@ -14,20 +14,18 @@ copies or translates from a long prompt. The prompts here cover the same six kin
    one to three of the target's passages.
 
 Everything is deterministic for a seed. `TaskPrompt.messages` is a chat (multi-turn prompts carry the target's own
-earlier answer); `chat_ids` applies the tokenizer's chat template.
+earlier answer); `chat_template.chat_ids` applies the tokenizer's chat template, and `task_data` builds the two
+stages' data folders.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from .data import distinct_prompts
+from .template_prompts import distinct_prompts
 from .text_sources import LocalText
 
 TASK_KINDS = ("multi_turn", "translation", "summarisation", "qa", "math_reasoning", "rag")
@@ -199,7 +197,6 @@ MIN_PASSAGE_WORDS = 40
 REAL_TEXT_SHARE = 0.75
 SPACED_PUNCTUATION_SHARE = 0.5
 MAX_RAG_DOC_WORDS = 220
-KINDS_NAME = "kinds.json"
 
 
 @dataclass
@@ -217,12 +214,6 @@ class TaskPrompt:
     @property
     def text(self) -> str:
         return self.messages[-1]["content"]
-
-
-def chat_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
-    """Token ids of ``messages`` in ``tokenizer``'s chat template, with the assistant prompt appended."""
-    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def _key(prompt: TaskPrompt) -> str:
@@ -423,110 +414,10 @@ def recipe(num_seed: int, num_tasks: int, seed: int, real_text: bool = False) ->
     }
 
 
-def _drop_benchmark_overlap(prompts: list[TaskPrompt]) -> tuple[list[TaskPrompt], int]:
-    """The prompts none of whose user turns equals or contains a Spec-Bench turn, and how many were dropped."""
-    from .benchmark_questions import find_questions_file, spec_bench_overlap
-
-    texts = [m["content"] for p in prompts for m in p.messages if m["role"] == "user"]
-    bad = set(spec_bench_overlap(texts, find_questions_file()))
-    kept = [p for p in prompts if not any(m["content"] in bad for m in p.messages if m["role"] == "user")]
-    return kept, len(prompts) - len(kept)
-
-
-def _length_sorted_blocks(ids: list[list[int]], block: int) -> list[int]:
-    """An order of ``ids`` that keeps each block of ``block`` consecutive prompts together (so a partly built folder
-    still mixes every kind) but sorts each block by length, so that a batch pads little."""
-    order: list[int] = []
-    for start in range(0, len(ids), block):
-        order += sorted(range(start, min(start + block, len(ids))), key=lambda i: len(ids[i]))
-    return order
-
-
-def _build_stage(
-    model, tokenizer, prompts: list[TaskPrompt], folder: Path, stage_recipe: dict, **kwargs
-) -> list[TaskPrompt]:
-    """Build one stage's folder (resumable) and return its prompts in the order the data holds them."""
-    from .data import build_distillation_data
-
-    prompts, dropped = _drop_benchmark_overlap(prompts)
-    ids = [chat_ids(tokenizer, p.messages) for p in prompts]
-    order = _length_sorted_blocks(ids, int(kwargs.get("shard_size", 64)))
-    prompts, ids = [prompts[i] for i in order], [ids[i] for i in order]
-    folder.mkdir(parents=True, exist_ok=True)
-    kinds = {"kinds": [p.kind for p in prompts], "dropped_spec_bench_overlap": dropped}
-    (folder / KINDS_NAME).write_text(json.dumps(kinds) + "\n", encoding="utf-8")
-    build_distillation_data(
-        model, ids, folder, recipe={**stage_recipe, "dropped_spec_bench_overlap": dropped}, **kwargs
-    )
-    return prompts
-
-
-def build_task_data(
-    model,
-    tokenizer,
-    out_dir: str | os.PathLike,
-    num_seed: int = 120,
-    num_tasks: int = 600,
-    seed: int = 0,
-    seed_max_new_tokens: int | None = None,
-    real_text: bool | LocalText = False,
-    **kwargs,
-) -> list[Path]:
-    """Build (or resume) the two-stage data: ``out_dir/seed`` (the target writing its material) and ``out_dir/tasks``
-    (the six task kinds over it), each a `build_distillation_data` folder plus ``kinds.json`` (each sequence's kind).
-
-    Args:
-        model / tokenizer: the target and its tokenizer (with a chat template).
-        out_dir: the data root (created).
-        num_seed / num_tasks: prompts of each stage.
-        seed: prompt seed.
-        seed_max_new_tokens: answer length cap of the seed stage (default: ``max_new_tokens`` of ``kwargs``).
-        real_text: also build prompts over real text: True = the text installed on this machine
-            (`text_sources.require_local_text`: foreign sentences to translate, English passages to summarise and
-            answer from), or a `LocalText` of your own.
-        **kwargs: passed to `build_distillation_data` (``max_new_tokens``, ``batch_size``, ``hidden_dtype``...).
-    Returns:
-        both folders, for `load_distillation_data`.
-
-    Raises:
-        FileNotFoundError: ``real_text`` and the packages holding it are not installed (the message names them).
-    """
-    from .data import load_distillation_data
-    from .text_sources import require_local_text
-
-    out = Path(out_dir)
-    real = real_text if isinstance(real_text, LocalText) else (require_local_text() if real_text else None)
-    rec = recipe(num_seed, num_tasks, seed, real_text)
-    seeds = seed_prompts(num_seed, seed)
-    seed_dir, task_dir = out / "seed", out / "tasks"
-    seed_kwargs = {**kwargs, **({"max_new_tokens": seed_max_new_tokens} if seed_max_new_tokens else {})}
-    seeds = _build_stage(model, tokenizer, seeds, seed_dir, {**rec, "stage": "seed"}, **seed_kwargs)
-    data = load_distillation_data(seed_dir)
-    answers = [
-        tokenizer.decode(data.input_ids[a:e].tolist(), skip_special_tokens=True) for _, a, e in data.seq_bounds.tolist()
-    ]
-    material = collect_seed_material(seeds, answers)
-    material.real = real
-    tasks = task_prompts(material, num_tasks, seed)
-    _build_stage(model, tokenizer, tasks, task_dir, {**rec, "stage": "tasks", **material.counts()}, **kwargs)
-    return [seed_dir, task_dir]
-
-
-def sequence_kinds(folder: str | os.PathLike) -> list[str]:
-    """The task kind of each sequence of a folder built by `build_task_data` (from its ``kinds.json``)."""
-    path = Path(folder) / KINDS_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; the folder was not built by build_task_data")
-    return json.loads(path.read_text(encoding="utf-8"))["kinds"]
-
-
 __all__ = [
-    "build_task_data",
-    "sequence_kinds",
     "TASK_KINDS",
     "SeedMaterial",
     "TaskPrompt",
-    "chat_ids",
     "collect_seed_material",
     "recipe",
     "seed_prompts",

@@ -1,7 +1,7 @@
 """Training data from fixed text: whole conversations teacher-forced through the target, labels from the target.
 
-Self-distillation (`hf_specdec.training.data.build_distillation_data`) lets the target write every answer, one token
-per forward: on a CPU that is ~100 answer tokens/s for a 135M model. Teacher forcing runs one prefill per batch of
+Self-distillation (`distillation_data.build_distillation_data`) lets the target write every answer, one token per
+forward: on a CPU that is ~100 answer tokens/s for a 135M model. Teacher forcing runs one prefill per batch of
 conversations instead (hundreds of tokens/s), over text somebody else wrote (ShareGPT's assistant turns), and takes
 each label from the target's own distribution at that position, as EAGLE's fixed-data training does: after position t
 the head learns the target's arg-max ``target_next[t]`` given the real text up to t, not the text's own next token.
@@ -11,9 +11,10 @@ Greedy self-distilled data are the special case where the two coincide.
     build_teacher_forced_data(model, [s for s in seqs if s], "out/fixed", recipe={...})
     data = load_distillation_data("out/fixed")         # data.answer_mask, data.target_next
 
-Each shard is a `build_distillation_data` shard plus ``target_next`` `[N]` int32 and ``answer_mask`` `[N]` uint8 (the
-tokens of assistant turns, which the heads are evaluated on); ``prompt_lens`` is each sequence's first assistant
-token. Resumable and fingerprinted like the self-distilled data.
+The states come from `target_states.teacher_forced_states`. Each shard is a `build_distillation_data` shard plus
+``target_next`` `[N]` int32 and ``answer_mask`` `[N]` uint8 (the tokens of assistant turns, which the heads are
+evaluated on); ``prompt_lens`` is each sequence's first assistant token. Resumable and fingerprinted like the
+self-distilled data (`shards`).
 """
 
 from __future__ import annotations
@@ -26,41 +27,9 @@ from pathlib import Path
 
 import torch
 
-from .conversations import TemplatedConversation
-from .data import _open_manifest, _write_shard, finish_manifest, record_shard
-
-LM_HEAD_CHUNK = 2048  # positions per lm_head arg-max (bounds the [chunk, V] logits)
-
-
-@torch.no_grad()
-def teacher_forced_states(
-    model, sequences: Sequence[Sequence[int]], aux_layers: Sequence[int] = ()
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """One forward over a right-padded batch: per sequence `[len, H * (1 + len(aux_layers))]` states (the final
-    normed state, then each aux layer's) and `[len]` int64 the target's arg-max next token (full vocabulary).
-
-    Right padding: causal attention keeps every real token from seeing a pad, and positions need no offset.
-    """
-    device = next(model.parameters()).device
-    width = max(len(s) for s in sequences)
-    ids = torch.zeros((len(sequences), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, s in enumerate(sequences):
-        ids[i, : len(s)] = torch.tensor(list(s), dtype=torch.long)
-        mask[i, : len(s)] = 1
-    out = model.get_decoder()(
-        input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=bool(aux_layers)
-    )
-    hidden = out.last_hidden_state  # [B, W, H] what the lm_head sees
-    states = torch.cat([hidden] + [out.hidden_states[i] for i in aux_layers], dim=-1)  # [B, W, F]
-    lm_head = model.get_output_embeddings()
-    states_out, nexts = [], []
-    for i, s in enumerate(sequences):
-        h = hidden[i, : len(s)]  # [len, H]
-        nxt = torch.cat([lm_head(h[c : c + LM_HEAD_CHUNK]).argmax(-1) for c in range(0, len(s), LM_HEAD_CHUNK)])
-        states_out.append(states[i, : len(s)].cpu())
-        nexts.append(nxt.cpu())
-    return states_out, nexts
+from .chat_template import TemplatedConversation
+from .shards import finish_manifest, open_manifest, record_shard, write_shard
+from .target_states import teacher_forced_states
 
 
 def _batches(lengths: Sequence[int], tokens_per_batch: int) -> list[list[int]]:
@@ -94,7 +63,7 @@ def build_teacher_forced_data(
 
     Args:
         model: the target (a transformers causal LM), in eval mode.
-        sequences: templated conversations (`conversations.templated_ids`).
+        sequences: templated conversations (`chat_template.templated_ids`).
         out_dir: the data folder (created; a rerun resumes, other sequences or settings are refused).
         recipe: how the sequences were made, recorded in the manifest.
         shard_size: sequences per shard.
@@ -121,7 +90,7 @@ def build_teacher_forced_data(
     }
     if aux_layers:
         settings["aux_layers"] = [int(i) for i in aux_layers]
-    manifest = _open_manifest(out, model, [s.ids for s in sequences], settings, recipe, base_model_name)
+    manifest = open_manifest(out, model, [s.ids for s in sequences], settings, recipe, base_model_name)
     done = {s["file"] for s in manifest["shards"] if (out / s["file"]).is_file()}
     manifest["shards"] = [s for s in manifest["shards"] if s["file"] in done]
     total = sum(len(s.ids) for s in sequences)
@@ -145,7 +114,7 @@ def build_teacher_forced_data(
             "answer_mask": torch.tensor([m for s in chunk for m in s.answer_mask], dtype=torch.uint8),
         }
         prompts = [s.ids[: s.first_answer] for s in chunk]
-        entry = _write_shard(
+        entry = write_shard(
             out / name, [s.ids for s in chunk], states, prompts, hidden_dtype, len(aux_layers), per_token
         )
         record_shard(out, manifest, name, start, entry, t0)
@@ -153,4 +122,4 @@ def build_teacher_forced_data(
     return finish_manifest(out, manifest)
 
 
-__all__ = ["build_teacher_forced_data", "teacher_forced_states"]
+__all__ = ["build_teacher_forced_data"]

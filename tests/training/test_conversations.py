@@ -10,6 +10,7 @@ import pytest
 
 from hf_specdec.testing import tiny_chat_tokenizer
 from hf_specdec.training.benchmark_questions import find_questions_file, read_questions
+from hf_specdec.training.chat_template import templated_ids
 from hf_specdec.training.conversations import (
     SHAREGPT_MIN_RECORDS,
     Conversation,
@@ -19,7 +20,6 @@ from hf_specdec.training.conversations import (
     load_conversations,
     load_sharegpt,
     read_conversations,
-    templated_ids,
 )
 
 

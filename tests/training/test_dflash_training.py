@@ -13,9 +13,10 @@ import hf_specdec  # noqa: F401  (routes generate(assistant=...))
 from hf_specdec.generation.proposers.dflash import DFlashAssistant
 from hf_specdec.heads.dflash import DFlashHead, default_feature_layers
 from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm, torch_threads
-from hf_specdec.training.data import build_distillation_data, load_distillation_data
 from hf_specdec.training.dflash import DFlashTrainingConfig, block_targets, draw_anchors, train_dflash
-from hf_specdec.training.eagle import _windows, token_targets, window_starts
+from hf_specdec.training.distillation_data import build_distillation_data
+from hf_specdec.training.labels import token_targets, window_positions, window_starts
+from hf_specdec.training.shards import load_distillation_data
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -52,7 +53,7 @@ def test_block_targets_are_the_targets_choices(tiny_data):
     model, data, _ = tiny_data
     labels = token_targets(data, model.lm_head.weight.detach(), torch.arange(64))  # full vocabulary: index = id
     windows = window_starts(data, torch.arange(4), 32)
-    t, valid = _windows(data, windows, 32)
+    t, valid = window_positions(data, windows, 32)
     anchors = draw_anchors(data, t, valid, 6, torch.Generator().manual_seed(0))
     pos, target = block_targets(data, labels, t, anchors, 3)
     known = target >= 0

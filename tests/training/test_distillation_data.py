@@ -8,15 +8,11 @@ import pytest
 import torch
 
 from hf_specdec.testing import tiny_causal_lm
-from hf_specdec.training.data import (
-    _generate_answers,
-    build_distillation_data,
-    distinct_prompts,
-    final_hidden_states,
-    greedy_answers_with_states,
-    load_distillation_data,
-)
-from hf_specdec.training.task_prompts import _length_sorted_blocks
+from hf_specdec.training.distillation_data import build_distillation_data
+from hf_specdec.training.shards import load_distillation_data
+from hf_specdec.training.target_states import _generate_answers, final_hidden_states, greedy_answers_with_states
+from hf_specdec.training.task_data import _length_sorted_blocks
+from hf_specdec.training.template_prompts import distinct_prompts
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,9 @@ import hf_specdec.generation.loop as loop
 from hf_specdec.generation.proposers.eagle import EagleAssistant
 from hf_specdec.heads.eagle import EagleHead
 from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm
-from hf_specdec.training.data import build_distillation_data, load_distillation_data
+from hf_specdec.training.distillation_data import build_distillation_data
 from hf_specdec.training.eagle import EagleTrainingConfig, train_eagle, tune_eagle_tree
+from hf_specdec.training.shards import load_distillation_data
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +133,7 @@ def test_training_on_an_explicit_device_returns_a_cpu_head(tiny_data, tmp_path):
 
 
 def test_windows_tile_each_sequence_from_its_end(tiny_data):
-    from hf_specdec.training.eagle import _windows, window_starts
+    from hf_specdec.training.labels import window_positions, window_starts
 
     _, data, _ = tiny_data
     seqs = torch.arange(data.seq_bounds.shape[0])
@@ -145,7 +146,7 @@ def test_windows_tile_each_sequence_from_its_end(tiny_data):
         last = mine[mine[:, 1].argmax()]
         assert int(last[1]) == e - 1 and int(last[1] - last[0]) == min(8, e - 1 - s)
         assert int((mine[:, 1] - mine[:, 0] < 8).sum()) <= 1  # only the first one may be short
-    t, valid = _windows(data, windows, 8)  # [Wn, 8]
+    t, valid = window_positions(data, windows, 8)  # [Wn, 8]
     assert torch.equal(t[valid].sort().values, want) and torch.equal(valid.sum(1), windows[:, 1] - windows[:, 0])
 
 

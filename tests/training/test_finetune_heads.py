@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from hf_specdec.testing import tiny_causal_lm
-from hf_specdec.training.data import build_distillation_data, load_distillation_data
+from hf_specdec.training.distillation_data import build_distillation_data
 from hf_specdec.training.eagle import EagleTrainingConfig, train_eagle
 from hf_specdec.training.medusa import MedusaTrainingConfig, train_medusa
 from hf_specdec.training.mlp_speculator import MLPSpeculatorTrainingConfig, train_mlp_speculator
+from hf_specdec.training.shards import load_distillation_data
 
 
 @pytest.fixture(scope="module")

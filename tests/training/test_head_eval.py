@@ -13,8 +13,8 @@ from hf_specdec.bench.head_eval import build_bench_answers, evaluate_heads, form
 from hf_specdec.bench.questions import load_questions, sample_questions
 from hf_specdec.bench.spec_bench import build_prompts
 from hf_specdec.training.benchmark_questions import find_questions_file
-from hf_specdec.training.data import load_distillation_data
 from hf_specdec.training.eagle import EagleTrainingConfig, train_eagle
+from hf_specdec.training.shards import load_distillation_data
 
 pytestmark = pytest.mark.slow
 NEW = 12

@@ -23,14 +23,14 @@ from hf_specdec.training import (
     measure_step_cost,
     prompt_recipe,
     spec_bench_overlap,
+    target_states,
     train_medusa,
     tree_tau,
     tune_and_save_tree,
     tune_tree,
 )
-from hf_specdec.training import data as data_mod
-from hf_specdec.training.medusa import head_positions, medusa_labels, split_sequences
-from hf_specdec.training.run import draft_vocabulary
+from hf_specdec.training.labels import draft_vocabulary, head_positions, medusa_labels
+from hf_specdec.training.run import split_sequences
 
 SPEC_BENCH = find_questions_file()  # the copy shipped in the package
 NUM_PROMPTS = 256  # a random tiny model needs this many answers for held-out accuracy to generalise
@@ -102,7 +102,7 @@ def test_rebuilding_skips_finished_shards(data_dir, tiny, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a finished shard was generated again")
 
-    monkeypatch.setattr(data_mod, "_generate_answers", refuse)
+    monkeypatch.setattr(target_states, "_generate_answers", refuse)
     prompts = make_prompts(NUM_PROMPTS, seed=0)
     manifest = build_distillation_data(
         tiny,

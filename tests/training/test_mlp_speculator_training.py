@@ -10,10 +10,9 @@ from hf_specdec.generation.proposers.mlp_speculator import MLPSpeculatorAssistan
 from hf_specdec.heads.mlp_speculator import MLPSpeculator
 from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm, torch_threads, toy_encode
 from hf_specdec.training import build_distillation_data, latest_checkpoint, load_distillation_data, make_prompts
-from hf_specdec.training.medusa import head_positions, medusa_labels
+from hf_specdec.training.labels import draft_vocabulary, head_positions, medusa_labels
 from hf_specdec.training.mlp_speculator import (
     MLPSpeculatorTrainingConfig,
-    draft_vocabulary,
     stage_inputs,
     train_mlp_speculator,
     tree_accepted_depths,

@@ -12,12 +12,12 @@ import torch
 
 import hf_specdec.training.teacher_forced as tf
 from hf_specdec.testing import tiny_causal_lm, tiny_chat_tokenizer
+from hf_specdec.training.chat_template import templated_ids
 from hf_specdec.training.conversation_data import build_conversation_data
-from hf_specdec.training.conversations import Conversation, ConversationSet, Turn, templated_ids
-from hf_specdec.training.data import load_distillation_data
-from hf_specdec.training.eagle import token_targets
-from hf_specdec.training.medusa import IGNORE, medusa_labels
-from hf_specdec.training.run import head_positions, held_out_split
+from hf_specdec.training.conversations import Conversation, ConversationSet, Turn
+from hf_specdec.training.labels import IGNORE, head_positions, medusa_labels, token_targets
+from hf_specdec.training.run import held_out_split
+from hf_specdec.training.shards import load_distillation_data
 
 WORDS = "alpha beta gamma delta eps zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 
@@ -107,7 +107,7 @@ def test_rerun_keeps_the_fingerprint_and_resumes(setup, tmp_path, monkeypatch):
     clean = _build(model, seqs, tmp_path / "clean")
     assert _build(model, seqs, tmp_path / "clean")["fingerprint"] == clean["fingerprint"]
     calls = {"n": 0}
-    real = tf._write_shard
+    real = tf.write_shard
 
     def interrupted(*args, **kwargs):  # stopped while the second shard is built
         calls["n"] += 1
@@ -115,12 +115,12 @@ def test_rerun_keeps_the_fingerprint_and_resumes(setup, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tf, "_write_shard", interrupted)
+    monkeypatch.setattr(tf, "write_shard", interrupted)
     with pytest.raises(KeyboardInterrupt):
         _build(model, seqs, tmp_path / "cut")
     partial = json.loads((tmp_path / "cut" / "manifest.json").read_text())
     assert 0 < len(partial["shards"]) < len(clean["shards"]) and not partial["complete"]
-    monkeypatch.setattr(tf, "_write_shard", real)
+    monkeypatch.setattr(tf, "write_shard", real)
     resumed = _build(model, seqs, tmp_path / "cut")
     assert resumed["fingerprint"] == clean["fingerprint"] and resumed["complete"]
     a, b = load_distillation_data(tmp_path / "clean"), load_distillation_data(tmp_path / "cut")

@@ -105,12 +105,55 @@ def test_no_import_circles():
     assert set(cycles) == KNOWN_CIRCLES, "import circles:\n" + "\n".join(sorted(set(cycles) ^ KNOWN_CIRCLES))
 
 
+# The training data, one concept per module (docs/design.md, "Training"): what each concept's modules may import of
+# training/. Where text comes from knows nothing of storage and storage nothing of where text came from; labels are
+# read from storage; prompts are built from sources (and stage-1 answers read back from storage); running the target
+# needs no other data module; builders join them all. The trainers and their CLIs (every other module) may import any.
+DATA_CONCEPTS = {
+    "sources": (["benchmark_questions", "conversations", "text_sources"], {"sources"}),
+    "storage": (["shards"], {"storage"}),
+    "labels": (["labels"], {"storage", "labels"}),
+    "prompts": (["chat_template", "template_prompts", "task_prompts"], {"sources", "storage", "prompts"}),
+    "target": (["target_states"], {"target"}),
+    "builders": (
+        ["distillation_data", "default_data", "task_data", "conversation_data", "teacher_forced"],
+        {"sources", "storage", "prompts", "target", "builders"},
+    ),
+}
+CONCEPT_OF = {name: concept for concept, (names, _) in DATA_CONCEPTS.items() for name in names}
+
+
+def _concept(module: str) -> str:
+    """The data concept of a ``hf_specdec.training`` module, or "trainers"."""
+    parts = module.split(".")
+    return CONCEPT_OF.get(parts[2], "trainers") if len(parts) > 2 else "trainers"
+
+
+def test_training_data_modules_import_one_way():
+    found = []
+    for name, deps in _graph().items():
+        concept = _concept(name)
+        if not name.startswith("hf_specdec.training.") or concept == "trainers":
+            continue
+        for dep in deps:
+            if dep.startswith("hf_specdec.training") and _concept(dep) not in DATA_CONCEPTS[concept][1]:
+                found.append(f"{name} ({concept}) imports {dep} ({_concept(dep)})")
+    assert not found, "training data imports running the wrong way:\n" + "\n".join(sorted(found))
+
+
+def test_the_data_concepts_name_existing_modules():
+    """The modules `DATA_CONCEPTS` names exist: a data module renamed or removed is renamed or removed there too."""
+    present = {p.stem for p in (ROOT / "training").glob("*.py")}
+    missing = sorted(set(CONCEPT_OF) - present)
+    assert not missing, f"DATA_CONCEPTS names modules that do not exist: {missing}"
+
+
 def test_the_check_sees_imports_inside_functions_and_relative_ones(tmp_path):
     source = tmp_path / "mod.py"
-    source.write_text("from ..generation import loop\n\ndef f():\n    from ..training.data import x\n")
-    modules = {"hf_specdec.heads.mod": source, "hf_specdec.generation.loop": source, "hf_specdec.training.data": source}
+    source.write_text("from ..generation import loop\n\ndef f():\n    from ..training.run import x\n")
+    modules = {"hf_specdec.heads.mod": source, "hf_specdec.generation.loop": source, "hf_specdec.training.run": source}
     deps = _imports("hf_specdec.heads.mod", source, modules)
-    assert deps == {"hf_specdec.generation.loop", "hf_specdec.training.data"}
+    assert deps == {"hf_specdec.generation.loop", "hf_specdec.training.run"}
     assert all(_layer(d) > _layer("hf_specdec.heads.mod") for d in deps)
 
 

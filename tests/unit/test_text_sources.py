@@ -140,8 +140,8 @@ def test_build_task_data_over_real_text(default_model, tmp_path):
 
     import torch
 
-    from hf_specdec.training.data import load_distillation_data
-    from hf_specdec.training.task_prompts import build_task_data, sequence_kinds
+    from hf_specdec.training.shards import load_distillation_data
+    from hf_specdec.training.task_data import build_task_data, sequence_kinds
 
     model, tokenizer = default_model
     real = LocalText(
