@@ -1,8 +1,9 @@
-"""Gated delta nets (the linear attention of Qwen3-Next, Qwen3.5 and OLMo-Hybrid) on token trees.
+"""Gated delta nets (the linear attention of Qwen3-Next, Qwen3.5 and OLMo-Hybrid) and Kimi delta attention (the
+same with a decay per key channel: Kimi-Linear) on token trees.
 
 The layer convolves its q/k/v inputs causally (kernel K, then its activation) and runs a recurrence: each token's
-state is its predecessor's, decayed per head and updated by the delta rule, and its output reads that state, then is
-normalised, gated and projected. The layouts differ only in their
+state is its predecessor's, decayed (per head, or per head and key channel in Kimi's rule) and updated by the delta
+rule, and its output reads that state, then is normalised, gated and projected. The layouts differ only in their
 projections (`_inputs`); the rules are the two functions of the layer's own modeling file (`_LAYOUTS`). In a planned
 forward a tree node's predecessor is its parent: the convolution window is gathered along the node's path
 (`short_conv.path_windows`), and each node's state follows from its parent's state (a staged state of this forward
@@ -25,6 +26,7 @@ from .short_conv import depthwise, path_windows, recurrent_outputs, wrap_layer_c
 
 _COMMON = ("conv1d", "layer_idx", "conv_kernel_size", "activation", "conv_dim")
 _GATED_DELTA = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")  # (prefill rule, decode rule)
+_KIMI_DELTA = ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention")
 _GDN = ("A_log", "dt_bias", "key_dim", "value_dim", "head_k_dim", "head_v_dim")
 _QKV = ("q_proj", "k_proj", "v_proj")
 # layout -> (the end of its class name, the attributes that identify it, its modeling file's rules)
@@ -34,13 +36,16 @@ _LAYOUTS = {
     "split": ("GatedDeltaNet", (*_GDN, "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "norm", "out_proj"),
               _GATED_DELTA),
     "separate": ("GatedDeltaNet", (*_GDN, *_QKV, "a_proj", "b_proj", "g_proj", "o_norm", "o_proj"), _GATED_DELTA),
+    "kda": ("DeltaAttention", (*_QKV, "forget_gate", "b_proj", "g_a_proj", "g_b_proj", "o_norm", "o_proj", "head_dim",
+                               "qkv_dim"), _KIMI_DELTA),
 }  # fmt: skip
 
 
 def _layout(module: torch.nn.Module) -> str | None:
     """``"qkvz"`` (Qwen3-Next: interleaved projections), ``"split"`` (Qwen3.5: one projection each), ``"separate"``
-    (OLMo-Hybrid: q, k, v, a, b and the output gate apart) or None; with both rules in its modeling file and a
-    depthwise ``conv1d`` over its q/k/v channels."""
+    (OLMo-Hybrid: q, k, v, a, b and the output gate apart), ``"kda"`` (Kimi-Linear: a forget gate module and a
+    low-rank output gate ``g_a_proj`` -> ``g_b_proj``) or None; with both rules in its modeling file and a depthwise
+    ``conv1d`` over its q/k/v channels."""
     if not all(hasattr(module, a) for a in _COMMON):
         return None
     conv, file = module.conv1d, sys.modules.get(type(module).__module__)
@@ -57,8 +62,16 @@ def _layout(module: torch.nn.Module) -> str | None:
 
 
 def is_gated_delta(module: torch.nn.Module) -> bool:
-    """Whether ``module`` is a gated delta net this module runs on trees (Qwen3-Next, Qwen3.5, OLMo-Hybrid)."""
+    """Whether ``module`` is a gated delta net or a Kimi delta attention this module runs on trees (Qwen3-Next,
+    Qwen3.5, OLMo-Hybrid, Kimi-Linear)."""
     return _layout(module) is not None
+
+
+def _dims(module, layout: str) -> tuple[int, int, int, int]:
+    """``(key_dim, value_dim, head_k_dim, head_v_dim)``: the widths of q/k and v, and of one head of each."""
+    if layout == "kda":
+        return module.qkv_dim, module.qkv_dim, module.head_dim, module.head_dim
+    return module.key_dim, module.value_dim, module.head_k_dim, module.head_v_dim
 
 
 def _projections(module, layout: str, hidden_states: torch.Tensor):
@@ -78,8 +91,14 @@ def _projections(module, layout: str, hidden_states: torch.Tensor):
 
 
 def _inputs(module, layout: str, hidden_states: torch.Tensor):
-    """``(mixed_qkv [N, conv_dim], gate [N, H_v, d_v], beta [N, H_v], g [N, H_v])`` of `[1, N, H]` hidden states, as
-    the layer's forward computes them."""
+    """``(mixed_qkv [N, conv_dim], gate [N, H_v, d_v], beta [N, H_v], g [N, H_v] or, Kimi's, [N, H_v, d_k])`` of
+    `[1, N, H]` hidden states, as the layer's forward computes them."""
+    if layout == "kda":
+        h = hidden_states
+        mixed = torch.cat([module.q_proj(h), module.k_proj(h), module.v_proj(h)], dim=-1)[0]
+        gate = module.g_b_proj(module.g_a_proj(h))[0]
+        beta = torch.sigmoid(module.b_proj(h))[0]
+        return mixed, gate.view(gate.shape[0], -1, module.head_dim), beta, module.forget_gate(h)[0]
     mixed, z, b, a = _projections(module, layout, hidden_states)
     beta = b.sigmoid()
     if getattr(module, "allow_neg_eigval", False):  # OLMo-Hybrid: beta in [0, 2]
@@ -102,7 +121,7 @@ def tree_gated_delta(module: torch.nn.Module, hidden_states: torch.Tensor, plan:
     layout = _layout(module)
     chunk_rule, token_rule = (getattr(sys.modules[type(module).__module__], r) for r in _LAYOUTS[layout][2])
     mixed, gate, beta, g = _inputs(module, layout, hidden_states)
-    key_dim, value_dim, d_k, d_v = module.key_dim, module.value_dim, module.head_k_dim, module.head_v_dim
+    key_dim, value_dim, d_k, d_v = _dims(module, layout)
     q, k, v = torch.split(_convolved(module, plan, mixed), [key_dim, key_dim, value_dim], dim=-1)
     q, k, v = q.reshape(q.shape[0], -1, d_k), k.reshape(k.shape[0], -1, d_k), v.reshape(v.shape[0], -1, d_v)
     rule = dict(use_qk_l2norm_in_kernel=True, output_final_state=True)
@@ -125,5 +144,6 @@ def tree_gated_delta(module: torch.nn.Module, hidden_states: torch.Tensor, plan:
 
 
 def install_for(model: torch.nn.Module, active_plan) -> None:
-    """Serve ``model``'s gated delta nets on trees inside planned forwards (`short_conv.wrap_layer_classes`)."""
+    """Serve ``model``'s gated delta nets and Kimi delta attentions on trees inside planned forwards
+    (`short_conv.wrap_layer_classes`)."""
     wrap_layer_classes(model, active_plan, is_gated_delta, tree_gated_delta)

@@ -3,14 +3,15 @@
 A token tree is verified in one forward whose every layer must read the context and the tree through the
 `PagedCache`: attention layers do (their K/V are paged, committed and rolled back per node), so do the stateful
 layers served on trees (LFM2's short convolutions, the gated delta nets of Qwen3-Next, Qwen3.5 and OLMo-Hybrid,
-Mamba-1 and Mamba-2 mixers, MiniMax's lightning attention: their state is in the cache too), and nothing else may
-carry state from one forward to the next, since a rejected branch would leave its mark there. So a model runs only
-when all of this holds, and is refused by name (`UnsupportedModelError`) otherwise:
+Kimi-Linear's Kimi delta attention, Mamba-1 and Mamba-2 mixers, MiniMax's lightning attention: their state is in the
+cache too), and nothing else may carry state from one forward to the next, since a rejected branch would leave its
+mark there. So a model runs only when all of this holds, and is refused by name (`UnsupportedModelError`)
+otherwise:
 
 - `check_config`, before any forward: every entry of the config's ``layer_types`` is a kind we page (full, sliding
   or chunked attention, stateless ``mlp`` / ``moe``, ``conv`` of short convolutions, ``linear_attention`` and
-  ``hybrid`` when every such layer holds a gated delta net, a Mamba mixer or a lightning attention); another
-  recurrent, linear-attention or indexed layer is named with its model type.
+  ``hybrid`` when every such layer holds a gated delta net (or a Kimi delta attention), a Mamba mixer or a lightning
+  attention); another recurrent, linear-attention or indexed layer is named with its model type.
 - `check_forward`, after the call's first planned forward (the prefill, which only writes hf_specdec's own cache):
   every layer of the cache ran attention (or a stateful layer served on trees) through the plan exactly once (a layer
   that ran none keeps its state elsewhere; a layer that ran twice, or one attention module serving several layers,
@@ -101,9 +102,9 @@ def check_config(model) -> None:
 
 def _recurrent_kinds_served(model, kinds: list[str]) -> set[str]:
     """The kinds among ``linear_attention`` (a recurrent layer) and ``hybrid`` (a recurrent layer beside attention)
-    whose every layer has a recurrent module served on trees with its index: a gated delta net
-    (``attention/gated_delta.py``), a Mamba-1 / Mamba-2 mixer (``attention/mamba.py``) or a lightning attention
-    (``attention/lightning.py``)."""
+    whose every layer has a recurrent module served on trees with its index: a gated delta net or a
+    Kimi delta attention (``attention/gated_delta.py``), a Mamba-1 / Mamba-2 mixer (``attention/mamba.py``) or a
+    lightning attention (``attention/lightning.py``)."""
     served = {m.layer_idx for m in model.modules() if is_gated_delta(m) or is_mamba(m) or is_lightning(m)}
     return {
         kind

@@ -53,7 +53,6 @@ def test_every_type_is_exact_or_refused_by_name(model_type, documented):
     "model_type, words",
     [
         ("zamba", ["'linear_attention' layers", "recurrent state"]),  # Zamba's multi-head Mamba: no mixer we serve
-        ("kimi_linear", ["'linear_attention' layers"]),  # a linear attention that is no gated delta net we know
         ("zaya", ["'hybrid' layers"]),  # a recurrent state beside attention in every layer, in no mixer we serve
         ("diffllama", ["more than once per layer"]),
         ("doge", ["attention mask of its own"]),
