@@ -25,6 +25,12 @@ One model per (target model, device, dtype), shared by every call and every assi
 `cost_model_for(model)` keeps them in a `weakref.WeakKeyDictionary` keyed by the model (nothing is written into the
 model or its config) and every method takes the model's own lock, so two threads may decode with one model.
 
+Across processes: `cost_model_for` starts a model from the curve an earlier process learnt for the same machine and
+model (`cost_cache`: a JSON file per key, ``HF_SPECDEC_COST_CACHE=0`` turns it off) and the loop writes the curve back
+at the end of a call (`save_learnt_curve`, throttled). A loaded curve's buckets start *stale* (`load_state`): they
+are what the machine did in another process, so they are re-measured and, if the first re-measure disagrees,
+forgotten, exactly as buckets that went stale within a process.
+
     cost = cost_model_for(model)
     cost.record_verify(tokens=6, rows=1, seconds=0.031)
     cost.predict(12)              # seconds of a 12-token verify forward, learnt or interpolated
@@ -32,6 +38,7 @@ model or its config) and every method takes the model's own lock, so two threads
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import math
 import statistics
@@ -41,6 +48,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 
 import torch
+
+from .cost_cache import CurveFile, curve_file
 
 GENERIC_PRIOR_SLOPE = 0.1  # a verify token costs 10% of a decode step: about this CPU's fp32 GEMM; conservative on GPUs
 DEFAULT_WINDOW = 16  # samples kept per bucket (the median of these is the bucket's cost)
@@ -138,6 +147,24 @@ def _isotonic(values: Sequence[float], weights: Sequence[float]) -> list[float]:
     return out
 
 
+def _parsed_state(state: Mapping) -> tuple[dict[int, list[float]], float | None, PriorCurve]:
+    """``(bucket -> seconds, bookkeeping seconds per row, prior)`` of a `StepCostModel.state()`; ValueError when it
+    is not one (a grid point per bucket, positive finite seconds)."""
+    try:
+        samples = {int(g): [float(v) for v in values] for g, values in state["samples"].items()}
+        other = state.get("other_s_per_row")
+        other = None if other is None else float(other)
+        prior = PriorCurve({int(n): float(c) for n, c in state["prior"]})
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"not a StepCostModel.state(): {err!r}") from None
+    for g, values in samples.items():
+        if StepCostModel.bucket(g) != g or not values or not all(v > 0 and math.isfinite(v) for v in values):
+            raise ValueError(f"bucket {g} of a saved cost curve: expected a grid point and seconds > 0, got {values}")
+    if other is not None and not (other >= 0 and math.isfinite(other)):
+        raise ValueError(f"bookkeeping seconds per row of a saved cost curve must be >= 0, got {other}")
+    return samples, other, prior
+
+
 class CostCurve:
     """A snapshot of the learnt curve: verify seconds at any n from the measured (isotonic) bucket costs.
 
@@ -195,6 +222,7 @@ class StepCostModel:
         self._count = 0  # samples taken so far (the model's clock for staleness)
         self._last: dict[int, int] = {}  # bucket -> `_count` at its latest sample
         self.forgotten = 0  # how often stale measurements were dropped because the machine changed
+        self.loaded = 0  # samples the model started from (`load_state`: a curve learnt by an earlier process)
         self._samples: dict[int, deque[float]] = {}
         self._medians: dict[int, float] = {}  # bucket -> median of its samples
         self._rows: dict[int, int] = {}  # bucket -> largest row count seen (reported only)
@@ -215,6 +243,42 @@ class StepCostModel:
                 return False
             self.prior = prior
             self._curve = None
+            return True
+
+    @property
+    def samples_taken(self) -> int:
+        """The model's sample clock: how many samples it took (a loaded curve starts it at ``stale_after``)."""
+        with self._lock:
+            return self._count
+
+    def state(self) -> dict:
+        """The learnt curve as JSON-ready data for `load_state` (in another process): every bucket's samples in
+        seconds, oldest first, the bookkeeping seconds per row and the prior's points."""
+        with self._lock:
+            return {
+                "samples": {str(g): list(s) for g, s in sorted(self._samples.items())},
+                "other_s_per_row": self._other_per_row,
+                "prior": [[n, c] for n, c in zip(self.prior.ns, self.prior.cs)],
+            }
+
+    def load_state(self, state: Mapping) -> bool:
+        """Start from a curve learnt earlier (`state`) while nothing was measured yet; returns whether it was taken.
+
+        Its buckets start stale: `needs_sample` asks for them again, and the first re-measure that disagrees with
+        one by more than ``_DISAGREE`` forgets them all (the machine is not in the state it was), so a loaded curve
+        cannot lock the budget. Raises ValueError when ``state`` is not a `state()`."""
+        samples, other, prior = _parsed_state(state)
+        with self._lock:
+            if self._samples:
+                return False
+            self.prior, self._curve = prior, None
+            self._count = max(self._count, self.stale_after)
+            for g, values in samples.items():
+                self._samples[g] = deque(values, maxlen=self.window)
+                self._medians[g] = statistics.median(self._samples[g])
+                self._last[g] = self._count - self.stale_after
+            self._other_per_row = other if self._other_per_row is None else self._other_per_row
+            self.loaded = sum(len(s) for s in self._samples.values())
             return True
 
     @staticmethod
@@ -331,17 +395,21 @@ class StepCostModel:
                 "prior": dict(zip(self.prior.ns, self.prior.cs)),
                 "stale": [g for g in grid if self._is_stale(g)],
                 "forgotten": self.forgotten,
+                "loaded_samples": self.loaded,
             }
 
 
 # ---------------------------------------------------------------------------- one model per target model
 _MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _MODELS_LOCK = threading.Lock()
+# cost model -> (the file of its curve, a weak reference to its model): what `save_learnt_curve` writes where
+_FILES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def cost_model_for(model: torch.nn.Module, prior: PriorCurve | None = None) -> StepCostModel:
     """The `StepCostModel` of ``model`` on its current device and dtype, created on first use and shared by every
-    later call (also from other threads). ``prior`` applies while nothing was measured for it yet."""
+    later call (also from other threads). A new one starts from the curve an earlier process saved for this machine
+    and model (`cost_cache`), else from ``prior``; ``prior`` applies while nothing was measured for it yet."""
     param = next(model.parameters(), None)
     key = (str(param.device), str(param.dtype)) if param is not None else ("cpu", "none")
     with _MODELS_LOCK:
@@ -350,8 +418,43 @@ def cost_model_for(model: torch.nn.Module, prior: PriorCurve | None = None) -> S
             per_model = _MODELS[model] = {}
         cost = per_model.get(key)
         if cost is None:
-            cost = per_model[key] = StepCostModel(prior)
+            cost = per_model[key] = _started(model, prior)
             return cost
     if prior is not None:
         cost.set_prior(prior)
     return cost
+
+
+def _started(model: torch.nn.Module, prior: PriorCurve | None) -> StepCostModel:
+    """A new cost model for ``model``: from its saved curve when the cache holds one, and registered for saving."""
+    cost = StepCostModel(prior)
+    file = curve_file(model)
+    if file is None:
+        return cost
+    state = file.read()
+    if state is not None:
+        try:
+            cost.load_state(state)
+        except ValueError:
+            pass  # a malformed file is no curve; the next save replaces it
+    file.saved_clock = cost.samples_taken
+    _FILES[cost] = (file, weakref.ref(model))
+    return cost
+
+
+def save_learnt_curve(cost: StepCostModel, force: bool = False) -> bool:
+    """Write ``cost``'s curve to this machine's cache when it learnt something since the last write and that write
+    is `cost_cache.SAVE_EVERY_S` old (``force``: whatever its age); returns whether it wrote. A no-op for a cost model
+    that `cost_model_for` did not make, or while the cache is off; never raises for an unwritable folder."""
+    entry: tuple[CurveFile, weakref.ref] | None = _FILES.get(cost)
+    model = entry[1]() if entry is not None else None
+    if model is None:
+        return False
+    return entry[0].save(model, cost, force)
+
+
+@atexit.register
+def _save_learnt_curves() -> None:
+    """At exit, what the curves learnt since their last (throttled) write."""
+    for cost in list(_FILES.keys()):
+        save_learnt_curve(cost, force=True)

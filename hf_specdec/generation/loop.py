@@ -29,7 +29,7 @@ from transformers.generation import (
 )
 
 from .budget import TreeBudgeter, carried_calibration, keep_calibration
-from .cost_model import cost_model_for
+from .cost_model import cost_model_for, save_learnt_curve
 from .inputs import check_generator, prompt_starts, validate_call
 from .logits import NodeScorer
 from .proposers import as_proposer
@@ -257,6 +257,7 @@ def _run(
                 _step(call, active)
             _cut_to_vanilla_length(rows)
             call.stats.packed_weight_bytes = target.packed_bytes()
+            save_learnt_curve(call.budget.cost)  # for the next process on this machine (throttled; never raises)
             if tree_budget is True:
                 keep_calibration(model, call.budget.calibration)
         finally:
