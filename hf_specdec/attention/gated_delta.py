@@ -1,5 +1,5 @@
 """Gated delta nets (the linear attention of Qwen3-Next, Qwen3.5 and OLMo-Hybrid) and Kimi delta attention (the
-same with a decay per key channel: Kimi-Linear) on token trees.
+same with a decay per key channel: Kimi-Linear, Bailing-Hybrid) on token trees.
 
 The layer convolves its q/k/v inputs causally (kernel K, then its activation) and runs a recurrence: each token's
 state is its predecessor's, decayed (per head, or per head and key channel in Kimi's rule) and updated by the delta
@@ -36,16 +36,15 @@ _LAYOUTS = {
     "split": ("GatedDeltaNet", (*_GDN, "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "norm", "out_proj"),
               _GATED_DELTA),
     "separate": ("GatedDeltaNet", (*_GDN, *_QKV, "a_proj", "b_proj", "g_proj", "o_norm", "o_proj"), _GATED_DELTA),
-    "kda": ("DeltaAttention", (*_QKV, "forget_gate", "b_proj", "g_a_proj", "g_b_proj", "o_norm", "o_proj", "head_dim",
-                               "qkv_dim"), _KIMI_DELTA),
+    "kda": ("DeltaAttention", (*_QKV, "forget_gate", "b_proj", "o_norm", "o_proj", "head_dim", "qkv_dim"), _KIMI_DELTA),
 }  # fmt: skip
 
 
 def _layout(module: torch.nn.Module) -> str | None:
     """``"qkvz"`` (Qwen3-Next: interleaved projections), ``"split"`` (Qwen3.5: one projection each), ``"separate"``
-    (OLMo-Hybrid: q, k, v, a, b and the output gate apart), ``"kda"`` (Kimi-Linear: a forget gate module and a
-    low-rank output gate ``g_a_proj`` -> ``g_b_proj``) or None; with both rules in its modeling file and a depthwise
-    ``conv1d`` over its q/k/v channels."""
+    (OLMo-Hybrid: q, k, v, a, b and the output gate apart), ``"kda"`` (Kimi-Linear, Bailing-Hybrid: a forget gate
+    module and an output gate, ``g_proj`` or the low-rank ``g_a_proj`` -> ``g_b_proj``) or None; with both rules in
+    its modeling file and a depthwise ``conv1d`` over its q/k/v channels."""
     if not all(hasattr(module, a) for a in _COMMON):
         return None
     conv, file = module.conv1d, sys.modules.get(type(module).__module__)
@@ -56,6 +55,7 @@ def _layout(module: torch.nn.Module) -> str | None:
             type(module).__name__.endswith(suffix)
             and all(hasattr(module, a) for a in attributes)
             and all(callable(getattr(file, r, None)) for r in rules)
+            and (layout != "kda" or hasattr(module, "g_proj") or hasattr(module, "g_b_proj"))
         ):
             return layout
     return None
@@ -63,7 +63,7 @@ def _layout(module: torch.nn.Module) -> str | None:
 
 def is_gated_delta(module: torch.nn.Module) -> bool:
     """Whether ``module`` is a gated delta net or a Kimi delta attention this module runs on trees (Qwen3-Next,
-    Qwen3.5, OLMo-Hybrid, Kimi-Linear)."""
+    Qwen3.5, OLMo-Hybrid, Kimi-Linear, Bailing-Hybrid)."""
     return _layout(module) is not None
 
 
@@ -96,7 +96,7 @@ def _inputs(module, layout: str, hidden_states: torch.Tensor):
     if layout == "kda":
         h = hidden_states
         mixed = torch.cat([module.q_proj(h), module.k_proj(h), module.v_proj(h)], dim=-1)[0]
-        gate = module.g_b_proj(module.g_a_proj(h))[0]
+        gate = (module.g_proj(h) if hasattr(module, "g_proj") else module.g_b_proj(module.g_a_proj(h)))[0]
         beta = torch.sigmoid(module.b_proj(h))[0]
         return mixed, gate.view(gate.shape[0], -1, module.head_dim), beta, module.forget_gate(h)[0]
     mixed, z, b, a = _projections(module, layout, hidden_states)

@@ -3,10 +3,10 @@
 A token tree is verified in one forward whose every layer must read the context and the tree through the
 `PagedCache`: attention layers do (their K/V are paged, committed and rolled back per node), so do the stateful
 layers served on trees (LFM2's short convolutions, the gated delta nets of Qwen3-Next, Qwen3.5 and OLMo-Hybrid,
-Kimi-Linear's Kimi delta attention, Mamba-1 and Mamba-2 mixers, MiniMax's lightning attention: their state is in the
-cache too), and nothing else may carry state from one forward to the next, since a rejected branch would leave its
-mark there. So a model runs only when all of this holds, and is refused by name (`UnsupportedModelError`)
-otherwise:
+the Kimi delta attention of Kimi-Linear and Bailing-Hybrid, Mamba-1 and Mamba-2 mixers, MiniMax's lightning
+attention: their state is in the cache too), and nothing else may carry state from one forward to the next, since a
+rejected branch would leave its mark there. So a model runs only when all of this holds, and is refused by name
+(`UnsupportedModelError`) otherwise:
 
 - `check_config`, before any forward: every entry of the config's ``layer_types`` is a kind we page (full, sliding
   or chunked attention, stateless ``mlp`` / ``moe``, ``conv`` of short convolutions, ``linear_attention`` and

@@ -1,6 +1,7 @@
 """More hybrid targets exact on token trees (issue 33), served by attention/gated_delta.py: OLMo-Hybrid's gated delta
-nets (its q/k/v/a/b and output gate projected apart, beta scaled to [0, 2]) and Kimi-Linear's Kimi delta attention
-(a decay per key channel, its modeling file's own rules). Every tree node's logits equal vanilla's
+nets (its q/k/v/a/b and output gate projected apart, beta scaled to [0, 2]) and the Kimi delta attention of
+Kimi-Linear and Bailing-Hybrid (a decay per key channel, its modeling file's own rules; Bailing-Hybrid's output gate
+one projection, its forget gate bounded). Every tree node's logits equal vanilla's
 forward over the node's own path, node by node (ragged rows, then one token after a committed path), over a draft
 model's pending levels and for a prompt in two chunks; greedy output equals vanilla's with every assistant, batch 1 and
 a left-padded ragged batch of 4. The helpers are test_hybrid_trees.py's."""
@@ -20,7 +21,7 @@ from hf_specdec.generation.target import PlannedModel
 from hf_specdec.kernels.mask_bits import pack_bits
 from hf_specdec.testing import OracleProposer, RandomTreeProposer, assert_same_tokens, left_pad
 
-MORE = ["olmo_hybrid", "kimi_linear"]
+MORE = ["olmo_hybrid", "kimi_linear", "bailing_hybrid"]
 CLOSE = dict(rtol=1e-4, atol=1e-4)
 
 
