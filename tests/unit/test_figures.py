@@ -195,7 +195,9 @@ def test_a_runs_block_shows_the_columns_it_names(tmp_path):
     unknown column is refused by name."""
     source = "docs/results/amd_sharegpt_eagle_batch1_seed0.json"
     run = render.Run.load(source, ROOT)
-    text = render.render_runs([run], tmp_path / "page.md", {"labels": "fp32", "columns": "overall,tau,mismatches,tokens_per_s"})
+    text = render.render_runs(
+        [run], tmp_path / "page.md", {"labels": "fp32", "columns": "overall,tau,mismatches,tokens_per_s"}
+    )
     head, _rule, first, *rows = text.split("\n\n")[0].splitlines()
     assert head == "| method | fp32 overall | τ | mismatches | tokens/s |"
     assert first == f"| vanilla | 1.00x |  |  | {run.row('vanilla')['tokens_per_s']:.1f} |"
