@@ -148,15 +148,14 @@ def test_a_prompt_in_two_chunks_continues_from_the_committed_state(model_type):
         torch.testing.assert_close(out.logits[end], _vanilla_last_logits(model, prompt), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("model_type", HYBRIDS)
-def test_greedy_equals_vanilla_with_every_assistant_batch_1_and_ragged_4(model_type):
-    model = tiny_model(model_type)
-    vocab = model.config.vocab_size
+def assert_greedy_equal_with_every_assistant(model, label: str) -> None:
+    """Greedy ``generate`` with n-gram, a random tree, the oracle, a draft model's tree and a self-draft equals
+    vanilla's, for one row and for a left-padded ragged batch of 4 (shared by tests/integration/test_more_hybrids.py)."""
     rows = [[5, 9, 11, 7, 5, 9, 11, 7, 5], [23, 29], [31, 37, 41, 43, 31, 37], [47, 53, 59, 61, 67, 71, 73]]
     draft = hf_specdec.draft_model_from_layers(model, 1)
     assistants = {
         "ngram": lambda: hf_specdec.NgramAssistant(),
-        "random tree": lambda: RandomTreeProposer(vocab, nodes=10, seed=3),
+        "random tree": lambda: RandomTreeProposer(model.config.vocab_size, nodes=10, seed=3),
         "oracle": lambda: OracleProposer(model),
         "draft model": lambda: hf_specdec.DraftModelAssistant(draft, depth=3, top_k=2),
         "self draft": lambda: draft,
@@ -167,7 +166,12 @@ def test_greedy_equals_vanilla_with_every_assistant_batch_1_and_ragged_4(model_t
         want = model.generate(ids, **kw)
         for name, make in assistants.items():
             got = model.generate(ids, assistant=make(), **kw)
-            assert_same_tokens(got, want, f"{model_type}, {name}, batch {len(batch)}")
+            assert_same_tokens(got, want, f"{label}, {name}, batch {len(batch)}")
+
+
+@pytest.mark.parametrize("model_type", HYBRIDS)
+def test_greedy_equals_vanilla_with_every_assistant_batch_1_and_ragged_4(model_type):
+    assert_greedy_equal_with_every_assistant(tiny_model(model_type), model_type)
 
 
 @pytest.mark.parametrize(

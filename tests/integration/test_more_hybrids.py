@@ -11,15 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_hybrid_trees import _paths, _tree_mask, _vanilla_last_logits
+from test_hybrid_trees import _paths, _tree_mask, _vanilla_last_logits, assert_greedy_equal_with_every_assistant
 
-import hf_specdec
 from hf_specdec.architectures import tiny_model
 from hf_specdec.attention.gated_delta import is_gated_delta
 from hf_specdec.attention.plan import TailMask
 from hf_specdec.generation.target import PlannedModel
 from hf_specdec.kernels.mask_bits import pack_bits
-from hf_specdec.testing import OracleProposer, RandomTreeProposer, assert_same_tokens, left_pad
 
 MORE = ["olmo_hybrid", "kimi_linear", "bailing_hybrid"]
 CLOSE = dict(rtol=1e-4, atol=1e-4)
@@ -108,19 +106,4 @@ def test_a_prompt_in_two_chunks_continues_from_the_committed_state(model):
 
 
 def test_greedy_equals_vanilla_with_every_assistant_batch_1_and_ragged_4(model):
-    rows = [[5, 9, 11, 7, 5, 9, 11, 7, 5], [23, 29], [31, 37, 41, 43, 31, 37], [47, 53, 59, 61, 67, 71, 73]]
-    draft = hf_specdec.draft_model_from_layers(model, 1)
-    assistants = {
-        "ngram": lambda: hf_specdec.NgramAssistant(),
-        "random tree": lambda: RandomTreeProposer(model.config.vocab_size, nodes=10, seed=3),
-        "oracle": lambda: OracleProposer(model),
-        "draft model": lambda: hf_specdec.DraftModelAssistant(draft, depth=3, top_k=2),
-        "self draft": lambda: draft,
-    }
-    for batch in (rows[:1], rows):
-        ids, mask = left_pad(batch)
-        kw = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=0)
-        want = model.generate(ids, **kw)
-        for name, make in assistants.items():
-            got = model.generate(ids, assistant=make(), **kw)
-            assert_same_tokens(got, want, f"{model.config.model_type}, {name}, batch {len(batch)}")
+    assert_greedy_equal_with_every_assistant(model, model.config.model_type)
