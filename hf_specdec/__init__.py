@@ -64,11 +64,10 @@ from .generation.proposers import Proposer, ProposerSetup, RowState, register_as
 from .generation.proposers.base import RowFeedback
 from .generation.stats import SpecStats
 from .generation.tree import DraftSampling, DraftTree
+from .version import __version__ as __version__
 
 _register_attention()
 install()
-
-__version__ = "0.1.0"
 
 
 # Heavier pieces load on first use: public name -> the module (relative to this package) that defines it.

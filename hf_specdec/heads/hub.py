@@ -15,7 +15,6 @@ that hold it). Everything here is framework plumbing: format-specific key mappin
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import json
 import os
 import pickle
@@ -36,6 +35,7 @@ from huggingface_hub.errors import (
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from ..version import __version__
 from .serving import serving_sections
 
 CONFIG_NAME = "config.json"
@@ -47,7 +47,7 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
 def _library_version() -> str:
-    return importlib.metadata.version(LIBRARY_NAME)  # the installed package's version (pyproject.toml)
+    return __version__  # also where the checkout runs from PYTHONPATH, uninstalled (importlib.metadata has none)
 
 
 # --------------------------------------------------------------------------------------------------- sources

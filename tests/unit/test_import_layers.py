@@ -12,6 +12,7 @@ ROOT = Path(hf_specdec.__file__).parent
 
 # lowest first; a module may import from its own layer and the layers before it
 LAYERS = [
+    ("version", ["version"]),  # version.py: the package version, readable from every layer
     ("kernels", ["kernels"]),
     ("cache", ["cache"]),
     ("attention", ["attention"]),
