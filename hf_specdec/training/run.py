@@ -385,25 +385,26 @@ class TrainingRun:
 
 
 def data_description(manifest: dict) -> str:
-    """One line on the self-distillation data of ``manifest`` (for reports and model cards)."""
-    parts = manifest.get("parts") or [manifest]
-    described = []
-    for part in parts:
+    """One line on the self-distillation data of ``manifest`` (for reports and model cards). Parts built the same
+    way (the GPU recipe writes one per chunk of conversations) are summed into one clause."""
+    groups: dict[tuple, list[int]] = {}  # (teacher-forced, how, max new tokens, kind) -> [sequences, answers, planned]
+    for part in manifest.get("parts") or [manifest]:
         recipe = part.get("prompt_recipe") or {}
         gen = part.get("generation") or {}
-        how = "sampled" if gen.get("do_sample") else "greedy"
         shards = part.get("shards") or []
-        sequences = sum(sh["num_sequences"] for sh in shards)
-        answers = sum(sh.get("num_answer_tokens", 0) for sh in shards)
-        planned = part.get("num_prompts") or recipe.get("num_prompts")
         stage = f", {recipe['stage']} stage" if recipe.get("stage") else ""
-        kind = f"{recipe.get('kind', 'templates x topics')}{stage}, seed {recipe.get('seed')}"
-        if part.get("teacher_forced"):  # the conversations' own answers, labelled with the target's arg-max
-            described.append(f"{sequences} of {planned} planned conversations teacher-forced through the target "
-                              f"({answers} answer tokens labelled with its arg-max; {kind})")  # fmt: skip
-            continue
-        described.append(
-            f"{sequences} {how} answers (max {gen.get('max_new_tokens')} new tokens, {answers} answer tokens) to "
-            f"{sequences} of {planned} planned prompts ({kind})"
-        )
+        key = (bool(part.get("teacher_forced")), "sampled" if gen.get("do_sample") else "greedy",
+               gen.get("max_new_tokens"), f"{recipe.get('kind', 'templates x topics')}{stage}, seed {recipe.get('seed')}")  # fmt: skip
+        counts = groups.setdefault(key, [0, 0, 0])
+        counts[0] += sum(sh["num_sequences"] for sh in shards)
+        counts[1] += sum(sh.get("num_answer_tokens", 0) for sh in shards)
+        counts[2] += part.get("num_prompts") or recipe.get("num_prompts") or 0
+    described = []
+    for (teacher_forced, how, max_new, kind), (sequences, answers, planned) in groups.items():
+        if teacher_forced:  # the conversations' own answers, labelled with the target's arg-max
+            described.append(f"{sequences:,} of {planned:,} planned conversations teacher-forced through the target "
+                             f"({answers:,} answer tokens labelled with its arg-max; {kind})")  # fmt: skip
+        else:
+            described.append(f"{sequences:,} {how} answers (max {max_new} new tokens, {answers:,} answer tokens) to "
+                             f"{sequences:,} of {planned:,} planned prompts ({kind})")  # fmt: skip
     return f"distillation of {manifest.get('base_model')}: " + "; ".join(described) + "; no benchmark questions"

@@ -107,3 +107,20 @@ def test_description_of_a_partly_built_folder_counts_its_shards(tiny, tmp_path):
     assert f"3 greedy answers (max 4 new tokens, {answers} answer tokens) to 3 of 6 planned" in data_description(
         manifest
     )
+
+
+def test_description_sums_the_parts_built_the_same_way(tiny, tmp_path):
+    """The GPU recipe writes one part per chunk of conversations: the model card names the data once, summed, and
+    keeps apart what was built differently."""
+    from hf_specdec.training.run import data_description
+
+    model, prompts = tiny
+    part = build_distillation_data(model, prompts, tmp_path, max_new_tokens=4, batch_size=3, shard_size=3,
+                                   hidden_dtype=torch.float32, progress=False)  # fmt: skip
+    sequences = sum(sh["num_sequences"] for sh in part["shards"])
+    answers = sum(sh["num_answer_tokens"] for sh in part["shards"])
+    longer = {**part, "generation": {**part["generation"], "max_new_tokens": 8}}
+    text = data_description({"base_model": "m", "parts": [part, part, part, longer]})
+    assert text.count("greedy answers") == 2, text
+    assert f"{3 * sequences} greedy answers (max 4 new tokens, {3 * answers} answer tokens)" in text
+    assert f"{sequences} greedy answers (max 8 new tokens, {answers} answer tokens)" in text
