@@ -30,9 +30,9 @@ from .heads.eagle import EagleHead
 from .heads.hub import PretrainedHead
 from .heads.medusa import MedusaHeads
 from .heads.mlp_speculator import MLPSpeculator
+from .models import SHIPPED_HEAD_DIRS
 
-ASSETS = Path(__file__).resolve().parent / "assets"
-DEFAULT_MEDUSA_DIR = ASSETS / "medusa-smollm2-135m-instruct"
+DEFAULT_MEDUSA_DIR = SHIPPED_HEAD_DIRS["medusa"]
 DEFAULT_ASSISTANT = "ngram"  # needs no trained weights, so it serves any model, not only the default one
 
 
@@ -149,8 +149,8 @@ def _load_once(head_class: type[PretrainedHead], folder: Path) -> PretrainedHead
 
 
 MEDUSA = ShippedHead("Medusa heads", DEFAULT_MEDUSA_DIR, MedusaHeads)
-EAGLE = ShippedHead("EAGLE head", ASSETS / "eagle-smollm2-135m-instruct", EagleHead)
-MLP_SPECULATOR = ShippedHead("MLP speculator", ASSETS / "mlp-speculator-smollm2-135m-instruct", MLPSpeculator)
+EAGLE = ShippedHead("EAGLE head", SHIPPED_HEAD_DIRS["eagle"], EagleHead)
+MLP_SPECULATOR = ShippedHead("MLP speculator", SHIPPED_HEAD_DIRS["mlp_speculator"], MLPSpeculator)
 DEFAULT_EAGLE_DIR, DEFAULT_MLP_SPECULATOR_DIR = EAGLE.folder, MLP_SPECULATOR.folder
 
 

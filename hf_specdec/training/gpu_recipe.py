@@ -91,6 +91,11 @@ class RecipeConfig:
         calibration_steps: steps of each trainer's first run, exported at once; its step time sizes the second.
         epochs: cap on passes over the data.
         eagle_window / eagle_windows_per_step / positions_per_step / draft_vocab / eagle_version: trainer shapes.
+        init_from: ``"shipped"``: EAGLE-1 and Medusa fine-tune the heads shipped for the default model (at
+            ``fine_tune_lr``), which saw the benchmark's six task kinds that ShareGPT lacks (the first H200 run's
+            heads, trained from scratch on ShareGPT alone, lost to them on the bench's answers); the MLP
+            speculator's trainer cannot fine-tune, so it starts fresh. ``None``: every head from scratch.
+        fine_tune_lr: the learning rate of a fine-tuned head (the CPU's ShareGPT fine-tune of EAGLE used 3e-4).
         check_prompts / check_new_tokens: the final greedy-equality check (0 prompts: skipped).
         seed: conversation order and training seeds.
     """
@@ -120,6 +125,8 @@ class RecipeConfig:
     positions_per_step: int = 2048
     draft_vocab: int = 8192
     eagle_version: int = 1
+    init_from: str | None = "shipped"
+    fine_tune_lr: float = 3e-4
     check_prompts: int = 2
     check_new_tokens: int = 48
     seed: int = 0
@@ -133,6 +140,8 @@ class RecipeConfig:
             raise ValueError(f"turns must be 1 or 2, got {self.turns}")
         if not 0 < self.data_share < 1:
             raise ValueError(f"data_share must be between 0 and 1, got {self.data_share}")
+        if self.init_from not in (None, "shipped"):
+            raise ValueError(f"init_from must be 'shipped' or None, got {self.init_from!r}")
 
 
 DRY_RUN = dict(
@@ -439,19 +448,35 @@ def plan_chunks(work: Path, source: ConversationSet, cfg: RecipeConfig) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- training
+def fine_tunes(name: str, cfg: RecipeConfig) -> bool:
+    """Whether head ``name`` starts from the shipped head (`RecipeConfig.init_from`)."""
+    return cfg.init_from == "shipped" and (name == "medusa" or (name == "eagle" and cfg.eagle_version == 1))
+
+
+def _shipped_head(name: str, cfg: RecipeConfig):
+    """The shipped head ``name`` fine-tunes from (fp32, on the CPU), or None when it trains from scratch."""
+    if not fine_tunes(name, cfg):
+        return None
+    from ..models import SHIPPED_HEAD_DIRS
+
+    return _head_class(name).from_pretrained(SHIPPED_HEAD_DIRS[name], dtype=torch.float32)
+
+
 def _trainer_config(name: str, cfg: RecipeConfig, max_steps: int):
     common = dict(max_steps=max_steps, epochs=cfg.epochs, eval_fraction=0.02, eval_positions=2048, eval_every=0,
                   checkpoint_every=0, keep_checkpoints=1, seed=cfg.seed, warmup_steps=min(20, max(1, max_steps // 4)))  # fmt: skip
+    lr = cfg.fine_tune_lr if fine_tunes(name, cfg) else 1e-3
     if name == "eagle":
         from .eagle import EagleTrainingConfig
 
+        vocab = None if fine_tunes(name, cfg) else cfg.draft_vocab  # a fine-tuned head keeps its draft vocabulary
         return EagleTrainingConfig(window=cfg.eagle_window, positions_per_step=cfg.eagle_windows_per_step,
-                                   draft_vocab=cfg.draft_vocab, version=cfg.eagle_version, lr=1e-3, **common)  # fmt: skip
+                                   draft_vocab=vocab, version=cfg.eagle_version, lr=lr, **common)  # fmt: skip
     if name == "medusa":
         from .medusa import MedusaTrainingConfig
 
         return MedusaTrainingConfig(positions_per_step=cfg.positions_per_step, loss_vocab=cfg.draft_vocab,
-                                    draft_vocab=True, lr=1e-3, **common)  # fmt: skip
+                                    draft_vocab=True, lr=lr, **common)  # fmt: skip
     from .mlp_speculator import MLPSpeculatorTrainingConfig
 
     return MLPSpeculatorTrainingConfig(positions_per_step=cfg.positions_per_step, draft_vocab=cfg.draft_vocab,
@@ -464,12 +489,13 @@ def _train_once(name: str, model, data, run_dir: Path, cfg: RecipeConfig, max_st
     if name == "eagle":
         from .eagle import train_eagle
 
-        return train_eagle(model, data, run_dir, tcfg, resume=resume, progress=False, device=cfg.device)
+        return train_eagle(model, data, run_dir, tcfg, resume=resume, progress=False, device=cfg.device,
+                           init_head=_shipped_head(name, cfg))  # fmt: skip
     if name == "medusa":
         from .medusa import train_medusa
 
         return train_medusa(data, run_dir, model.get_output_embeddings(), tcfg, resume=resume, progress=False,
-                            cpu=not str(cfg.device).startswith("cuda"))  # fmt: skip
+                            cpu=not str(cfg.device).startswith("cuda"), init_heads=_shipped_head(name, cfg))  # fmt: skip
     from .mlp_speculator import train_mlp_speculator
 
     return train_mlp_speculator(data, run_dir, tcfg, resume=resume, progress=False, device=cfg.device)
@@ -485,7 +511,8 @@ def train_worker(name: str, work: Path, out: Path, model, cfg: RecipeConfig, dea
     data: DistillationData = load_distillation_data(data_folders(work), with_aux=cfg.eagle_version == 3)
     held = data_folders(work, "heldout")
     held_data = load_distillation_data(held, with_aux=cfg.eagle_version == 3) if held else None
-    status.update(status="training", load_s=round(time.time() - t_load, 1), tokens=int(data.input_ids.numel()))
+    status.update(status="training", load_s=round(time.time() - t_load, 1), tokens=int(data.input_ids.numel()),
+                  init="shipped head, fine-tuned" if fine_tunes(name, cfg) else "from scratch")  # fmt: skip
     write_json(status_path, status)
     run_dir = work / f"run-{name}"
     steps_done, trained_s, step_s, overhead, export_s = 0, 0.0, 1.0, 0.0, 0.0
@@ -720,6 +747,9 @@ def run_recipe(cfg: RecipeConfig, out: str | os.PathLike, work: str | os.PathLik
     t_end = log.t0 + cfg.budget_s
     if model is not None and (cfg.workers or cfg.subprocesses):
         raise ValueError("a model object runs in this process only: workers=0, subprocesses=False")
+    if cfg.init_from == "shipped" and (model is not None or model_spec != "default"):
+        raise ValueError("init_from='shipped' fine-tunes the heads shipped for the default model: pass "
+                         "init_from=None (CLI: --init-from none) to train heads for another model")  # fmt: skip
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -1050,6 +1080,8 @@ def _config_from_args(args) -> RecipeConfig:
             values[name] = value
     if args.heads:
         values["heads"] = tuple(args.heads)
+    if args.init_from is not None:
+        values["init_from"] = None if args.init_from == "none" else args.init_from
     if args.sequential_train or args.parallel_train:
         values["parallel_train"] = bool(args.parallel_train)
     return RecipeConfig(**values)
@@ -1085,6 +1117,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=None)
     p.add_argument("--eagle-version", type=int, default=None)
     p.add_argument("--heads", nargs="+", choices=HEADS, default=None)
+    p.add_argument("--init-from", choices=["shipped", "none"], default=None,
+                   help="'shipped' (default): EAGLE-1 and Medusa fine-tune the shipped heads; 'none': from scratch")  # fmt: skip
     p.add_argument("--sequential-train", action="store_true", help="the trainers one after the other")
     p.add_argument("--parallel-train", action="store_true", help="the trainers side by side (the default on a GPU)")
     p = sub.add_parser("worker-data")

@@ -63,7 +63,7 @@ def tiny_config(**overrides) -> RecipeConfig:
     values = dict(budget_s=120.0, reserve_s=5.0, workers=0, subprocesses=False, device="cpu", chunk_conversations=8,
                   batch_size=8, max_new_tokens=12, max_prompt_tokens=128, heldout_conversations=6,
                   calibration_steps=3, epochs=2.0, eagle_window=32, eagle_windows_per_step=4, positions_per_step=64,
-                  draft_vocab=48, check_prompts=2, check_new_tokens=12)  # fmt: skip
+                  draft_vocab=48, check_prompts=2, check_new_tokens=12, init_from=None)  # fmt: skip
     return RecipeConfig(**{**values, **overrides})
 
 
@@ -245,3 +245,25 @@ def test_heads_save_from_a_checkout_that_pip_never_installed(tiny, tmp_path, mon
     head.save_pretrained(tmp_path / "head")
     config = json.loads((tmp_path / "head" / "config.json").read_text())
     assert config["hf_specdec_version"] == hf_specdec.__version__
+
+
+def test_eagle_and_medusa_fine_tune_the_shipped_heads_by_default(tiny, tmp_path):
+    """The first H200 run's heads, trained from scratch on ShareGPT alone, lost to the shipped ones on the bench's
+    answers: by default EAGLE-1 and Medusa start from the shipped heads, at the fine-tuning rate, keeping their draft
+    vocabulary; the speculator's trainer cannot fine-tune and starts fresh; another model must ask for scratch."""
+    cfg = RecipeConfig()
+    assert [gpu_recipe.fine_tunes(n, cfg) for n in ("eagle", "medusa", "mlp_speculator")] == [True, True, False]
+    assert not gpu_recipe.fine_tunes("eagle", RecipeConfig(eagle_version=3))  # the shipped head is EAGLE-1
+    eagle_cfg = gpu_recipe._trainer_config("eagle", cfg, 10)
+    assert eagle_cfg.lr == cfg.fine_tune_lr and eagle_cfg.draft_vocab is None
+    assert gpu_recipe._trainer_config("eagle", RecipeConfig(init_from=None), 10).lr == 1e-3
+    assert gpu_recipe._trainer_config("mlp_speculator", cfg, 10).lr == 2e-3
+    shipped = gpu_recipe._shipped_head("eagle", cfg)
+    assert shipped._draft_ids().numel() == cfg.draft_vocab
+    assert gpu_recipe._shipped_head("mlp_speculator", cfg) is None
+    model, tok = tiny
+    with pytest.raises(ValueError, match="init_from=None"):
+        run_recipe(tiny_config(init_from="shipped"), tmp_path / "out", tmp_path / "work",
+                   conversations=ConversationSet(train=[], held_out=[], counts={}), model=model, tokenizer=tok)  # fmt: skip
+    with pytest.raises(ValueError, match="init_from"):
+        RecipeConfig(init_from="hub")
