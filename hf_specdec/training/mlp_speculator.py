@@ -21,6 +21,7 @@ latest one.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ from .labels import IGNORE, draft_vocabulary, medusa_labels
 from .run import REPORT_NAME, RunConfig, TrainingRun, held_out_split, trainable_copy
 from .shards import DistillationData, load_distillation_data, write_json
 from .step_cost import step_cost_curve
+from .trainer_cli import TrainerCommand, load_target
 
 # level widths tried by `tune_speculator_tree` (each also cut at every depth by the tree budget at run time)
 DEFAULT_WIDTH_CANDIDATES = ((1, 1, 1, 1), (2, 2, 2, 2), (3, 2, 2, 2), (3, 3, 3, 3), (4, 4, 4, 4), (4, 6, 6, 6))
@@ -381,12 +383,9 @@ def save_in_dtype(spec: MLPSpeculator, out: str | Path, dtype: str) -> None:
 RECIPE = dict(num_prompts=256, num_context_prompts=0, prompt_seed=1, max_new_tokens=128, gen_batch_size=16)
 
 
-def add_arguments(parser) -> None:
-    """The ``hf-specdec train mlp-speculator`` options."""
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``hf-specdec train mlp-speculator`` besides the shared ones (`trainer_cli`)."""
     d = MLPSpeculatorTrainingConfig()
-    parser.add_argument("--out", required=True, help="output folder: speculator, training_report.json, checkpoints/")
-    parser.add_argument("--data-dir", default=None, help="self-distillation data folder to build / reuse (OUT/data)")
-    parser.add_argument("--data", nargs="+", default=None, help="existing data folder(s) to train on as they are")
     parser.add_argument("--num-prompts", type=int, default=RECIPE["num_prompts"], help="generated prompts")
     parser.add_argument("--num-context-prompts", type=int, default=RECIPE["num_context_prompts"],
                         help="stage-2 prompts: tasks over the model's own answers (0: none)")  # fmt: skip
@@ -397,16 +396,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--n-predict", type=int, default=d.n_predict, help=f"stages (default {d.n_predict})")
     parser.add_argument("--no-tie-weights", action="store_true", help="one emb / head / norm per stage")
     parser.add_argument("--draft-vocab", type=int, default=d.draft_vocab, help="draft vocabulary size (0: full)")
-    parser.add_argument("--epochs", type=float, default=d.epochs, help=f"passes over the data (default {d.epochs})")
-    parser.add_argument("--max-steps", type=int, default=None, help="cap on optimizer steps")
     parser.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate (default {d.lr})")
     parser.add_argument("--positions-per-step", type=int, default=d.positions_per_step, help="positions per step")
     parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="steps between checkpoints")
     parser.add_argument("--eval-every", type=int, default=0, help="steps between held-out evaluations (0: at the end)")
     parser.add_argument("--no-tune-tree", action="store_true", help="skip choosing the tree widths on this machine")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--device", default="cpu", help="where the speculator trains (default cpu; e.g. cuda)")
     parser.add_argument(
         "--save-dtype",
         choices=sorted(SAVE_DTYPES),
@@ -415,25 +409,23 @@ def add_arguments(parser) -> None:
     )
 
 
-def main(args) -> int:
-    """``hf-specdec train mlp-speculator``: self-distillation data from the default model (or ``--data``), then the
-    speculator, then its tree widths from held-out acceptance and this machine's step cost."""
+def main(args: argparse.Namespace) -> int:
+    """``hf-specdec train mlp-speculator``: self-distillation data from the target (the default model unless
+    ``--model``; it stays on the CPU), or ``--data``; then the speculator (on ``--device``, default cpu), then its
+    tree widths from held-out acceptance and this machine's step cost."""
     import sys
 
-    from ..models import DEFAULT_MODEL_NAME, load_default_model
     from .default_data import build_default_data
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     out = Path(args.out)
-    model, tokenizer = load_default_model()
+    model, tokenizer, model_name = load_target(args)
     if args.data:
         folders = [Path(f) for f in args.data]
     else:
         folders = build_default_data(model, tokenizer, Path(args.data_dir) if args.data_dir else out / "data",
                                      num_prompts=args.num_prompts, num_context_prompts=args.num_context_prompts,
                                      seed=args.prompt_seed, max_new_tokens=args.max_new_tokens,
-                                     batch_size=args.gen_batch_size, base_model_name=DEFAULT_MODEL_NAME)  # fmt: skip
+                                     batch_size=args.gen_batch_size, base_model_name=model_name)  # fmt: skip
     data = load_distillation_data(folders)
     n = args.n_predict
     config = MLPSpeculatorTrainingConfig(
@@ -443,7 +435,7 @@ def main(args) -> int:
         checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
     )  # fmt: skip
     spec, report = train_mlp_speculator(
-        data, out, config, resume=args.resume, base_model_name_or_path=DEFAULT_MODEL_NAME, device=args.device
+        data, out, config, resume=args.resume, base_model_name_or_path=model_name, device=args.device or "cpu"
     )
     if not args.no_tune_tree:
         eval_pos = held_out_split(data, config.eval_fraction, config.eval_positions, config.seed, on_path=True).eval_pos
@@ -456,7 +448,13 @@ def main(args) -> int:
     return 0
 
 
+MLP_SPECULATOR_COMMAND = TrainerCommand(
+    "mlp-speculator", "an MLP speculator (IBM accelerator) by self-distillation", add_arguments, main
+)
+
+
 __all__ = [
+    "MLP_SPECULATOR_COMMAND",
     "save_in_dtype",
     "DEFAULT_WIDTH_CANDIDATES",
     "RECIPE",

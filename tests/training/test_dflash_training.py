@@ -92,12 +92,12 @@ def test_resume_continues_from_the_checkpoint(tiny_data, tmp_path):
 
 def test_cli_trains_a_dflash_head_on_a_data_folder(tiny_data, tmp_path, monkeypatch, capsys):
     """``hf-specdec train dflash`` takes the trainers' shared options and its own, and trains with them."""
-    from hf_specdec.cli import _train_dflash_main, build_parser, main
+    from hf_specdec.cli import build_parser, main
     from hf_specdec.training import eagle_cli
 
     model, data, _ = tiny_data
     args = build_parser().parse_args(["train", "dflash", "--out", "x", "--block-size", "4", "--no-soft-labels"])
-    assert args.func is _train_dflash_main and (args.block_size, args.soft_labels, args.window) == (4, False, 256)
+    assert args.trainer is eagle_cli.DFLASH_COMMAND and (args.block_size, args.soft_labels, args.window) == (4, False, 256)
     assert build_parser().parse_args(["train", "dflash", "--out", "x"]).soft_labels
     monkeypatch.setattr(eagle_cli, "_target", lambda args: (model, None))  # the tiny target, no tokenizer needed
     out = tmp_path / "run"

@@ -3,6 +3,7 @@ real generate call), writes a loadable head, and resumes from its checkpoint."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 
@@ -86,11 +87,12 @@ def test_tree_tuning_measures_the_step_cost_the_assistant_reads():
 
 
 def test_cli_trains_on_several_data_folders():
-    from hf_specdec.cli import _train_eagle_main, build_parser
+    from hf_specdec.cli import build_parser
+    from hf_specdec.training.eagle_cli import EAGLE_COMMAND
 
     args = build_parser().parse_args(["train", "eagle", "--out", "x", "--data", "d1", "d2", "--draft-vocab", "4096"])
     assert args.data == ["d1", "d2"] and args.extra_data == [] and args.draft_vocab == 4096
-    assert args.func is _train_eagle_main and args.init_head is None
+    assert args.trainer is EAGLE_COMMAND and args.init_head is None
     args = build_parser().parse_args(["train", "eagle", "--out", "x", "--data-dir", "root", "--extra-data", "d3"])
     assert args.data is None and args.data_dir == "root" and args.extra_data == ["d3"] and not args.real_text
     assert build_parser().parse_args(["train", "eagle", "--out", "x", "--real-text"]).real_text
@@ -113,7 +115,9 @@ def test_init_head_shipped_names_the_packaged_head(monkeypatch):
     from hf_specdec.training import eagle_cli
 
     seen = {}
-    monkeypatch.setattr(eagle_cli, "train_eagle_main", lambda args: seen.setdefault("init", args.init_head) and 0)
+    trainer = eagle_cli.EAGLE_COMMAND
+    stand_in = dataclasses.replace(trainer, main=lambda args: seen.setdefault("init", args.init_head) and 0)
+    monkeypatch.setattr("hf_specdec.cli.TRAINER_COMMANDS", (stand_in,))  # `train eagle` runs the stand-in
     assert main(["train", "eagle", "--out", "x", "--init-head", "shipped"]) == 0
     assert seen["init"] == str(EAGLE.folder)
     head = eagle_cli._init_head(seen["init"])

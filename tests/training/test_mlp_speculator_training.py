@@ -148,11 +148,10 @@ def test_tree_tuning_weighs_acceptance_against_step_cost(data_dir, tiny, tmp_pat
 
 def test_cli_has_a_train_mlp_speculator_subcommand():
     from hf_specdec import cli
-    from hf_specdec.training.mlp_speculator import RECIPE
+    from hf_specdec.training.mlp_speculator import MLP_SPECULATOR_COMMAND, RECIPE
 
     args = cli.build_parser().parse_args(["train", "mlp-speculator", "--out", "x", "--data", "d1", "d2", "--resume"])
-    # the subcommand checks --out before it runs training.mlp_speculator.main
-    assert args.out == "x" and args.data == ["d1", "d2"] and args.resume and args.func is cli._train_mlp_speculator_main
+    assert args.out == "x" and args.data == ["d1", "d2"] and args.resume and args.trainer is MLP_SPECULATOR_COMMAND
     assert args.num_prompts == RECIPE["num_prompts"] and args.n_predict == 4 and args.draft_vocab == 8192
 
 

@@ -1,0 +1,149 @@
+"""One command-line shape for every head trainer: ``hf-specdec train <kind>``.
+
+Each kind (medusa, mlp-speculator, eagle, dflash) describes its command once, next to its trainer, as a
+`TrainerCommand`: its name and help, a function adding its own options, an optional check of their values and its
+main. `add_trainer_arguments` (the one builder) declares the options every trainer shares (`SHARED_OPTIONS`: same
+names, types, defaults and help for every kind), then the kind's own; ``hf_specdec.cli`` builds ``hf-specdec train``
+by looping over `hf_specdec.training.TRAINER_COMMANDS` and checks the shared values (folders, model, device) before
+the kind's check and main run.
+
+    MEDUSA_COMMAND = TrainerCommand("medusa", "Medusa-1 heads by self-distillation", add_arguments, main)
+    add_trainer_arguments(train_subparsers.add_parser(MEDUSA_COMMAND.name), MEDUSA_COMMAND)
+
+The argument types below (`positive_int`, `non_negative_int`, `positive_float`) and `UsageError` are the package's
+command-line vocabulary; they live here, in the lowest layer that has a command line, so that the trainers' options
+can use them, and ``hf_specdec.cli_args`` re-exports them for the other subcommands.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .data_arguments import SOURCES
+
+
+class UsageError(ValueError):
+    """A command-line value that cannot work; ``hf_specdec.cli.main`` prints it as one ``hf-specdec: error:`` line
+    (exit code 2)."""
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an int >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a float > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
+# how argparse names each type in its "invalid <name> value: 'abc'" message
+positive_int.__name__ = "positive integer"
+non_negative_int.__name__ = "non-negative integer"
+positive_float.__name__ = "positive number"
+
+
+def _no_check(args: argparse.Namespace) -> None:
+    """A kind without values of its own to check before loading."""
+
+
+@dataclass(frozen=True)
+class TrainerCommand:
+    """``hf-specdec train NAME``: one head kind's command.
+
+    Args:
+        name: the subcommand (``medusa``, ``mlp-speculator`` ...).
+        help: one line for ``hf-specdec train --help`` (capitalised, it is also the command's description).
+        add_arguments: adds the kind's own options (the shared ones are `add_trainer_arguments`').
+        main: runs the command on the parsed options; returns the exit code.
+        check: refuses values of the kind's own options that cannot work, raising `UsageError`, before any model
+            is loaded (it may also resolve a value, e.g. a name into a folder).
+    """
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    main: Callable[[argparse.Namespace], int]
+    check: Callable[[argparse.Namespace], None] = _no_check
+
+    @property
+    def description(self) -> str:
+        """``help`` as the command's ``--help`` description: capitalised, with a full stop."""
+        return self.help[0].upper() + self.help[1:] + "."
+
+
+# the options every trainer shares: flags -> add_argument keywords (the same for every kind)
+SHARED_OPTIONS: dict[tuple[str, ...], dict] = {
+    ("--out",): dict(required=True, help="output folder: the trained head, training_report.json, data/, checkpoints/"),
+    ("--model",): dict(
+        default=None,
+        help="the target: a local model folder or Hub id (default: the default model, SmolLM2-135M-Instruct)",
+    ),
+    ("--device",): dict(
+        default=None,
+        help="where the head trains and (but for mlp-speculator) the target answers (a torch device: cpu, cuda ...; "
+        "default cpu, but medusa: the GPU when there is one)",
+    ),
+    ("--data",): dict(
+        nargs="+",
+        default=None,
+        help="existing data folder(s) to train on as they are (no build); eagle and dflash also take "
+        f"{' or '.join(SOURCES)}: real conversations built into OUT/data/ first",
+    ),
+    ("--data-dir",): dict(default=None, help="where the default data are built, or reused (default OUT/data)"),
+    ("--epochs",): dict(type=positive_float, default=3.0, help="passes over the training data (default 3)"),
+    ("--max-steps",): dict(type=positive_int, default=None, help="cap on optimizer steps"),
+    ("--resume",): dict(action="store_true", help="continue from the latest checkpoint in OUT"),
+    ("--threads",): dict(type=positive_int, default=None, help="torch CPU threads (default: torch's choice)"),
+}
+
+
+def add_trainer_arguments(parser: argparse.ArgumentParser, command: TrainerCommand) -> None:
+    """The one builder of a ``hf-specdec train`` command: the options every trainer shares (`SHARED_OPTIONS`), then
+    ``command``'s own (``command.add_arguments``)."""
+    for flags, kwargs in SHARED_OPTIONS.items():
+        parser.add_argument(*flags, **kwargs)
+    command.add_arguments(parser)
+
+
+def load_target(args: argparse.Namespace, device: str | None = None):
+    """``(model, tokenizer, name)``: ``--model`` (the default model when not given), fp32, eval mode, on
+    ``device`` when given (a kind passes ``args.device`` or keeps the target where it loads).
+
+    Raises:
+        UsageError: transformers cannot load ``--model`` (not a model folder, an unknown Hub id, offline).
+    """
+    from ..models import load_causal_lm
+
+    try:
+        return load_causal_lm(args.model, device)
+    except OSError as err:  # transformers' "not a local folder nor a Hub repo" / offline messages
+        raise UsageError(f"--model {args.model}: {str(err).splitlines()[0]}") from err
+
+
+__all__ = [
+    "SHARED_OPTIONS",
+    "TrainerCommand",
+    "UsageError",
+    "add_trainer_arguments",
+    "load_target",
+    "non_negative_int",
+    "positive_float",
+    "positive_int",
+]
