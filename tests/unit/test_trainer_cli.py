@@ -1,0 +1,75 @@
+"""Every ``hf-specdec train <kind>`` has one shape (`hf_specdec.training.trainer_cli`): the options every trainer
+shares read the same on every kind (flags, dest, default, type, help), the kind adds only its own, and ``hf-specdec
+train`` lists exactly the registered commands. A fifth kind registered in `TRAINER_COMMANDS` is held to the same."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from hf_specdec.cli import build_parser
+from hf_specdec.training import TRAINER_COMMANDS
+from hf_specdec.training.trainer_cli import SHARED_OPTIONS, TrainerCommand, UsageError, add_trainer_arguments
+
+SHARED_FLAGS = [flags[0] for flags in SHARED_OPTIONS]
+
+
+def _train_parsers() -> dict[str, argparse.ArgumentParser]:
+    """``hf-specdec train``'s subcommand parsers, by name."""
+    top = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    train = top.choices["train"]
+    return next(a for a in train._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def _option(parser: argparse.ArgumentParser, flag: str) -> argparse.Action:
+    return next(a for a in parser._actions if flag in a.option_strings)
+
+
+def _shape(action: argparse.Action) -> tuple:
+    return (tuple(action.option_strings), action.dest, action.default, action.type, action.nargs, action.required,
+            type(action).__name__, action.help)  # fmt: skip
+
+
+def test_train_lists_the_registered_commands_with_their_help():
+    parsers = _train_parsers()
+    assert list(parsers) == [c.name for c in TRAINER_COMMANDS] == ["medusa", "mlp-speculator", "eagle", "dflash"]
+    for command in TRAINER_COMMANDS:
+        assert isinstance(command, TrainerCommand)
+        assert parsers[command.name].description == command.description
+        assert parsers[command.name].get_default("trainer") is command
+
+
+@pytest.mark.parametrize("flag", SHARED_FLAGS)
+def test_every_trainer_declares_the_shared_option_the_same_way(flag):
+    shapes = {name: _shape(_option(parser, flag)) for name, parser in _train_parsers().items()}
+    first = next(iter(shapes.values()))
+    assert all(shape == first for shape in shapes.values()), shapes
+
+
+def test_no_kind_redeclares_a_shared_option():
+    """A kind's ``add_arguments`` adds only its own options (argparse refuses a flag declared twice; this also catches
+    one spelled as an alias of a shared option)."""
+    shared = {flag for flags in SHARED_OPTIONS for flag in flags}
+    for command in TRAINER_COMMANDS:
+        own = argparse.ArgumentParser()
+        command.add_arguments(own)
+        assert not shared & {s for a in own._actions for s in a.option_strings}, command.name
+
+
+def test_a_new_kind_gets_the_shared_options_and_its_own():
+    def add_arguments(parser):
+        parser.add_argument("--width", type=int, default=2)
+
+    def check(args):
+        if args.width > 8:
+            raise UsageError(f"--width {args.width}: at most 8")
+
+    command = TrainerCommand("toy", "a toy head", add_arguments, lambda args: 0, check)
+    parser = argparse.ArgumentParser()
+    add_trainer_arguments(parser, command)
+    args = parser.parse_args(["--out", "x", "--width", "9", "--max-steps", "3"])
+    assert (args.out, args.width, args.max_steps, args.epochs, args.model, args.data) == ("x", 9, 3, 3.0, None, None)
+    with pytest.raises(UsageError, match="--width 9"):
+        command.check(args)
+    assert command.description == "A toy head."
