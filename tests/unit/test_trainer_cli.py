@@ -5,10 +5,11 @@ train`` lists exactly the registered commands. A fifth kind registered in `TRAIN
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
-from hf_specdec.cli import build_parser
+from hf_specdec.cli import build_parser, main
 from hf_specdec.training import TRAINER_COMMANDS
 from hf_specdec.training.trainer_cli import SHARED_OPTIONS, TrainerCommand, UsageError, add_trainer_arguments
 
@@ -73,3 +74,33 @@ def test_a_new_kind_gets_the_shared_options_and_its_own():
     with pytest.raises(UsageError, match="--width 9"):
         command.check(args)
     assert command.description == "A toy head."
+
+
+@pytest.fixture(scope="module")
+def tiny_model_and_data(tmp_path_factory):
+    """A tiny model folder (with a tokenizer) and self-distillation data it answered."""
+    from hf_specdec.testing import tiny_causal_lm, tiny_chat_tokenizer, torch_threads, toy_encode
+    from hf_specdec.training import build_distillation_data, make_prompts, prompt_recipe
+
+    root = tmp_path_factory.mktemp("tiny_trainer_cli")
+    model = tiny_causal_lm("llama", hidden_size=32)
+    model.save_pretrained(root / "model")
+    tiny_chat_tokenizer(["hello"]).save_pretrained(root / "model")
+    with torch_threads(1):
+        build_distillation_data(
+            model, [toy_encode(p) for p in make_prompts(16, seed=0)], root / "data", recipe=prompt_recipe(16, 0),
+            max_new_tokens=12, batch_size=8, shard_size=8, base_model_name="tiny-llama", progress=False,
+        )  # fmt: skip
+    return root
+
+
+def test_the_mlp_speculator_trains_for_the_model_named_by_the_shared_model_option(tiny_model_and_data, tmp_path):
+    """``--model`` is every trainer's: ``train mlp-speculator --model FOLDER`` trains a speculator for that model
+    and names it in what it saves."""
+    root, out = tiny_model_and_data, tmp_path / "spec"
+    argv = ["train", "mlp-speculator", "--out", str(out), "--model", str(root / "model"), "--data", str(root / "data"),
+            "--inner-dim", "16", "--positions-per-step", "16", "--max-steps", "2", "--no-tune-tree", "--threads", "1"]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads((out / "training_report.json").read_text())
+    assert report["steps"] == 2
+    assert json.loads((out / "config.json").read_text())["base_model_name_or_path"] == str(root / "model")
