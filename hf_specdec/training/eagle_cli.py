@@ -83,7 +83,10 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
         help="fine-tune this head (a saved EagleHead folder, or 'shipped': the package's head for the default model) "
         "instead of starting from a fresh one; its shape and draft vocabulary are kept",
     )
-    parser.add_argument("--no-tune", action="store_true", help="skip measuring the step cost for the tree size")
+    parser.add_argument(
+        "--no-tune-tree", action="store_true", help="skip measuring the step cost for the tree size"
+    )  # as medusa's and mlp-speculator's; --no-tune, its older spelling, still works (hidden)
+    parser.add_argument("--no-tune", dest="no_tune_tree", action="store_true", help=argparse.SUPPRESS)
 
 
 def add_train_dflash_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,7 +162,7 @@ def train_eagle_main(args: argparse.Namespace) -> int:
     data = load_distillation_data(folders, with_aux=args.version == 3)
     init = _init_head(args.init_head)
     head, report = train_eagle(model, data, out, cfg, resume=args.resume, device=args.device, init_head=init)
-    if not args.no_tune:
+    if not args.no_tune_tree:
         report["tree"] = tune_eagle_tree(model, head.to(model.device))  # timed where the model runs
         head.to("cpu").save_pretrained(out / "head")
         (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

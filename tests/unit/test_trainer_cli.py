@@ -58,6 +58,15 @@ def test_no_kind_redeclares_a_shared_option():
         assert not shared & {s for a in own._actions for s in a.option_strings}, command.name
 
 
+def test_the_trainers_that_tune_a_tree_skip_it_with_one_flag():
+    """``--no-tune-tree`` on every kind that tunes its tree; eagle's older ``--no-tune`` still works, hidden."""
+    parsers = _train_parsers()
+    for name in ("medusa", "mlp-speculator", "eagle"):
+        assert parsers[name].parse_args(["--out", "x", "--no-tune-tree"]).no_tune_tree, name
+    assert parsers["eagle"].parse_args(["--out", "x", "--no-tune"]).no_tune_tree
+    assert "--no-tune " not in parsers["eagle"].format_help()
+
+
 def test_a_new_kind_gets_the_shared_options_and_its_own():
     def add_arguments(parser):
         parser.add_argument("--width", type=int, default=2)
