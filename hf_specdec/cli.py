@@ -15,7 +15,9 @@ hf-specdec demo [--host H] [--port P] [--share] [--concurrency N] [--parallel]  
 hf-specdec --version
 
 The flags every subcommand shares are spelled once, as transformers' generate() arguments (`cli_args`):
---model, --device, --dtype, --threads, --max-new-tokens, --do-sample, --temperature, --top-p, --seed.
+--model, --device, --dtype, --threads, --max-new-tokens, --do-sample, --temperature, --top-p, --seed. The ``train``
+commands are the registered `TrainerCommand`s (``hf_specdec.training.TRAINER_COMMANDS``), each built by
+`add_trainer_arguments` (the options every trainer shares, then the kind's own) and run by `run_trainer`.
 """
 
 from __future__ import annotations
