@@ -5,7 +5,7 @@ positions ahead.
 `MedusaHeads` is an ``nn.Module`` with huggingface_hub's `ModelHubMixin` (`from_pretrained` / `save_pretrained` /
 `push_to_hub`). `from_pretrained` loads every published Medusa layout (FasterDecoding v0.1 ``medusa_lm_head.pt``, the
 version-2 ResBlock-only heads, vLLM's layout, heads inside a sharded Medusa-2 checkpoint, our own format; see
-`hf_specdec.heads.convert`), from a local folder or a Hub repo id. `save_pretrained` writes our format
+`hf_specdec.heads.formats.medusa`), from a local folder or a Hub repo id. `save_pretrained` writes our format
 (``config.json`` + ``model.safetensors`` + a generated ``README.md``), or with ``format="medusa"`` vLLM's Medusa
 layout.
 
@@ -21,14 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .convert import (
+from .derived import dense_weight, drafting_copy, lm_head_logits
+from .formats.medusa import (
     check_token_map,
     check_tree_choices,
     medusa_expected_shapes,
     medusa_to_vllm,
     read_medusa_checkpoint,
 )
-from .derived import dense_weight, drafting_copy, lm_head_logits
 from .hub import (
     CONFIG_NAME,
     WEIGHTS_NAME,

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ...heads.convert import check_tree_choices
+from ...heads.formats.medusa import check_tree_choices
 from ...heads.hub import base_model_dims
 from ...heads.medusa import MedusaHeads
 from ..cost_model import PriorCurve

@@ -1,4 +1,5 @@
-"""Format detection and conversion: published head checkpoints (docs/formats.md) -> our own tensors and config.
+"""Medusa heads' checkpoint layouts (docs/formats.md, "Medusa"): detection and conversion to our own tensors and
+config, and the vLLM layout `medusa_to_vllm` writes.
 
 Medusa checkpoints come in five layouts; `read_medusa_checkpoint` finds the files in a folder or Hub repo, detects
 which one it is, checks every shape against the config (errors name the key and both shapes) and returns a
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .hub import (
+from ..hub import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     HeadSource,
@@ -44,6 +45,7 @@ from .hub import (
     tensor_names,
     warn_config_mismatch,
 )
+from .common import rename_prefixes
 
 OWNER = "MedusaHeads"
 MEDUSA_HEAD_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -502,10 +504,6 @@ def medusa_to_vllm(heads, base_lm_head: torch.Tensor | None) -> tuple[dict, dict
 
 
 # ------------------------------------------------------------------------------------------------ detection
-def _strip(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    return {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in tensors.items()}
-
-
 def detect_medusa_layout(keys) -> str | None:
     """``"vllm"``, ``"resblock"`` (FasterDecoding) or ``"full"`` (heads inside a Medusa-2 model), from tensor names."""
     keys = list(keys)
@@ -525,7 +523,8 @@ def medusa_from_tensors(
     """Convert tensors of any upstream layout (detected from their names)."""
     layout = detect_medusa_layout(tensors)
     if layout == "vllm":
-        return medusa_from_layout(_strip(tensors, "medusa_heads."), config, where, VLLM_LAYOUT, "vllm")
+        tensors = rename_prefixes(tensors, {"medusa_heads.": ""})
+        return medusa_from_layout(tensors, config, where, VLLM_LAYOUT, "vllm")
     if layout == "full":
         heads = {k[len("medusa_head.") :]: v for k, v in tensors.items() if k.startswith("medusa_head.")}
         return medusa_from_layout(heads, config, where, RESBLOCK_LAYOUT, "medusa-2-checkpoint")
@@ -565,7 +564,7 @@ def _read_medusa_checkpoint(source: HeadSource) -> MedusaCheckpoint:
     for name in MEDUSA_HEAD_FILES:
         path = source.file(name)
         if path is not None:
-            tensors = _strip(read_tensors(path), "medusa_head.")
+            tensors = rename_prefixes(read_tensors(path), {"medusa_head.": ""})
             return _with_base(medusa_from_tensors(tensors, config, f"{source}/{name}", "medusa-1"), config, source)
 
     # heads inside a sharded full checkpoint: read only the medusa tensors of the shards that hold them
