@@ -1,7 +1,7 @@
 """DFlash block drafter (z-lab, "DFlash: block diffusion for flash speculative decoding",
 https://z-lab.ai/projects/dflash/): a few decoder layers that draft a whole block of tokens in one forward.
 
-What the weights compute (the layout of vLLM's ``speculators`` library, kind ``dflash``; `hf_specdec.heads.speculators`):
+What the weights compute (the layout of vLLM's ``speculators`` library, kind ``dflash``; `hf_specdec.heads.formats.speculators`):
 
 - **Context.** The target's hidden states at the layers ``aux_layers`` (indices into transformers' ``hidden_states``
   tuple) are concatenated per committed token and fused: ``c_j = hidden_norm(fc([h_a(j); h_b(j); ...]))`` `[H]`. In
@@ -34,6 +34,13 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3MLP, Q
 
 from .derived import dense_weight, drafting_copy, lm_head_logits
 from .eagle import EagleHead, EagleKVCache, _architectures, _num_layers
+from .formats.common import check_d2t
+from .formats.speculators import (
+    is_speculators_config,
+    speculators_dflash_config,
+    speculators_dflash_init,
+    speculators_dflash_tensors_to_ours,
+)
 from .hub import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -43,11 +50,6 @@ from .hub import (
     base_model_name,
     check_shapes,
     read_tensors,
-)
-from .speculators import (
-    is_speculators_config,
-    speculators_dflash_config,
-    speculators_dflash_init,
 )
 
 # Qwen3 config fields the draft layers need (a speculators ``transformer_layer_config`` is a full transformers config)
@@ -392,20 +394,14 @@ class DFlashHead(
         weights = source.require(WEIGHTS_NAME, "the DFlash head's weights")
         tensors = read_tensors(weights)
         if fmt == "speculators":  # what the library keeps of the verifier: never the head's own
-            drop = {"embed_tokens.weight", "verifier_norm.weight", "verifier_lm_head.weight"}
-            drop |= {"lm_head.weight", "d2t", "t2d"} if init.get("draft_vocab_size") is None else set()
-            tensors = {k: v for k, v in tensors.items() if k not in drop}
+            tensors = speculators_dflash_tensors_to_ours(tensors, init.get("draft_vocab_size"))
         try:
             with torch.device("meta"):
                 expected = cls(**init).expected_shapes()
         except (TypeError, ValueError) as err:
             raise ValueError(f"DFlashHead: cannot build a head from {config_path}: {err}") from err
         check_shapes("DFlashHead", tensors, expected, f"{weights} (config {config_path})")
-        if "d2t" in tensors:
-            ids = torch.arange(tensors["d2t"].numel()) + tensors["d2t"].long()
-            if int(ids.min()) < 0 or int(ids.max()) >= int(init["config"]["vocab_size"]):
-                raise ValueError(f"DFlashHead: d2t in {weights} maps draft tokens outside the vocabulary")
-            tensors["d2t"] = tensors["d2t"].long()
+        check_d2t("DFlashHead", tensors, int(init["config"]["vocab_size"]), weights)
         return init, tensors, fmt
 
     def export_checkpoint(self, fmt: str) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -2,7 +2,7 @@
 arXiv:2401.15077; EAGLE-2, arXiv:2406.16858; EAGLE-3, arXiv:2503.01840): one Llama decoder layer that drafts over the
 target's features, one token at a time, feeding its own output back.
 
-Two layouts, both as published on the Hub (see `read_eagle_checkpoint`):
+Two layouts, both as published on the Hub (read and written by `hf_specdec.heads.formats.eagle`):
 
 - **EAGLE-1/2** (``version=1``): ``x = fc([embed(token_{t+1}); f_t])`` with ``f_t`` the target's final normed hidden
   state (what its lm_head sees), then the decoder layer without ``input_layernorm``; its output is the next feature and
@@ -25,31 +25,21 @@ from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
-from huggingface_hub.errors import StrictDataclassError
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..cache.model_arg import cache_kwarg
 from .derived import cached_derived, dense_weight, drafting_copy, lm_head_logits
-from .hub import (
-    CONFIG_NAME,
-    HeadSource,
-    PretrainedHead,
-    base_model_dims,
-    base_model_name,
-    check_shapes,
-    config_int,
-    read_json,
-    read_tensors,
-)
-from .speculators import (
+from .formats.eagle import eagle_upstream_config, read_eagle_checkpoint
+from .formats.speculators import (
+    EAGLE3_OPTIONS,
     is_speculators_config,
+    read_speculators_checkpoint,
     speculators_eagle3_config,
     speculators_eagle3_tensors,
-    speculators_eagle_init,
-    speculators_tensors_to_ours,
 )
+from .hub import CONFIG_NAME, HeadSource, PretrainedHead, base_model_dims, base_model_name
 
 # Llama config fields the head's decoder layer needs (upstream EAGLE configs are full Llama configs).
 _LLAMA_FIELDS = (
@@ -68,16 +58,6 @@ _LLAMA_FIELDS = (
     "mlp_bias",
     "vocab_size",
 )
-_REQUIRED_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
-# integer fields a config may carry besides the required ones (each checked: an integer >= 1)
-_OPTIONAL_INT_FIELDS = (
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-    "target_hidden_size",
-    "draft_vocab_size",
-)
-WEIGHT_CANDIDATES = ("model.safetensors", "pytorch_model.bin")
 
 
 class EagleKVCache:
@@ -290,8 +270,8 @@ class EagleHead(
         except ValueError as err:
             raise ValueError(f"EagleHead: {err}") from err
         if is_speculators_config(config):
-            return read_speculators_checkpoint(source, config)
-        return read_eagle_checkpoint(source)
+            return read_speculators_checkpoint(source, config, expected_shapes)
+        return read_eagle_checkpoint(source, expected_shapes)
 
     def _place(self, dtype: torch.dtype | None, device: torch.device | str | None) -> None:
         """Cast / move the loaded head; the rotary frequencies (never stored) are built afresh in float32 where the
@@ -537,26 +517,8 @@ class EagleHead(
             embed = None if self._target_embed is None else self._target_embed.weight
             return config, speculators_eagle3_tensors(state, embed)
         if fmt == "eagle":
-            return self._upstream_config(), state
+            return eagle_upstream_config(self), state
         raise ValueError(f"EagleHead exports the formats {list(self.export_formats)}, not {fmt!r}")
-
-    def _upstream_config(self) -> dict:
-        """The Llama config upstream EAGLE / SpecForge write beside the weights (plus our tree and card facts)."""
-        used = [k for k, v in self.eagle3_options.items() if v]
-        if used:
-            raise ValueError(f"the upstream EAGLE-3 layout has no {used} (SGLang's and SpecForge's layer lacks these "
-                             "norms); export this head with format='speculators' for vLLM")  # fmt: skip
-        if self.aux_layers is None and self.version == 3:
-            raise ValueError("this EAGLE-3 head does not know its target's feature layers yet; call head.bind(model)")
-        config = self.config_dict()
-        for key in ("head_type", "eagle_version", "eagle3_options", "source_format", "has_embed_tokens"):
-            config.pop(key)
-        arch = "LlamaForCausalLMEagle3" if self.version == 3 else "LlamaForCausalLMEagle"
-        config.update(architectures=[arch], tie_word_embeddings=False)
-        if self.version == 3:
-            config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers)}
-            config["draft_vocab_size"] = self.draft_vocab_size or self.vocab_size
-        return config
 
     def card_config(self) -> dict:
         return {**self.config_dict(), "hidden_size": self.target_hidden_size}
@@ -610,9 +572,6 @@ class _Eagle1Layer(nn.Module):
 
 def _decoder_layer(config: LlamaConfig, version: int) -> nn.Module:
     return _Eagle1Layer(config) if version == 1 else _Eagle3Layer(config)
-
-
-EAGLE3_OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
 def _eagle3_options(options: Mapping | None, version: int) -> dict[str, bool]:
@@ -680,138 +639,9 @@ def expected_shapes(head: EagleHead | None = None, *, init: Mapping | None = Non
     return {k: tuple(v.shape) for k, v in head.state_dict().items() if not k.startswith("rotary_emb.")}
 
 
-def _read_weights(source: HeadSource) -> tuple[dict[str, torch.Tensor], str]:
-    for name in WEIGHT_CANDIDATES:
-        path = source.file(name)
-        if path is None:
-            continue
-        try:
-            return read_tensors(path), str(path)
-        except Exception as err:  # noqa: BLE001 - any parse failure of a weights file is reported the same way
-            raise ValueError(
-                f"EagleHead: cannot read {path} as a weights file ({type(err).__name__}: {err}); expected a "
-                "safetensors file or a torch.save state dict (loaded with weights_only=True)"
-            ) from err
-    raise FileNotFoundError(f"EagleHead: {source.describe_missing(WEIGHT_CANDIDATES)}")
-
-
-def _read_config(source: HeadSource) -> tuple[dict, str]:
-    path = source.require(CONFIG_NAME, "the EAGLE head's Llama config")
-    try:
-        config = read_json(path)
-    except ValueError as err:
-        raise ValueError(f"EagleHead: {err}") from err
-    missing = [k for k in _REQUIRED_FIELDS if config.get(k) is None]
-    if missing:
-        raise ValueError(f"EagleHead: {path} lacks {missing}; an EAGLE config is a Llama config of the draft layer")
-    for key in (*_REQUIRED_FIELDS, *_OPTIONAL_INT_FIELDS):
-        config_int("EagleHead", config, key, str(path), required=False)
-    layers = config.get("num_hidden_layers", 1)
-    if layers != 1:
-        raise ValueError(
-            f"EagleHead: {path} says num_hidden_layers={layers}; EAGLE heads have exactly one decoder layer (is this "
-            "a full model rather than a draft head?)"
-        )
-    return config, str(path)
-
-
-def read_eagle_checkpoint(source: HeadSource) -> tuple[dict, dict[str, torch.Tensor], str]:
-    """Read and check an EAGLE head: ``(EagleHead kwargs, tensors, source format)``.
-
-    The layout is told by the keys: ``midlayer.*`` = EAGLE-3, ``layers.0.*`` = EAGLE-1/2. vLLM's EAGLE-3 names
-    (``layers.0.`` with ``hidden_norm``, ``draft_id_to_target_id``) are accepted too. Every expected tensor must be
-    present with its shape and nothing else may be (errors name the key, both shapes and the file).
-    """
-    config, config_path = _read_config(source)
-    tensors, where = _read_weights(source)
-    # older checkpoints store the rotary frequencies, which are rebuilt from the config
-    tensors = {k.removeprefix("model."): v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
-    if any(k.startswith("layers.0.hidden_norm") for k in tensors):  # vLLM's EAGLE-3 names
-        tensors = {
-            ("midlayer." + k[len("layers.0.") :] if k.startswith("layers.0.") else k): v for k, v in tensors.items()
-        }
-        if "draft_id_to_target_id" in tensors:
-            tensors["d2t"] = tensors.pop("draft_id_to_target_id")
-    if any(k.startswith("midlayer.") for k in tensors):
-        version = 3
-    elif any(k.startswith("layers.0.") for k in tensors):
-        version = 1
-    else:
-        raise ValueError(
-            f"EagleHead: {where} holds neither EAGLE-1 (layers.0.*) nor EAGLE-3 (midlayer.*) decoder tensors; found "
-            f"{sorted(tensors)[:6]}"
-        )
-    draft = config.get("draft_vocab_size") if version == 3 or "d2t" in tensors else None
-    if draft is not None and int(draft) == int(config["vocab_size"]) and "d2t" not in tensors:
-        draft = None
-    if version == 3 and draft is not None and "t2d" not in tensors and "d2t" in tensors:
-        tensors["t2d"] = _t2d_from_d2t(tensors["d2t"], int(config["vocab_size"]))
-    init = {
-        "config": config,
-        "version": version,
-        "has_embed_tokens": "embed_tokens.weight" in tensors,
-        "draft_vocab_size": None if draft is None else int(draft),
-        "aux_layers": config.get("aux_layers") or _upstream_aux_layers(config),
-        "base_model_name_or_path": config.get("base_model_name_or_path"),
-        "tree": config.get("tree"),
-        "model_card": config.get("model_card"),
-        "eagle3_options": config.get("eagle3_options"),
-        "verifier_architectures": config.get("verifier_architectures"),
-    }
-    _check_tensors(init, tensors, where, config_path)
-    fmt = "hf-specdec" if config.get("head_type") == "eagle" else ("eagle3" if version == 3 else "eagle")
-    return init, tensors, fmt
-
-
-def read_speculators_checkpoint(source: HeadSource, config: Mapping) -> tuple[dict, dict[str, torch.Tensor], str]:
-    """Read and check a head in vLLM's speculators format (`hf_specdec.heads.speculators`): ``(EagleHead kwargs,
-    tensors, "speculators")``; kinds other than EAGLE-3 / EAGLE-1 are refused by name."""
-    config_path = f"{source}/{CONFIG_NAME}"
-    init, kind = speculators_eagle_init(config, config_path)
-    tensors, where = _read_weights(source)
-    tensors = speculators_tensors_to_ours(
-        {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}, kind
-    )
-    if init["has_embed_tokens"] is None:  # the target's own embeddings, stored for the library: not the head's
-        tensors.pop("embed_tokens.weight", None)
-    init["has_embed_tokens"] = "embed_tokens.weight" in tensors
-    _check_tensors(init, tensors, where, config_path)
-    return init, tensors, "speculators"
-
-
-def _check_tensors(init: dict, tensors: dict[str, torch.Tensor], where: str, config_path: str) -> None:
-    """Every tensor of the head ``init`` builds present with its shape, nothing else, and ``d2t`` mapping into the
-    vocabulary (made int64 in place); errors name the file, the key and both shapes."""
-    try:
-        expected = expected_shapes(init=init)
-    except (TypeError, ValueError, StrictDataclassError) as err:  # transformers' config checks name the field
-        raise ValueError(f"EagleHead: cannot build a head from {config_path}: {err}") from err
-    check_shapes("EagleHead", tensors, expected, f"{where} (config {config_path})")
-    vocab = int(init["config"]["vocab_size"])
-    if "d2t" in tensors:
-        ids = torch.arange(tensors["d2t"].numel()) + tensors["d2t"].long()
-        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-            raise ValueError(f"EagleHead: d2t in {where} maps draft tokens outside [0, {vocab})")
-        tensors["d2t"] = tensors["d2t"].long()
-
-
-def _upstream_aux_layers(config: Mapping) -> list[int] | None:
-    """Feature layer ids some EAGLE-3 configs carry (``eagle_config.eagle_aux_hidden_state_layer_ids``)."""
-    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    return [int(i) for i in ids] if ids else None
-
-
-def _t2d_from_d2t(d2t: torch.Tensor, vocab: int) -> torch.Tensor:
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[torch.arange(d2t.numel()) + d2t.long()] = True
-    return t2d
-
-
 __all__ = [
     "EagleHead",
     "EagleKVCache",
     "eagle3_feature_layers",
     "expected_shapes",
-    "read_eagle_checkpoint",
-    "read_speculators_checkpoint",
 ]

@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hf_specdec.heads.eagle import EagleHead
+from hf_specdec.heads.formats.speculators import REFUSED_KINDS
 from hf_specdec.heads.hub import CONFIG_NAME, WEIGHTS_NAME
-from hf_specdec.heads.speculators import REFUSED_KINDS
 from hf_specdec.testing import tiny_causal_lm
 
 if os.environ.get("CI"):  # CI installs the extra: the library checks must run there, never skip

@@ -15,7 +15,7 @@ Kinds (``speculators_model_type``):
   ``norm_before_fc``, ``fc_norm``, ``norm_output`` (our ``eagle3_options``).
 - ``"eagle"`` (``EagleSpeculator`` of speculators < 0.9; read only): an EAGLE-1 head. Keys ``fusion_fc.*`` (our
   ``fc.*``) and ``transformer.*`` (our ``layers.0.*``); ``layernorms: true`` (HASS's extra norms) is refused.
-- ``"dflash"`` (``DFlashSpeculator``; read and written by `hf_specdec.heads.dflash.DFlashHead`, not by EagleHead):
+- ``"dflash"`` (``DFlashSpeculator``; read and written for `hf_specdec.heads.dflash.DFlashHead`, not EagleHead):
   a block drafter. Keys ``fc.weight``, ``hidden_norm.weight``, ``layers.{i}.*`` (Qwen3-style layers, q/k norms),
   ``norm.weight``, and ``lm_head.weight`` / ``d2t`` / ``t2d`` only with a draft vocabulary (the full-vocabulary
   lm_head and ``embed_tokens`` are the verifier's, never stored); config fields ``block_size``,
@@ -28,7 +28,9 @@ An EAGLE draft decoder layer must be a one-layer Llama layer (``transformer_laye
 defaults, model-card facts) travels in a ``hf_specdec`` block of the config, which the library and vLLM ignore, so
 that a head exported here loads back unchanged.
 
-This module only maps configs and tensor names; `hf_specdec.heads.eagle` reads the files and checks every shape.
+This module maps configs and tensor names, and reads an EAGLE folder (`read_speculators_checkpoint`: the weights
+file and the shape checks are `hf_specdec.heads.formats.eagle`'s); `hf_specdec.heads.dflash` reads a DFlash folder
+with `speculators_dflash_init` and `speculators_dflash_tensors_to_ours`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ import warnings
 from collections.abc import Mapping
 
 import torch
+
+from ..hub import CONFIG_NAME, HeadSource
+from .common import rename_prefixes
+from .eagle import ExpectedShapes, check_eagle_tensors, read_eagle_weights
 
 # the library release whose layout `speculators_config` writes (the field the library itself fills on save)
 SPECULATORS_VERSION = "0.9.0"
@@ -54,7 +60,8 @@ REFUSED_KINDS = {
     "proposer",
     "xpress": "XPress drafts a whole block at once; hf-specdec has no block-drafting proposer",
 }
-_OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+# EAGLE-3 variants the library trains (EagleHead's ``eagle3_options``), each a config field of kind ``eagle3``
+EAGLE3_OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
 def is_speculators_config(config: Mapping | None) -> bool:
@@ -78,11 +85,10 @@ def speculators_eagle_init(config: Mapping, where: str) -> tuple[dict, str]:
         raise ValueError(f"EagleHead: {where} is a speculators checkpoint of unknown kind {kind!r}; hf-specdec reads "
                          f"the kinds {list(READ_KINDS)}")  # fmt: skip
     layer = _layer_config(config, where, kind)
-    verifier = _verifier(config, where, "EagleHead")
-    extra = config.get("hf_specdec") if isinstance(config.get("hf_specdec"), Mapping) else {}
+    provenance = _provenance(config, where, "EagleHead")
     fields = {k: v for k, v in layer.items() if v is not None}  # EagleHead keeps the Llama fields it reads
     # an hf-specdec export stores the target's embeddings for the library (`speculators_eagle3_tensors`): drop them
-    drop_embed = bool(extra.get("embed_tokens_from_target"))
+    drop_embed = bool(_hf_specdec_block(config).get("embed_tokens_from_target"))
     if kind == "eagle":
         if config.get("layernorms"):
             raise ValueError(f"EagleHead: {where} has layernorms=true (HASS's extra embedding and pre-lm_head norms), "
@@ -91,7 +97,7 @@ def speculators_eagle_init(config: Mapping, where: str) -> tuple[dict, str]:
         version, options, draft = 1, None, None
     else:
         version = 3
-        options = {k: config[k] for k in _OPTIONS if k in config}
+        options = {k: config[k] for k in EAGLE3_OPTIONS if k in config}
         draft = config.get("draft_vocab_size")
         if config.get("target_hidden_size") is not None:
             fields["target_hidden_size"] = config["target_hidden_size"]
@@ -102,10 +108,7 @@ def speculators_eagle_init(config: Mapping, where: str) -> tuple[dict, str]:
         "version": version,
         "draft_vocab_size": None if draft is None or draft == fields.get("vocab_size") else int(draft),
         "aux_layers": config.get("eagle_aux_hidden_state_layer_ids") if version == 3 else None,
-        "base_model_name_or_path": verifier.get("name_or_path"),
-        "verifier_architectures": verifier.get("architectures") or None,
-        "tree": extra.get("tree", {}),
-        "model_card": extra.get("model_card"),
+        **provenance,
         "eagle3_options": options,
         "has_embed_tokens": None if drop_embed else "checkpoint",
     }
@@ -137,28 +140,49 @@ def _layer_config(config: Mapping, where: str, kind: str) -> dict:
     return dict(layer)
 
 
-def _verifier(config: Mapping, where: str, owner: str) -> dict:
+def _provenance(config: Mapping, where: str, owner: str) -> dict:
+    """The init arguments every kind carries alike: the verifier (``speculators_config.verifier``: the target's name
+    and architectures) and the tree defaults and model-card facts of the ``hf_specdec`` block."""
     spec = config.get("speculators_config")
     verifier = spec.get("verifier") if isinstance(spec, Mapping) else None
     if not isinstance(verifier, Mapping):
         raise ValueError(f"{owner}: {where} lacks speculators_config.verifier (the target the head drafts for)")
-    return dict(verifier)
+    extra = _hf_specdec_block(config)
+    return {
+        "base_model_name_or_path": verifier.get("name_or_path"),
+        "verifier_architectures": verifier.get("architectures") or None,
+        "tree": extra.get("tree", {}),
+        "model_card": extra.get("model_card"),
+    }
+
+
+def _hf_specdec_block(config: Mapping) -> Mapping:
+    """What hf-specdec adds to a config it exports (``hf_specdec``: tree defaults, model-card facts); {} if none."""
+    return config.get("hf_specdec") if isinstance(config.get("hf_specdec"), Mapping) else {}
 
 
 def speculators_tensors_to_ours(tensors: Mapping[str, torch.Tensor], kind: str) -> dict[str, torch.Tensor]:
     """Tensor names of a speculators checkpoint -> EagleHead's (upstream EAGLE's) names."""
     if kind == "eagle":
-        renames = (("fusion_fc.", "fc."), ("transformer.", "layers.0."))
-    else:
-        renames = (("layers.0.", "midlayer."),)
-    out = {}
-    for key, value in tensors.items():
-        for old, new in renames:
-            if key.startswith(old):
-                key = new + key[len(old) :]
-                break
-        out[key] = value
-    return out
+        return rename_prefixes(tensors, {"fusion_fc.": "fc.", "transformer.": "layers.0."})
+    return rename_prefixes(tensors, {"layers.0.": "midlayer."})
+
+
+def read_speculators_checkpoint(
+    source: HeadSource, config: Mapping, expected_shapes: ExpectedShapes
+) -> tuple[dict, dict[str, torch.Tensor], str]:
+    """Read and check an EAGLE head in the speculators format: ``(EagleHead kwargs, tensors, "speculators")``; kinds
+    other than EAGLE-3 / EAGLE-1 are refused by name, shapes checked against the head ``init=`` builds
+    (``expected_shapes``, `hf_specdec.heads.formats.eagle.check_eagle_tensors`)."""
+    config_path = f"{source}/{CONFIG_NAME}"
+    init, kind = speculators_eagle_init(config, config_path)
+    tensors, where = read_eagle_weights(source)
+    tensors = speculators_tensors_to_ours(tensors, kind)
+    if init["has_embed_tokens"] is None:  # the target's own embeddings, stored for the library: not the head's
+        tensors.pop("embed_tokens.weight", None)
+    init["has_embed_tokens"] = "embed_tokens.weight" in tensors
+    check_eagle_tensors(init, tensors, where, config_path, expected_shapes)
+    return init, tensors, "speculators"
 
 
 # ------------------------------------------------------------------------------------------------------- writing
@@ -178,7 +202,7 @@ def speculators_eagle3_config(head, verifier_name: str, verifier_architectures: 
         "draft_vocab_size": head.draft_vocab_size or head.vocab_size,
         "target_hidden_size": head.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": list(head.feature_layers),
-        **{k: head.eagle3_options[k] for k in _OPTIONS},
+        **{k: head.eagle3_options[k] for k in EAGLE3_OPTIONS},
         "embed_requires_grad": False,
         "tie_word_embeddings": False,
         "speculators_config": _speculators_config("eagle3", chain, verifier_name, verifier_architectures),
@@ -220,8 +244,7 @@ def speculators_dflash_init(config: Mapping, where: str) -> dict:
     aux = config.get("aux_hidden_state_layer_ids")
     if not aux:
         raise ValueError(f"DFlashHead: {where} lacks aux_hidden_state_layer_ids (the target layers it reads)")
-    verifier = _verifier(config, where, "DFlashHead")
-    extra = config.get("hf_specdec") if isinstance(config.get("hf_specdec"), Mapping) else {}
+    provenance = _provenance(config, where, "DFlashHead")
     draft = config.get("draft_vocab_size")
     return {
         "config": dict(layer),
@@ -230,11 +253,19 @@ def speculators_dflash_init(config: Mapping, where: str) -> dict:
         "mask_token_id": config.get("mask_token_id"),
         "draft_vocab_size": None if draft is None or draft == layer.get("vocab_size") else int(draft),
         "sample_from_anchor": bool(config.get("sample_from_anchor", False)),
-        "base_model_name_or_path": verifier.get("name_or_path"),
-        "verifier_architectures": verifier.get("architectures") or None,
-        "tree": extra.get("tree", {}),
-        "model_card": extra.get("model_card"),
+        **provenance,
     }
+
+
+def speculators_dflash_tensors_to_ours(
+    tensors: Mapping[str, torch.Tensor], draft_vocab_size: int | None
+) -> dict[str, torch.Tensor]:
+    """A speculators ``dflash`` checkpoint's tensors without what the library keeps of the verifier (never the
+    head's own: ``embed_tokens``, ``verifier_norm``, ``verifier_lm_head``, and without a draft vocabulary the
+    full-vocabulary ``lm_head`` / ``d2t`` / ``t2d``); the other names are DFlashHead's."""
+    drop = {"embed_tokens.weight", "verifier_norm.weight", "verifier_lm_head.weight"}
+    drop |= {"lm_head.weight", "d2t", "t2d"} if draft_vocab_size is None else set()
+    return {k: v for k, v in tensors.items() if k not in drop}
 
 
 def speculators_dflash_config(head, layer: dict) -> dict:
@@ -269,7 +300,7 @@ def speculators_eagle3_tensors(
             none of its own: the library saves them with every EAGLE-3 checkpoint, and its loader does not fill them
             in from the verifier (with transformers 5.24 they stay uninitialised), so the export carries them.
     """
-    out = {("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in state.items()}
+    out = rename_prefixes(state, {"midlayer.": "layers.0."})
     if "embed_tokens.weight" not in out:
         if target_embed is None:
             raise ValueError("the speculators format stores the target's input embeddings: bind the head first")
@@ -278,14 +309,17 @@ def speculators_eagle3_tensors(
 
 
 __all__ = [
+    "EAGLE3_OPTIONS",
     "OTHER_HEAD_KINDS",
     "READ_KINDS",
     "REFUSED_KINDS",
     "SPECULATORS_VERSION",
     "WRITE_KINDS",
     "is_speculators_config",
+    "read_speculators_checkpoint",
     "speculators_dflash_config",
     "speculators_dflash_init",
+    "speculators_dflash_tensors_to_ours",
     "speculators_eagle3_config",
     "speculators_eagle3_tensors",
     "speculators_eagle_init",
