@@ -9,7 +9,7 @@ Our own format is a folder (local or a Hub model repo) holding
 
 Upstream formats (docs/formats.md) are read through the same `HeadSource`, which resolves a local folder or a Hub
 repo id (files are fetched one by one, on demand, so a head stored inside a multi-GB checkpoint costs only the shards
-that hold it). Everything here is framework plumbing: format-specific key mapping lives in `convert`.
+that hold it). Everything here is framework plumbing: format-specific key mapping lives in `formats`.
 """
 
 from __future__ import annotations

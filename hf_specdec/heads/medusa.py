@@ -341,7 +341,7 @@ class MedusaHeads(
         )
 
     def export_checkpoint(self, fmt: str) -> tuple[dict, dict[str, torch.Tensor]]:
-        """``(config.json, tensors)`` in vLLM's Medusa layout (``fmt="medusa"``; `convert.medusa_to_vllm`)."""
+        """``(config.json, tensors)`` in vLLM's Medusa layout (``fmt="medusa"``; `formats.medusa.medusa_to_vllm`)."""
         if fmt != "medusa":
             raise ValueError(f"MedusaHeads export the formats {list(self.export_formats)}, not {fmt!r}")
         base = None
