@@ -33,7 +33,8 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
 from .derived import dense_weight, drafting_copy, lm_head_logits
-from .eagle import EagleHead, EagleKVCache, _architectures, _num_layers
+from .draft_cache import DraftKVCache
+from .eagle import EagleHead, _architectures, _num_layers
 from .formats.common import check_d2t
 from .formats.speculators import (
     is_speculators_config,
@@ -343,10 +344,10 @@ class DFlashHead(
         hidden = self.block_hidden(block, positions, key, value, torch.cat([sees_ctx, sees_block], dim=-1))
         return self.logits(hidden).view(b, a, k, -1)
 
-    def new_cache(self, rows: int, capacity: int = 256) -> EagleKVCache:
+    def new_cache(self, rows: int, capacity: int = 256) -> DraftKVCache:
         """An empty context cache for ``rows`` rows: every layer's keys and values side by side in the head axis."""
         heads = self.kv_heads * len(self.layers)
-        return EagleKVCache(rows, heads, self.head_dim, self._param.dtype, self._param.device, capacity)
+        return DraftKVCache(rows, heads, self.head_dim, self._param.dtype, self._param.device, capacity)
 
     def drafting_copy(self, dtype: torch.dtype) -> DFlashHead:
         """This head computing in ``dtype`` (itself, or a cached copy bound to the same target; `derived.drafting_copy`)."""

@@ -13,7 +13,7 @@ Two layouts, both as published on the Hub (read and written by `hf_specdec.heads
   Keys ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``.
 
 The decoder layer is built from transformers' own `LlamaAttention`, `LlamaMLP`, `LlamaRMSNorm` and
-`LlamaRotaryEmbedding`; keys and values live in the head's own small cache (`EagleKVCache`), one slot per batch row,
+`LlamaRotaryEmbedding`; keys and values live in the head's own small cache (`DraftKVCache`), one slot per batch row,
 so that rows of different lengths draft together. `save_pretrained` writes the upstream tensor names plus our
 ``config.json`` (``head_type: "eagle"``), or with ``format="speculators"`` / ``"eagle"`` vLLM's speculators format /
 the upstream layout SGLang loads; `from_pretrained` reads all of them, from a folder or a Hub repo id.
@@ -31,6 +31,7 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, L
 
 from ..cache.model_arg import cache_kwarg
 from .derived import cached_derived, dense_weight, drafting_copy, lm_head_logits
+from .draft_cache import DraftKVCache, ExtendKV
 from .formats.eagle import eagle_upstream_config, read_eagle_checkpoint
 from .formats.speculators import (
     EAGLE3_OPTIONS,
@@ -58,51 +59,6 @@ _LLAMA_FIELDS = (
     "mlp_bias",
     "vocab_size",
 )
-
-
-class EagleKVCache:
-    """The head's own keys and values: one slot per batch row, each with its own length.
-
-    Attributes:
-        key / value: `[R, kv_heads, capacity, head_dim]`.
-        lengths: `[R]` int64 committed entries per slot (positions ``0 .. lengths - 1``).
-    """
-
-    def __init__(self, rows: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device, capacity: int = 256):
-        self.key = torch.zeros(rows, kv_heads, capacity, head_dim, dtype=dtype, device=device)
-        self.value = torch.zeros_like(self.key)
-        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
-
-    @property
-    def capacity(self) -> int:
-        return int(self.key.shape[2])
-
-    def reserve(self, needed: int) -> None:
-        """Grow (doubling) so that every slot can hold ``needed`` entries."""
-        if needed <= self.capacity:
-            return
-        cap = max(needed, 2 * self.capacity)
-        grow = cap - self.capacity
-        pad = self.key.new_zeros(*self.key.shape[:2], grow, self.key.shape[3])
-        self.key = torch.cat([self.key, pad], dim=2)
-        self.value = torch.cat([self.value, pad.clone()], dim=2)
-
-    def truncate(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
-        """Roll slots back: ``lengths[slots] = lengths`` (entries past it are dead and get overwritten)."""
-        self.lengths[slots] = torch.minimum(self.lengths[slots], lengths.to(self.lengths.device))
-
-
-class _ExtendKV:
-    """Stands in for transformers' ``Cache`` in one `LlamaAttention` call: the layer's new keys/values are appended
-    to a fixed prefix (cache + processed tree nodes) and kept for the caller."""
-
-    def __init__(self, key: torch.Tensor, value: torch.Tensor):
-        self.prefix_key, self.prefix_value = key, value  # [B, kv_heads, S, D]
-        self.new_key = self.new_value = None
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        self.new_key, self.new_value = key_states, value_states  # [B, kv_heads, q, D]
-        return torch.cat([self.prefix_key, key_states], dim=2), torch.cat([self.prefix_value, value_states], dim=2)
 
 
 class EagleHead(
@@ -386,7 +342,7 @@ class EagleHead(
             x = torch.cat([layer.input_layernorm(emb), hidden], dim=-1)  # [B, q, 2H]
             residual = hidden if self.eagle3_options["norm_before_residual"] else h
         cos_sin = self.rotary_emb(x, positions.to(x.device))
-        kv = _ExtendKV(past_key.to(dtype), past_value.to(dtype))
+        kv = ExtendKV(past_key.to(dtype), past_value.to(dtype))
         attn, _ = layer.self_attn(
             hidden_states=x,
             position_embeddings=cos_sin,
@@ -454,10 +410,10 @@ class EagleHead(
         out, _, _ = self.layer_forward(tokens, features, pos, mask, empty, empty)
         return out, self.logits(out)
 
-    def new_cache(self, rows: int, capacity: int = 256) -> EagleKVCache:
-        """An empty `EagleKVCache` for ``rows`` rows in the head's dtype and device."""
+    def new_cache(self, rows: int, capacity: int = 256) -> DraftKVCache:
+        """An empty `DraftKVCache` for ``rows`` rows in the head's dtype and device."""
         kvh, d = self.config.num_key_value_heads, _head_dim(self.config)
-        return EagleKVCache(rows, kvh, d, self._param.dtype, self._param.device, capacity)
+        return DraftKVCache(rows, kvh, d, self._param.dtype, self._param.device, capacity)
 
     # ------------------------------------------------------------------------------------------ Hub I/O
     def config_dict(self) -> dict:
@@ -641,7 +597,7 @@ def expected_shapes(head: EagleHead | None = None, *, init: Mapping | None = Non
 
 __all__ = [
     "EagleHead",
-    "EagleKVCache",
+    "DraftKVCache",
     "eagle3_feature_layers",
     "expected_shapes",
 ]

@@ -2,7 +2,7 @@
 
 Context: the loop hands `observe` the target's hidden states at the head's feature layers for every token it commits
 (the prompt after prefill, the old root and the accepted drafts after a step); the head turns them into its layers'
-keys and values once, in its own cache (`EagleKVCache`, one slot per row, every layer side by side), so the cache
+keys and values once, in its own cache (`DraftKVCache`, one slot per row, every layer side by side), so the cache
 always holds exactly the committed text. A row the tree budget pauses costs nothing: its states queue up until it
 drafts again.
 
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from ...heads.dflash import DFlashHead
-from ...heads.eagle import EagleKVCache
+from ...heads.draft_cache import DraftKVCache
 from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
 from .base import Proposer, ProposerSetup, RowFeedback, RowState, drafting_head
@@ -108,7 +108,7 @@ class DFlashAssistant(Proposer):
         self.prior_cost = PriorCurve.from_node_costs({int(n): float(c) for n, c in cost.items()}) if cost else None
         self.hidden_state_layers = head.feature_layers if head.aux_layers else None
         self.draft_head = head  # what drafts during a call: the head or its copy in another dtype
-        self.cache: EagleKVCache | None = None
+        self.cache: DraftKVCache | None = None
         self._pending: dict[int, torch.Tensor] = {}
 
     def __repr__(self) -> str:

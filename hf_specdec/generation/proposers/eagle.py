@@ -2,7 +2,7 @@
 
 Features come from the verification forward itself: the loop hands `observe` the target's hidden states at every
 token it commits (``hidden_state_layers`` = the head's feature layers), so no extra target pass is needed. The head
-keeps its own KV cache (`EagleKVCache`, one slot per batch row) over the pairs ``(feature t, token t + 1)`` of the
+keeps its own KV cache (`DraftKVCache`, one slot per batch row) over the pairs ``(feature t, token t + 1)`` of the
 committed text, prompt included: after prefill the prompt's pairs, after each step the pairs of the accepted path
 with the target's *true* features. The tree's own keys and values live in a scratch buffer for one `propose` and are
 dropped afterwards, so the cache is always exactly the accepted path (upstream EAGLE re-encodes accepted tokens the
@@ -28,7 +28,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ...heads.eagle import EagleHead, EagleKVCache
+from ...heads.draft_cache import DraftKVCache
+from ...heads.eagle import EagleHead
 from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
 from .base import Proposer, ProposerSetup, RowFeedback, RowState, drafting_head
@@ -40,7 +41,7 @@ DEFAULT_NUM_NODES = 24  # CPU-sized; EAGLE-2 uses 60 on a GPU
 
 def expand_dynamic_tree(
     head: EagleHead,
-    cache: EagleKVCache,
+    cache: DraftKVCache,
     slots: torch.Tensor,
     root_out: torch.Tensor,
     root_logp: torch.Tensor,
@@ -174,7 +175,7 @@ class EagleAssistant(Proposer):
         self.prior_cost = PriorCurve.from_node_costs(self.step_cost) if self.step_cost else None
         self.hidden_state_layers = head.feature_layers if head.version == 1 or head.aux_layers else None
         self.draft_head = head  # what drafts during a call (`start`): the head or its copy in another dtype
-        self.cache: EagleKVCache | None = None
+        self.cache: DraftKVCache | None = None
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __repr__(self) -> str:
