@@ -241,10 +241,11 @@ def render_markdown(state: dict) -> str:
             lines.append(f"\nBuilt at {d['tokens_per_s']:,.0f} tokens/s ({d.get('answer_tokens_per_s', 0):,.0f} "
                          f"answer tokens/s) over {d.get('seconds')} s with {d.get('workers')} worker(s).")  # fmt: skip
     if state["heads"]:
-        lines += ["", "| head | status | steps | training (s) | held-out top-1 (ShareGPT held-out, target's answers) "
-                  "| trainer's held-out | file |", "|---|---|---:|---:|---|---|---|"]  # fmt: skip
+        lines += ["", "| head | status | start | steps | training (s) | held-out top-1 (ShareGPT held-out, target's "
+                  "answers) | trainer's held-out | file |", "|---|---|---|---:|---:|---|---|---|"]  # fmt: skip
         for name, h in state["heads"].items():
-            lines.append(f"| {name} | {h.get('status')} | {h.get('steps', '')} | {h.get('training_time_s', '')} | "
+            lines.append(f"| {name} | {h.get('status')} | {h.get('init', '')} | {h.get('steps', '')} | "
+                         f"{h.get('training_time_s', '')} | "
                          f"{h.get('held_out_top1', '')} | {h.get('trainer_held_out_top1', '')} | "
                          f"{h.get('file', '')} ({h.get('file_mib', '')} MiB) |")  # fmt: skip
     if state.get("check"):

@@ -87,7 +87,7 @@ def test_recipe_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch):
     )
     logged = json.loads((out / "gpu_recipe.json").read_text())
     assert logged["complete"] and logged["machine"]["torch"] == torch.__version__
-    assert "| eagle | done |" in (out / "gpu_recipe.md").read_text()
+    assert "| eagle | done | from scratch |" in (out / "gpu_recipe.md").read_text()  # init_from=None here
     for name, head in state["heads"].items():
         assert head["status"] == "done" and head["steps"] >= 3 and head["stored_dtype"] == "float16", (name, head)
         assert head["held_out_positions"] > 0 and head["held_out_top1"] is not None
