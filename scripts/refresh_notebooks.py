@@ -88,9 +88,9 @@ def heads_digest(assets: Path = ASSETS) -> str:
 
 def package_version() -> str:
     """``hf_specdec.__version__`` of this checkout (read from the source, whatever copy is installed)."""
-    found = re.search(r'^__version__ = "([^"]+)"', (ROOT / "hf_specdec" / "__init__.py").read_text(), re.MULTILINE)
+    found = re.search(r'^__version__ = "([^"]+)"', (ROOT / "hf_specdec" / "version.py").read_text(), re.MULTILINE)
     if found is None:
-        raise ValueError("hf_specdec/__init__.py has no __version__ line")
+        raise ValueError("hf_specdec/version.py has no __version__ line")
     return found.group(1)
 
 
