@@ -21,6 +21,7 @@ from pathlib import Path
 
 # defined with the trainers' command line (the lowest layer that has one), re-exported here for every subcommand
 from .training.trainer_cli import UsageError as UsageError
+from .training.trainer_cli import load_model_option
 from .training.trainer_cli import non_negative_int as non_negative_int
 from .training.trainer_cli import positive_float as positive_float
 from .training.trainer_cli import positive_int as positive_int
@@ -206,18 +207,12 @@ def load_model_argument(
     mode, on ``--device``, weight-only quantized as ``--quantization`` asks), or of the default model when None.
 
     Raises:
-        UsageError: transformers cannot load ``name`` (not a model folder, an unknown Hub id, offline); the first line
-            of its message names why.
+        UsageError: transformers cannot load ``name`` (`load_model_option`).
     """
-    from .models import load_causal_lm
-
     check_model_argument(name)
     config = quantization_config(quantization)
     extra = {} if config is None else {"quantization_config": config}
-    try:
-        return load_causal_lm(name, device, dtype=torch_dtype(dtype), **extra)
-    except OSError as err:  # transformers' "not a local folder nor a Hub repo" / offline messages
-        raise UsageError(f"--model {name}: {str(err).splitlines()[0]}") from err
+    return load_model_option(name, device, dtype=torch_dtype(dtype), **extra)
 
 
 def check_draft_layers(draft_layers: int, model) -> None:

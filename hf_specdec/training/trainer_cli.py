@@ -122,19 +122,26 @@ def add_trainer_arguments(parser: argparse.ArgumentParser, command: TrainerComma
     command.add_arguments(parser)
 
 
-def load_target(args: argparse.Namespace, device: str | None = None):
-    """``(model, tokenizer, name)``: ``--model`` (the default model when not given), fp32, eval mode, on
-    ``device`` when given (a kind passes ``args.device`` or keeps the target where it loads).
+def load_model_option(name: str | None, device: str | None = None, **load_kwargs):
+    """``(model, tokenizer, name)`` of ``--model NAME`` (`models.load_causal_lm` with ``load_kwargs``: fp32 unless
+    ``dtype=``, eval mode, on ``device`` when given), or of the default model when None.
 
     Raises:
-        UsageError: transformers cannot load ``--model`` (not a model folder, an unknown Hub id, offline).
+        UsageError: transformers cannot load ``name`` (not a model folder, an unknown Hub id, offline); the first line
+            of its message names why.
     """
     from ..models import load_causal_lm
 
     try:
-        return load_causal_lm(args.model, device)
+        return load_causal_lm(name, device, **load_kwargs)
     except OSError as err:  # transformers' "not a local folder nor a Hub repo" / offline messages
-        raise UsageError(f"--model {args.model}: {str(err).splitlines()[0]}") from err
+        raise UsageError(f"--model {name}: {str(err).splitlines()[0]}") from err
+
+
+def load_target(args: argparse.Namespace, device: str | None = None):
+    """A trainer's target: ``--model`` (`load_model_option`) in fp32, on ``device`` when given (a kind passes
+    ``args.device`` or keeps the target where it loads)."""
+    return load_model_option(args.model, device)
 
 
 __all__ = [
@@ -142,6 +149,7 @@ __all__ = [
     "TrainerCommand",
     "UsageError",
     "add_trainer_arguments",
+    "load_model_option",
     "load_target",
     "non_negative_int",
     "positive_float",
