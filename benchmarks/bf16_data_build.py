@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import tempfile
 import time
@@ -32,19 +31,11 @@ from pathlib import Path
 import torch
 import transformers
 
+from hf_specdec.bench.host import cpu_name
 from hf_specdec.models import load_default_model
 from hf_specdec.training.conversation_data import build_conversation_data, pick_conversations
 from hf_specdec.training.conversations import ConversationSet, load_sharegpt
 from hf_specdec.training.shards import DistillationData, load_distillation_data
-
-
-def cpu_name() -> str:
-    """The processor's model name (Linux), else what `platform` knows."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def timed_build(model, tokenizer, source: ConversationSet, folder: Path, args) -> dict:
@@ -75,11 +66,8 @@ def fp32_view(model32, data: DistillationData) -> tuple[torch.Tensor, torch.Tens
 def agreement(model32, data: DistillationData) -> dict:
     """Labels and states of ``data`` against the fp32 target (module docstring, 2 and 3)."""
     argmax, hidden = fp32_view(model32, data)
-    nxt = torch.full_like(data.input_ids, -1)
-    nxt[:-1] = data.input_ids[1:]
-    label_pos = data.answer_mask.clone()  # predicting an answer token from the position before it
-    label_pos[:-1] = data.answer_mask[1:] & (data.seq_end[:-1] > torch.arange(1, data.input_ids.numel()))
-    label_pos[-1] = False
+    nxt = data.next_tokens()  # the build's answer token after each position, -1 where the next token is no answer
+    label_pos = nxt >= 0
     same = (argmax[label_pos] == nxt[label_pos]).float()
     stored = data.hidden.float()
     rel = (stored - hidden).norm(dim=-1) / hidden.norm(dim=-1).clamp_min(1e-6)  # [N]
