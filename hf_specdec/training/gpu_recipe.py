@@ -86,6 +86,12 @@ class RecipeConfig:
         device / dtype: where and in what the target runs (the heads train in fp32 on ``device``).
         chunk_conversations / batch_size / max_new_tokens / max_prompt_tokens / turns: the data build.
         max_conversations: train-split conversations offered to the build (None: all).
+        task_share: share of the data units that are six-kind task chunks (`task_data.build_task_data`: the
+            target writes seed passages, then answers translation, summary, QA, math, RAG and multi-turn prompts
+            over them), interleaved with the conversation chunks; ShareGPT alone hardly holds translation or math,
+            and the first H200 run's ShareGPT-only heads lost most there. 0: ShareGPT only.
+        task_seed_prompts / task_prompts: the two stages' prompts in one task chunk.
+        task_seed_max_new_tokens: answer cap of the seed stage (None: ``max_new_tokens``); a passage needs 40 words.
         heldout_conversations: held-out conversations answered for evaluation.
         heads: which heads to train, in priority order (the time split in sequential mode follows it).
         calibration_steps: steps of each trainer's first run, exported at once; its step time sizes the second.
@@ -117,6 +123,10 @@ class RecipeConfig:
     turns: int = 2
     max_conversations: int | None = None
     heldout_conversations: int = 128
+    task_share: float = 0.4
+    task_seed_prompts: int = 64
+    task_prompts: int = 256
+    task_seed_max_new_tokens: int | None = None
     heads: tuple[str, ...] = HEADS
     calibration_steps: int = 40
     epochs: float = 4.0
@@ -138,6 +148,8 @@ class RecipeConfig:
             raise ValueError(f"unknown heads {unknown}; choose from {list(HEADS)}")
         if self.turns not in (1, 2):
             raise ValueError(f"turns must be 1 or 2, got {self.turns}")
+        if not 0 <= self.task_share < 1:
+            raise ValueError(f"task_share must be in [0, 1), got {self.task_share}")
         if not 0 < self.data_share < 1:
             raise ValueError(f"data_share must be between 0 and 1, got {self.data_share}")
         if self.init_from not in (None, "shipped"):
@@ -147,8 +159,9 @@ class RecipeConfig:
 DRY_RUN = dict(
     budget_s=300.0, data_share=0.5, reserve_s=60.0, grace_s=10.0, workers=1, parallel_train=False, device="cpu",
     chunk_conversations=8, batch_size=8, max_new_tokens=32, max_prompt_tokens=256, max_conversations=48,
-    heldout_conversations=8, calibration_steps=4, epochs=2.0, eagle_window=128, eagle_windows_per_step=4,
-    positions_per_step=256, draft_vocab=2048, check_prompts=1, check_new_tokens=24,
+    heldout_conversations=8, task_seed_prompts=12, task_prompts=16, task_seed_max_new_tokens=80,
+    calibration_steps=4, epochs=2.0, eagle_window=128, eagle_windows_per_step=4, positions_per_step=256,
+    draft_vocab=2048, check_prompts=1, check_new_tokens=24,
 )  # fmt: skip
 
 
@@ -345,8 +358,10 @@ def _claim(work: Path, name: str) -> bool:
 
 
 def build_worker(work: Path, model, tokenizer, cfg: RecipeConfig, deadline: float, worker: int = 0) -> None:
-    """Claim chunks (the held-out set first) and build them until the deadline (module docstring, phase 2)."""
+    """Claim units (the held-out set first, then the conversation and task chunks in `plan_chunks`'s order) and
+    build them until the deadline (module docstring, phase 2)."""
     from .conversation_data import build_conversation_data
+    from .task_data import build_task_data
 
     layout = json.loads((work / "chunks.json").read_text(encoding="utf-8"))
     status_path = work / f"worker-{worker}.json"
@@ -366,11 +381,31 @@ def build_worker(work: Path, model, tokenizer, cfg: RecipeConfig, deadline: floa
                                 turns=turns, batch_size=cfg.batch_size, source=source, progress=False,
                                 shard_size=cfg.batch_size, aux_layers=aux_layers)  # fmt: skip
 
-    for name in ["heldout"] + [f"chunk-{i:05d}" for i in range(layout["num_chunks"])]:
+    def build_tasks(name: str, seed: int) -> None:  # one unit: the seed stage, then the task stage over it
+        build_task_data(model, tokenizer, work / "data" / name, num_seed=cfg.task_seed_prompts,
+                        num_tasks=cfg.task_prompts, seed=seed, max_new_tokens=cfg.max_new_tokens,
+                        seed_max_new_tokens=cfg.task_seed_max_new_tokens,
+                        batch_size=cfg.batch_size, shard_size=cfg.batch_size, aux_layers=aux_layers, progress=False)  # fmt: skip
+
+    for name in ["heldout"] + layout["units"]:
         if time.time() + (last or 0.0) > deadline:
             status["stopped"] = "deadline"
             break
         if not _claim(work, name):
+            continue
+        if name.startswith("tasks-"):
+            if status.get("task_failures", 0) >= 2:  # the task prompts do not work for this target: skip them
+                continue
+            entry, t = {"name": name}, time.time()
+            try:
+                build_tasks(name, layout["task_seeds"][name])
+            except Exception as err:  # logged; it costs the task chunks, never the conversation chunks
+                entry["error"] = f"{type(err).__name__}: {err}"
+                status["task_failures"] = status.get("task_failures", 0) + 1
+            last = time.time() - t
+            entry["seconds"] = round(last, 1)
+            status["chunks"].append(entry)
+            write_json(status_path, status)
             continue
         convs = [_conv_from_json(c) for c in json.loads((work / "chunks" / f"{name}.json").read_text("utf-8"))]
         entry = {"name": name, "conversations": len(convs)}
@@ -404,9 +439,14 @@ def _has_shards(folder: Path) -> bool:
 
 
 def data_folders(work: Path, split: str = "train") -> list[Path]:
-    """The data folders with at least one finished shard (a build stopped part-way keeps what it wrote)."""
-    pattern = "heldout/self*" if split == "heldout" else "chunk-*/self*"
-    return [folder for folder in sorted((work / "data").glob(pattern)) if _has_shards(folder)]
+    """The data folders with at least one finished shard (a build stopped part-way keeps what it wrote): the
+    conversation chunks' turns and the task chunks' two stages (``split="train"``), or the held-out set's turns."""
+    patterns = ["heldout/self*"] if split == "heldout" else ["chunk-*/self*", "tasks-*/seed", "tasks-*/tasks"]
+    found = sorted(f for pattern in patterns for f in (work / "data").glob(pattern))
+    return [folder for folder in found if _has_shards(folder)]
+
+
+PART_NAMES = {"self": "turn 1", "self-turn2": "turn 2", "seed": "task seeds", "tasks": "six task kinds"}
 
 
 def data_counts(folders: list[Path]) -> dict:
@@ -414,7 +454,7 @@ def data_counts(folders: list[Path]) -> dict:
     parts: dict[str, dict] = {}
     for folder in folders:
         manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-        part = parts.setdefault(folder.name.replace("self-turn2", "turn 2").replace("self", "turn 1"),
+        part = parts.setdefault(PART_NAMES.get(folder.name, folder.name),
                                 {"sequences": 0, "tokens": 0, "answer_tokens": 0, "folders": 0})  # fmt: skip
         part["folders"] += 1
         for shard in manifest["shards"]:
@@ -428,7 +468,8 @@ def plan_chunks(work: Path, source: ConversationSet, cfg: RecipeConfig) -> dict:
     """Write the chunks of conversations the workers claim: the train split's first ``max_conversations`` in the
     seeded order, sorted by the length of their first user turn and cut into chunks (a batch pads little), the
     chunks then in a seeded random order (whatever number of them the time allows is a sample of every length);
-    and the held-out set."""
+    and the held-out set. ``units`` (the claim order) interleaves task chunks evenly among them, ``task_share`` of
+    all units, each with its own prompt seed, so a build stopped at any point holds both in that proportion."""
     from .conversation_data import pick_conversations
 
     chunks = work / "chunks"
@@ -442,8 +483,13 @@ def plan_chunks(work: Path, source: ConversationSet, cfg: RecipeConfig) -> dict:
     for i, piece in enumerate(pieces):
         (chunks / f"chunk-{i:05d}.json").write_text(json.dumps([_conv_to_json(c) for c in piece]), "utf-8")
     (chunks / "heldout.json").write_text(json.dumps([_conv_to_json(c) for c in held]), "utf-8")
-    layout = {"num_chunks": len(pieces), "train_conversations": len(train), "heldout_conversations": len(held),
-            "source_counts": source.counts}  # fmt: skip
+    num_tasks = round(len(pieces) * cfg.task_share / (1 - cfg.task_share))
+    order = sorted([((i + 0.5) / len(pieces), f"chunk-{i:05d}") for i in range(len(pieces))]
+                   + [((j + 0.5) / num_tasks, f"tasks-{j:05d}") for j in range(num_tasks)])  # fmt: skip
+    layout = {"num_chunks": len(pieces), "num_task_chunks": num_tasks, "units": [name for _, name in order],
+              "task_seeds": {f"tasks-{j:05d}": cfg.seed * 100_000 + 1_000 * (j + 1) for j in range(num_tasks)},
+              "train_conversations": len(train), "heldout_conversations": len(held),
+              "source_counts": source.counts}  # fmt: skip
     write_json(work / "chunks.json", layout)
     return layout
 
@@ -764,7 +810,8 @@ def run_recipe(cfg: RecipeConfig, out: str | os.PathLike, work: str | os.PathLik
     else:
         source, where = find_conversations(conversations)
     layout = plan_chunks(work, source, cfg)
-    log.state["data"].update(conversations_from=where, **layout)
+    logged = {k: v for k, v in layout.items() if k not in ("units", "task_seeds")}
+    log.state["data"].update(conversations_from=where, **logged)
     if model is None:
         model, tokenizer = load_target(model_spec, cfg.device, cfg.dtype)  # converts the GGUF once, before workers
     log.state["model"] = {"spec": model_spec, "name": getattr(model.config, "_name_or_path", None),
@@ -1075,6 +1122,7 @@ def _config_from_args(args) -> RecipeConfig:
         "reserve_s",
         "turns",
         "eagle_version",
+        "task_share",
     ):
         value = getattr(args, name)
         if value is not None:
@@ -1117,6 +1165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reserve-s", type=float, default=None)
     p.add_argument("--turns", type=int, default=None)
     p.add_argument("--eagle-version", type=int, default=None)
+    p.add_argument("--task-share", type=float, default=None,
+                   help="share of the data units that are six-kind task chunks (default 0.4; 0: ShareGPT only)")  # fmt: skip
     p.add_argument("--heads", nargs="+", choices=HEADS, default=None)
     p.add_argument("--init-from", choices=["shipped", "none"], default=None,
                    help="'shipped' (default): EAGLE-1 and Medusa fine-tune the shipped heads; 'none': from scratch")  # fmt: skip

@@ -63,7 +63,8 @@ def tiny_config(**overrides) -> RecipeConfig:
     values = dict(budget_s=120.0, reserve_s=5.0, workers=0, subprocesses=False, device="cpu", chunk_conversations=8,
                   batch_size=8, max_new_tokens=12, max_prompt_tokens=128, heldout_conversations=6,
                   calibration_steps=3, epochs=2.0, eagle_window=32, eagle_windows_per_step=4, positions_per_step=64,
-                  draft_vocab=48, check_prompts=2, check_new_tokens=12, init_from=None)  # fmt: skip
+                  draft_vocab=48, check_prompts=2, check_new_tokens=12, init_from=None, task_share=0.5,
+                  task_seed_prompts=12, task_prompts=8)  # fmt: skip
     return RecipeConfig(**{**values, **overrides})
 
 
@@ -74,13 +75,15 @@ def test_recipe_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch):
     source = ConversationSet(train=convs[:24], held_out=convs[24:], counts={"train": 24, "held_out": 6})
     out = tmp_path / "out"
     t0 = time.time()
-    state = run_recipe(tiny_config(), out, tmp_path / "work", conversations=source, model=model, tokenizer=tok)
+    cfg = tiny_config(max_new_tokens=48)  # the seed stage's passages need 40 words
+    state = run_recipe(cfg, out, tmp_path / "work", conversations=source, model=model, tokenizer=tok)
     assert time.time() - t0 < 120
     assert state["complete"], state["notes"]
-    # data: both turns, every train chunk, the held-out set apart
+    # data: both turns, every train chunk, the task chunks' two stages, the held-out set apart
     parts = state["data"]["parts"]
     assert parts["turn 1"]["sequences"] == 24 and parts["turn 2"]["sequences"] == 24, parts
-    assert parts["held-out turn 1"]["sequences"] == 6 and state["data"]["chunks_done"] == 4
+    assert parts["task seeds"]["sequences"] == 3 * 12 and parts["six task kinds"]["sequences"] > 0, parts
+    assert parts["held-out turn 1"]["sequences"] == 6 and state["data"]["chunks_done"] == 1 + 3 + 3
     # files: one tar per head and the log, nothing else
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["eagle.tar", "medusa.tar", "mlp_speculator.tar", "gpu_recipe.json", "gpu_recipe.md"]
@@ -116,7 +119,7 @@ def test_the_data_phase_stops_at_its_deadline_and_keeps_partial_builds(tiny, tmp
     model, tok = tiny
     convs = tiny_conversations(16)
     source = ConversationSet(train=convs, held_out=[], counts={})
-    cfg = tiny_config(chunk_conversations=4)
+    cfg = tiny_config(chunk_conversations=4, task_share=0.0)
     plan_chunks(tmp_path, source, cfg)
     build_worker(tmp_path, model, tok, cfg, deadline=time.time() - 1)  # past: nothing is started
     status = json.loads((tmp_path / "worker-0.json").read_text())
@@ -129,6 +132,37 @@ def test_the_data_phase_stops_at_its_deadline_and_keeps_partial_builds(tiny, tmp
     values["complete"] = False
     manifest.write_text(json.dumps(values))
     assert folders[0] in data_folders(tmp_path)
+
+
+def test_task_chunks_interleave_with_the_conversation_chunks(tmp_path):
+    """``task_share`` of the claim order is task chunks, spread evenly, each with its own prompt seed."""
+    source = ConversationSet(train=tiny_conversations(48), held_out=[], counts={})
+    layout = plan_chunks(tmp_path, source, tiny_config(chunk_conversations=8, task_share=0.4))
+    units = layout["units"]
+    assert layout["num_chunks"] == 6 and layout["num_task_chunks"] == 4 and len(units) == 10
+    assert sum(u.startswith("tasks-") for u in units[:5]) == 2  # evenly spread: a stopped build holds both kinds
+    assert len(set(layout["task_seeds"].values())) == 4
+    assert plan_chunks(tmp_path / "none", source, tiny_config(task_share=0.0))["units"] == [
+        f"chunk-{i:05d}" for i in range(6)
+    ]
+    with pytest.raises(ValueError, match="task_share"):
+        tiny_config(task_share=1.0)
+
+
+def test_failing_task_chunks_cost_only_the_task_chunks(tiny, tmp_path):
+    """Answers too short for the seed stage's passages: two task chunks fail (their seed stage kept, it is the
+    target's own text), are logged, the rest are skipped, and every conversation chunk is still built."""
+    model, tok = tiny
+    source = ConversationSet(train=tiny_conversations(32), held_out=[], counts={})
+    cfg = tiny_config(chunk_conversations=8, task_share=0.5, max_new_tokens=6)
+    plan_chunks(tmp_path, source, cfg)
+    build_worker(tmp_path, model, tok, cfg, deadline=time.time() + 60)
+    status = json.loads((tmp_path / "worker-0.json").read_text())
+    tasks = [c for c in status["chunks"] if c["name"].startswith("tasks-")]
+    assert status["stopped"] == "done" and status["task_failures"] == 2 and len(tasks) == 2
+    assert all("passages" in c["error"] for c in tasks), tasks
+    folders = [f.name for f in data_folders(tmp_path)]  # 4 conversation chunks x 2 turns; the failed chunks'
+    assert len(folders) == 10 and folders.count("seed") == 2 and "tasks" not in folders  # seed stages still count
 
 
 def test_a_trainer_fits_its_second_run_into_the_deadline(tiny, tmp_path):
