@@ -386,25 +386,35 @@ class TrainingRun:
 
 def data_description(manifest: dict) -> str:
     """One line on the self-distillation data of ``manifest`` (for reports and model cards). Parts built the same
-    way (the GPU recipe writes one per chunk of conversations) are summed into one clause."""
-    groups: dict[tuple, list[int]] = {}  # (teacher-forced, how, max new tokens, kind) -> [sequences, answers, planned]
+    way (the GPU recipe writes one per chunk of conversations or of task prompts, each task chunk with its own prompt
+    seed) are summed into one clause naming their seeds; a local path of the base model keeps its last component
+    only (a card is public)."""
+    from ..heads.hub import without_local_paths
+
+    groups: dict[
+        tuple, list
+    ] = {}  # (teacher-forced, how, max new tokens, kind) -> [sequences, answers, planned, seeds]
     for part in manifest.get("parts") or [manifest]:
         recipe = part.get("prompt_recipe") or {}
         gen = part.get("generation") or {}
         shards = part.get("shards") or []
         stage = f", {recipe['stage']} stage" if recipe.get("stage") else ""
         key = (bool(part.get("teacher_forced")), "sampled" if gen.get("do_sample") else "greedy",
-               gen.get("max_new_tokens"), f"{recipe.get('kind', 'templates x topics')}{stage}, seed {recipe.get('seed')}")  # fmt: skip
-        counts = groups.setdefault(key, [0, 0, 0])
+               gen.get("max_new_tokens"), f"{recipe.get('kind', 'templates x topics')}{stage}")  # fmt: skip
+        counts = groups.setdefault(key, [0, 0, 0, []])
         counts[0] += sum(sh["num_sequences"] for sh in shards)
         counts[1] += sum(sh.get("num_answer_tokens", 0) for sh in shards)
         counts[2] += part.get("num_prompts") or recipe.get("num_prompts") or 0
+        if recipe.get("seed") not in counts[3]:
+            counts[3].append(recipe.get("seed"))
     described = []
-    for (teacher_forced, how, max_new, kind), (sequences, answers, planned) in groups.items():
+    for (teacher_forced, how, max_new, kind), (sequences, answers, planned, seeds) in groups.items():
+        kind = f"{kind}, seed{'s' if len(seeds) > 1 else ''} {', '.join(str(seed) for seed in seeds)}"
         if teacher_forced:  # the conversations' own answers, labelled with the target's arg-max
             described.append(f"{sequences:,} of {planned:,} planned conversations teacher-forced through the target "
                              f"({answers:,} answer tokens labelled with its arg-max; {kind})")  # fmt: skip
         else:
             described.append(f"{sequences:,} {how} answers (max {max_new} new tokens, {answers:,} answer tokens) to "
                              f"{sequences:,} of {planned:,} planned prompts ({kind})")  # fmt: skip
-    return f"distillation of {manifest.get('base_model')}: " + "; ".join(described) + "; no benchmark questions"
+    base = without_local_paths(str(manifest.get("base_model")))
+    return f"distillation of {base}: " + "; ".join(described) + "; no benchmark questions"

@@ -124,3 +124,7 @@ def test_description_sums_the_parts_built_the_same_way(tiny, tmp_path):
     assert text.count("greedy answers") == 2, text
     assert f"{3 * sequences} greedy answers (max 4 new tokens, {3 * answers} answer tokens)" in text
     assert f"{sequences} greedy answers (max 8 new tokens, {answers} answer tokens)" in text
+    reseeded = {**part, "prompt_recipe": {**(part.get("prompt_recipe") or {}), "seed": 1000}}  # a task chunk's own seed
+    text = data_description({"base_model": "/root/.cache/hf_specdec/tiny-model", "parts": [part, reseeded]})
+    assert text.count("greedy answers") == 1 and f"{2 * sequences} greedy answers" in text, text
+    assert "seeds " in text and ", 1000)" in text and text.startswith("distillation of tiny-model:"), text
