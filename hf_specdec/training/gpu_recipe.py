@@ -111,7 +111,7 @@ class RecipeConfig:
     data_share: float = 0.78
     reserve_s: float = 45.0
     grace_s: float = 15.0
-    workers: int = 8
+    workers: int = 4  # 8 built no faster on an H200 (5,202 tokens/s against 5,979 with 4)
     subprocesses: bool = True
     parallel_train: bool = True
     device: str = "cuda"
