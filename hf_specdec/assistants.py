@@ -20,12 +20,14 @@ from pathlib import Path
 import torch
 
 from .generation.proposers.base import Proposer
+from .generation.proposers.dflash import DFlashAssistant
 from .generation.proposers.eagle import EagleAssistant
 from .generation.proposers.fallback import FallbackAssistant
 from .generation.proposers.medusa import MedusaAssistant
 from .generation.proposers.mlp_speculator import MLPSpeculatorAssistant
 from .generation.proposers.ngram import NgramAssistant
 from .generation.proposers.suffix import SuffixAssistant
+from .heads.dflash import DFlashHead
 from .heads.eagle import EagleHead
 from .heads.hub import PretrainedHead
 from .heads.medusa import MedusaHeads
@@ -103,7 +105,8 @@ def load_default_assistant(name: str = DEFAULT_ASSISTANT) -> Proposer:
             a match, the shipped Medusa heads / EAGLE head elsewhere: the fastest on the default model,
             docs/results.md), ``"ngram"`` (prompt lookup over token trees, no weights: any model), ``"medusa"`` (the
             shipped Medusa-1 heads drafting a candidate tree that the tree budget sizes), ``"eagle"`` (the shipped EAGLE-1/2 head drafting EAGLE-2
-            dynamic trees), ``"mlp_speculator"`` (the shipped MLP speculator), ``"suffix"`` (suffix decoding over the
+            dynamic trees), ``"mlp_speculator"`` (the shipped MLP speculator), ``"dflash"`` / ``"ngram+dflash"`` (the
+            shipped DFlash block drafter drafting DDTrees, alone or behind prompt lookup), ``"suffix"`` (suffix decoding over the
             request and the assistant's store of earlier answers: keep the returned assistant and pass it to every
             call of a session) or ``"suffix+eagle"`` / ``"suffix+medusa"`` (`available_assistants`).
     Returns:
@@ -151,6 +154,7 @@ def _load_once(head_class: type[PretrainedHead], folder: Path) -> PretrainedHead
 MEDUSA = ShippedHead("Medusa heads", DEFAULT_MEDUSA_DIR, MedusaHeads)
 EAGLE = ShippedHead("EAGLE head", SHIPPED_HEAD_DIRS["eagle"], EagleHead)
 MLP_SPECULATOR = ShippedHead("MLP speculator", SHIPPED_HEAD_DIRS["mlp_speculator"], MLPSpeculator)
+DFLASH = ShippedHead("DFlash head", SHIPPED_HEAD_DIRS["dflash"], DFlashHead)
 DEFAULT_EAGLE_DIR, DEFAULT_MLP_SPECULATOR_DIR = EAGLE.folder, MLP_SPECULATOR.folder
 
 
@@ -175,6 +179,10 @@ def _eagle() -> Proposer:
 
 def _mlp_speculator() -> Proposer:
     return MLPSpeculatorAssistant(MLP_SPECULATOR.load())
+
+
+def _dflash() -> Proposer:
+    return DFlashAssistant(DFLASH.load())
 
 
 register_default_assistant(
@@ -211,6 +219,20 @@ register_default_assistant(
     description="MLPSpeculatorAssistant: the shipped MLP speculator (IBM accelerator architecture) drafting trimmed "
     "product trees",
     requires=MLP_SPECULATOR.ships,
+)
+register_default_assistant(
+    "dflash",
+    _dflash,
+    description="DFlashAssistant: the shipped DFlash block drafter drafting DDTrees (one block of per-depth "
+    "distributions, best paths first)",
+    requires=DFLASH.ships,
+)
+register_default_assistant(
+    "ngram+dflash",
+    _with_ngram(_dflash),
+    description="FallbackAssistant: prompt lookup (NgramAssistant) where it finds a match, else the shipped DFlash "
+    "head",
+    requires=DFLASH.ships,
 )
 register_default_assistant(
     "suffix",

@@ -37,6 +37,7 @@ SHIPPED_HEAD_DIRS = {
     "eagle": ASSETS / "eagle-smollm2-135m-instruct",
     "medusa": ASSETS / "medusa-smollm2-135m-instruct",
     "mlp_speculator": ASSETS / "mlp-speculator-smollm2-135m-instruct",
+    "dflash": ASSETS / "dflash-smollm2-135m-instruct",
 }
 # Bump when the converted folder's layout or contents change, so that old caches are rebuilt.
 _FORMAT_VERSION = 1
