@@ -9,7 +9,7 @@ two figures is what decides a head's speedup.
 The figure is the first draft token's greedy acceptance: at each answer position t whose token t + 2 is an answer
 token, does the head's arg-max (fed the target's state at t and the token t + 1, as the loop feeds it) equal the
 target's token t + 2. For Medusa heads and MLP speculators the later heads / stages are scored too (teacher-forced:
-each given the earlier tokens right).
+each given the earlier tokens right); for a DFlash head every depth of its block anchored at t + 1.
 
     hf-specdec eval-heads                       # builds the answers once (cached), then prints a table
     rows = evaluate_heads(model, load_distillation_data(folder, evaluation_only_ok=True), heads, categories)
@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
-from ..assistants import EAGLE, MEDUSA, MLP_SPECULATOR
+from ..assistants import DFLASH, EAGLE, MEDUSA, MLP_SPECULATOR
 from ..generation.proposers.ngram import prompt_lookup_predictions
+from ..heads.dflash import DFlashHead
 from ..heads.eagle import EagleHead
 from ..heads.medusa import MedusaHeads
 from ..heads.mlp_speculator import MLPSpeculator
@@ -116,6 +117,8 @@ def head_top1(model, head: torch.nn.Module, data: DistillationData, seq_ids: tor
     position (EAGLE: the first draft token; Medusa: per head; MLP speculator: per stage)."""
     if isinstance(head, EagleHead):
         return [evaluate_eagle(head, data, seq_ids, max_positions=10**9)["top1"]]
+    if isinstance(head, DFlashHead):
+        return [round(float(x), 4) for x in dflash_block_hits(head, data, seq_ids)[1].float().mean(0)]
     positions = head_positions(data, seq_ids)  # [P]
     if isinstance(head, MLPSpeculator):
         return evaluate_mlp_speculator(head, data, positions)["top1_per_stage"]
@@ -164,11 +167,42 @@ def eagle_chain_accepted(head: EagleHead, data: DistillationData, seq_ids: torch
 
 
 @torch.no_grad()
+def dflash_block_hits(head: DFlashHead, data: DistillationData, seq_ids: torch.Tensor) -> tuple:
+    """``(positions [P], hits [P, D])``: at every answer position t of the sequences (token t + 2 an answer token),
+    whether each depth d of the head's arg-max block anchored at t + 1 (the root, as the loop drafts from it) is the
+    target's token t + 1 + d. The block's depths do not read each other's drafts, so the leading run of hits is what
+    greedy verification of the block's chain accepts."""
+    features, nxt = data.features(head.feature_layers), data.next_tokens()
+    first, depths, w = (0 if head.sample_from_anchor else 1), head.num_depths, head.fc.weight
+    positions, hits = [], []
+    for s, a, e in data.seq_bounds[seq_ids].tolist():
+        t = torch.arange(max(s, a - 2), e - 2)
+        t = t[data.answer_mask[t + 2]]
+        if t.numel() == 0:
+            continue
+        seq = torch.arange(s, e)
+        logits = head(data.input_ids[seq][None].to(w.device), features[seq][None].to(w.device, w.dtype),
+                      (t + 1 - s)[None].to(w.device))[0, :, first : first + depths]  # fmt: skip
+        guess = head.draft_to_token(logits.argmax(-1)).cpu()  # [T, D]
+        pos = (t + 1)[:, None] + torch.arange(1, depths + 1)  # [T, D] the position depth d drafts
+        want = torch.where(pos < e, nxt[(pos - 1).clamp(max=e - 1)], -2)
+        positions.append(t)
+        hits.append(guess == want)
+    if not positions:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, head.num_depths, dtype=torch.bool)
+    return torch.cat(positions), torch.cat(hits)
+
+
+@torch.no_grad()
 def chain_accepted(model, head: torch.nn.Module, data: DistillationData, seq_ids: torch.Tensor) -> tuple:
     """``(positions [P], accepted [P])``: per answer position, the draft tokens a greedy chain of the head's full
-    depth gets right in a row (EAGLE: `EAGLE_CHAIN_DEPTH` steps; Medusa: every head; MLP speculator: every stage)."""
+    depth gets right in a row (EAGLE: `EAGLE_CHAIN_DEPTH` steps; Medusa: every head; MLP speculator: every stage;
+    DFlash: every depth of its block)."""
     if isinstance(head, EagleHead):
         return eagle_chain_accepted(head, data, seq_ids, EAGLE_CHAIN_DEPTH)
+    if isinstance(head, DFlashHead):
+        positions, hits = dflash_block_hits(head, data, seq_ids)
+        return positions, hits.long().cumprod(1).sum(1)
     positions = head_positions(data, seq_ids)  # [P]
     if isinstance(head, MLPSpeculator):
         return positions, tree_accepted_depths(head, data, positions, [1] * head.n_predict)
@@ -264,15 +298,14 @@ def load_bench_answers(folder: str | Path) -> tuple[DistillationData, list[str]]
 
 
 # ---------------------------------------------------------------------------------------------------- command line
-SHIPPED = {shipped.head_class.head_type: shipped for shipped in (EAGLE, MEDUSA, MLP_SPECULATOR)}
+SHIPPED = {shipped.head_class.head_type: shipped for shipped in (EAGLE, MEDUSA, MLP_SPECULATOR, DFLASH)}
 HEAD_CLASSES = {name: shipped.head_class for name, shipped in SHIPPED.items()}  # config.json's head_type -> class
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``hf-specdec eval-heads``."""
-    parser.add_argument(
-        "--heads", default=",".join(SHIPPED), help=f"comma-separated shipped heads (default: {','.join(SHIPPED)})"
-    )
+    shipped = ",".join(name for name, head in SHIPPED.items() if head.ships())
+    parser.add_argument("--heads", default=shipped, help=f"comma-separated shipped heads (default: {shipped})")
     parser.add_argument(
         "--head-dir", action="append", default=[], metavar="NAME=FOLDER", help="also a head saved in FOLDER"
     )
@@ -337,13 +370,15 @@ def _by_feature_layers(model, heads: Mapping[str, torch.nn.Module]) -> dict[tupl
     """The heads grouped by the aux layers their data must hold (``()``: the final states only)."""
     groups: dict[tuple[int, ...], dict] = {}
     for name, head in heads.items():
-        layers = head.bind(model).feature_layers if isinstance(head, EagleHead) and head.version == 3 else ()
+        reads_layers = isinstance(head, DFlashHead) or (isinstance(head, EagleHead) and head.version == 3)
+        layers = head.bind(model).feature_layers if reads_layers else ()
         groups.setdefault(tuple(layers), {})[name] = head
     return groups
 
 
 __all__ = [
     "bench_answers_folder",
+    "dflash_block_hits",
     "with_layers",
     "build_bench_answers",
     "evaluate_heads",

@@ -114,3 +114,25 @@ def test_an_eagle3_head_is_scored_on_answers_holding_its_layers(default_model, t
     hit, total = plain_first_token_hits(head, data, data.aux_hidden)
     overall = next(r for r in evaluate_heads(model, data, {"eagle3": head}, categories) if r["category"] == "overall")
     assert total > 20 and overall["top1"][0] == pytest.approx(hit / total, abs=1e-4)
+
+
+def test_the_dflash_head_is_scored_on_its_layers_as_its_trainer_scores_it(default_model, tmp_path):
+    """The shipped DFlash head reads three layers' states: `eval-heads` groups it with answers holding them, and its
+    figures (depth-1 top-1, chain τ over its whole block) are the trainer's held-out computation (`evaluate_dflash`)
+    on the same anchors: every answer position, the block anchored at the token before it."""
+    from hf_specdec.assistants import DFLASH
+    from hf_specdec.bench.head_eval import _by_feature_layers
+    from hf_specdec.training.dflash import evaluate_dflash
+
+    model, tok = default_model
+    head = DFLASH.load().bind(model)
+    (layers,) = _by_feature_layers(model, {"dflash": head})
+    assert layers == tuple(head.feature_layers) and len(layers) > 1
+    build_bench_answers(model, tok, find_questions_file(), tmp_path, per_category=1, seed=0, max_new_tokens=NEW,
+                        batch_size=6, progress=False, aux_layers=layers)  # fmt: skip
+    data, categories = load_bench_answers(tmp_path)
+    overall = next(r for r in evaluate_heads(model, data, {"dflash": head}, categories) if r["category"] == "overall")
+    plain = evaluate_dflash(head, data, torch.arange(len(categories)), max_positions=10**9)
+    assert plain["positions"] > 20 and overall["chain"]["positions"] == plain["positions"]
+    assert len(overall["top1"]) == head.num_depths and overall["top1"][0] == pytest.approx(plain["top1"], abs=1e-4)
+    assert overall["chain"]["tau"] == pytest.approx(plain["chain_tau"], abs=1e-3)
