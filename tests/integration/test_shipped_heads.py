@@ -12,7 +12,7 @@ import torch
 import hf_specdec
 from hf_specdec.testing import assert_same_tokens, spec_bench_batch
 
-SHIPPED = ("eagle", "medusa", "mlp_speculator", "ngram+eagle", "ngram+medusa")
+SHIPPED = ("eagle", "medusa", "mlp_speculator", "dflash", "ngram+eagle", "ngram+medusa", "ngram+dflash")
 WARPERS = dict(temperature=1.0, top_k=3)
 ROWS = 1000  # 5 sigma on a cell of probability 0.3: a bias of 0.07
 P_PASS = 1e-4

@@ -9,7 +9,8 @@ import re
 import pytest
 
 from hf_specdec import EagleHead, MedusaHeads, MLPSpeculator
-from hf_specdec.assistants import DEFAULT_EAGLE_DIR, DEFAULT_MEDUSA_DIR, DEFAULT_MLP_SPECULATOR_DIR
+from hf_specdec.assistants import DEFAULT_EAGLE_DIR, DEFAULT_MEDUSA_DIR, DEFAULT_MLP_SPECULATOR_DIR, DFLASH
+from hf_specdec.heads.dflash import DFlashHead
 from hf_specdec.heads.hub import hub_base_model, without_local_paths
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
@@ -17,6 +18,7 @@ SHIPPED = [
     (MedusaHeads, DEFAULT_MEDUSA_DIR),
     (EagleHead, DEFAULT_EAGLE_DIR),
     (MLPSpeculator, DEFAULT_MLP_SPECULATOR_DIR),
+    (DFlashHead, DFLASH.folder),
 ]
 
 
@@ -82,7 +84,9 @@ def test_shipped_card_facts_are_the_cited_runs(cls, folder):
 
     facts = cls.from_pretrained(folder).model_card
     run = json.loads((Path(__file__).parents[2] / facts["results"]).read_text())
-    method = {"MedusaHeads": "medusa", "EagleHead": "eagle", "MLPSpeculator": "mlp_speculator"}[cls.__name__]
+    method = {"MedusaHeads": "medusa", "EagleHead": "eagle", "MLPSpeculator": "mlp_speculator", "DFlashHead": "dflash"}[
+        cls.__name__
+    ]
     (overall,) = [s for s in run["summary"] if s["method"] == method and s["category"] == "overall"]
     assert facts["speedup"] == round(overall["speedup"], 2) and facts["tau"] == round(overall["tau"], 2)
     assert "/root/" not in json.dumps(facts)
