@@ -47,6 +47,8 @@ METHOD_LABELS = {
     "mlp_speculator": "`mlp_speculator` (shipped)",
     "medusa": "`medusa` (shipped heads)",
     "eagle": "`eagle` (shipped head)",
+    "ngram+dflash": "`ngram+dflash` (n-gram, else the shipped DFlash head)",
+    "dflash": "`dflash` (shipped DFlash head, DDTrees)",
     "null": "`null`: the loop with no drafts",
     "hf-prompt-lookup": "`hf-prompt-lookup`: transformers' prompt lookup",
     "arctic-suffix": "`arctic-suffix`: Arctic Inference's suffix tree in this loop",
