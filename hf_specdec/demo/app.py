@@ -62,6 +62,8 @@ PARTS = {
               "tree of guesses: for open answers with nothing to copy"),
     "mlp_speculator": ("the MLP speculator", "a small network trained on this model's own answers guesses the next "
                        "tokens: for open answers with nothing to copy"),
+    "dflash": ("the DFlash block drafter", "one small forward on the model's features drafts a whole block of "
+               "guesses, spread into a tree: for open answers (the shipped one is briefly trained, still weak)"),
 }  # fmt: skip
 
 BOUND_HELP = (
