@@ -31,6 +31,7 @@ from ..heads.dflash import DFlashHead
 from ..heads.eagle import EagleHead
 from ..heads.medusa import MedusaHeads
 from ..heads.mlp_speculator import MLPSpeculator
+from ..training.dflash import dflash_block_hits
 from ..training.distillation_data import build_distillation_data
 from ..training.eagle import evaluate_eagle, unrolled_draft_logits
 from ..training.labels import head_positions
@@ -167,33 +168,6 @@ def eagle_chain_accepted(head: EagleHead, data: DistillationData, seq_ids: torch
 
 
 @torch.no_grad()
-def dflash_block_hits(head: DFlashHead, data: DistillationData, seq_ids: torch.Tensor) -> tuple:
-    """``(positions [P], hits [P, D])``: at every answer position t of the sequences (token t + 2 an answer token),
-    whether each depth d of the head's arg-max block anchored at t + 1 (the root, as the loop drafts from it) is the
-    target's token t + 1 + d. The block's depths do not read each other's drafts, so the leading run of hits is what
-    greedy verification of the block's chain accepts."""
-    features, nxt = data.features(head.feature_layers), data.next_tokens()
-    first, depths, w = (0 if head.sample_from_anchor else 1), head.num_depths, head.fc.weight
-    positions, hits = [], []
-    for s, a, e in data.seq_bounds[seq_ids].tolist():
-        t = torch.arange(max(s, a - 2), e - 2)
-        t = t[data.answer_mask[t + 2]]
-        if t.numel() == 0:
-            continue
-        seq = torch.arange(s, e)
-        logits = head(data.input_ids[seq][None].to(w.device), features[seq][None].to(w.device, w.dtype),
-                      (t + 1 - s)[None].to(w.device))[0, :, first : first + depths]  # fmt: skip
-        guess = head.draft_to_token(logits.argmax(-1)).cpu()  # [T, D]
-        pos = (t + 1)[:, None] + torch.arange(1, depths + 1)  # [T, D] the position depth d drafts
-        want = torch.where(pos < e, nxt[(pos - 1).clamp(max=e - 1)], -2)
-        positions.append(t)
-        hits.append(guess == want)
-    if not positions:
-        return torch.zeros(0, dtype=torch.long), torch.zeros(0, head.num_depths, dtype=torch.bool)
-    return torch.cat(positions), torch.cat(hits)
-
-
-@torch.no_grad()
 def chain_accepted(model, head: torch.nn.Module, data: DistillationData, seq_ids: torch.Tensor) -> tuple:
     """``(positions [P], accepted [P])``: per answer position, the draft tokens a greedy chain of the head's full
     depth gets right in a row (EAGLE: `EAGLE_CHAIN_DEPTH` steps; Medusa: every head; MLP speculator: every stage;
@@ -201,8 +175,8 @@ def chain_accepted(model, head: torch.nn.Module, data: DistillationData, seq_ids
     if isinstance(head, EagleHead):
         return eagle_chain_accepted(head, data, seq_ids, EAGLE_CHAIN_DEPTH)
     if isinstance(head, DFlashHead):
-        positions, hits = dflash_block_hits(head, data, seq_ids)
-        return positions, hits.long().cumprod(1).sum(1)
+        anchors, hits = dflash_block_hits(head, data, seq_ids)  # the anchor is t + 1 of answer position t
+        return anchors - 1, hits.long().cumprod(1).sum(1)
     positions = head_positions(data, seq_ids)  # [P]
     if isinstance(head, MLPSpeculator):
         return positions, tree_accepted_depths(head, data, positions, [1] * head.n_predict)
@@ -378,7 +352,6 @@ def _by_feature_layers(model, heads: Mapping[str, torch.nn.Module]) -> dict[tupl
 
 __all__ = [
     "bench_answers_folder",
-    "dflash_block_hits",
     "with_layers",
     "build_bench_answers",
     "evaluate_heads",

@@ -129,8 +129,40 @@ def dflash_loss(
 
 
 @torch.no_grad()
+def dflash_block_hits(
+    head: DFlashHead, data: DistillationData, seq_ids: torch.Tensor, max_positions: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(anchors [A], hits [A, D])``: at every answer anchor (the token before an answer token, as the loop drafts
+    from its root), each sequence read whole, whether each depth d of the head's arg-max block is the target's token
+    anchor + d; at most ``max_positions`` anchors (None: all). The depths do not read each other's drafts, so the
+    leading run of hits is what greedy verification of the block's chain accepts."""
+    features, nxt = data.features(head.feature_layers), data.next_tokens()
+    first, depths, w = (0 if head.sample_from_anchor else 1), head.num_depths, head.fc.weight
+    found, hits, total = [], [], 0
+    for s, a, e in data.seq_bounds[seq_ids].tolist():
+        if max_positions is not None and total >= max_positions:
+            break
+        anchors = torch.arange(max(s + 1, a - 1), e - 1)
+        anchors = anchors[data.answer_mask[anchors + 1]]
+        anchors = anchors if max_positions is None else anchors[: max_positions - total]
+        if anchors.numel() == 0:
+            continue
+        t = torch.arange(s, e)
+        logits = head(data.input_ids[t][None].to(w.device), features[t][None].to(w.device, w.dtype),
+                      (anchors - s)[None].to(w.device))[0, :, first : first + depths]  # fmt: skip
+        guess = head.draft_to_token(logits.argmax(-1)).cpu()  # [A, D]
+        pos = anchors[:, None] + torch.arange(1, depths + 1)  # [A, D] the position depth d drafts
+        want = torch.where(pos < e, nxt[(pos - 1).clamp(max=e - 1)], -2)
+        found.append(anchors)
+        hits.append(guess == want)
+        total += int(anchors.numel())
+    if not found:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, head.num_depths, dtype=torch.bool)
+    return torch.cat(found), torch.cat(hits)
+
+
 def evaluate_dflash(head: DFlashHead, data: DistillationData, seq_ids: torch.Tensor, max_positions: int) -> dict:
-    """Held-out chain acceptance of the head's arg-max blocks at answer anchors, each sequence read whole.
+    """Held-out chain acceptance of the head's arg-max blocks at answer anchors (`dflash_block_hits`).
 
     Returns:
         ``{"top1", "chain_tau", "per_depth", "positions"}``: depth-1 hit rate, 1 + mean leading hits, the share of
@@ -138,29 +170,14 @@ def evaluate_dflash(head: DFlashHead, data: DistillationData, seq_ids: torch.Ten
     """
     was = head.training
     head.eval()
-    features, nxt = data.features(head.feature_layers), data.next_tokens()
-    first, depths, w = (0 if head.sample_from_anchor else 1), head.num_depths, head.fc.weight
-    runs, total = [], 0
-    for s, a, e in data.seq_bounds[seq_ids].tolist():
-        anchors = torch.arange(max(s + 1, a - 1), e - 1)
-        anchors = anchors[data.answer_mask[anchors + 1]][: max_positions - total]
-        if total >= max_positions or anchors.numel() == 0:
-            continue
-        t = torch.arange(s, e)
-        logits = head(data.input_ids[t][None].to(w.device), features[t][None].to(w.device, w.dtype),
-                      (anchors - s)[None].to(w.device))[0, :, first : first + depths]  # fmt: skip
-        guess = head.draft_to_token(logits.argmax(-1)).cpu()  # [A, D]
-        pos = anchors[:, None] + torch.arange(1, depths + 1)  # [A, D]
-        want = torch.where(pos < e, nxt[(pos - 1).clamp(max=e - 1)], -2)
-        runs.append(torch.cumprod((guess == want).long(), dim=1))  # [A, D] 1 while every depth so far hit
-        total += int(anchors.numel())
+    anchors, hits = dflash_block_hits(head, data, seq_ids, max_positions)
     head.train(was)
-    if not runs:
+    if anchors.numel() == 0:
         return {"top1": 0.0, "chain_tau": 1.0, "per_depth": [], "positions": 0}
-    hits = torch.cat(runs).float()
-    per_depth = [round(float(x), 4) for x in hits.mean(0)]
-    return {"top1": per_depth[0], "chain_tau": round(1 + float(hits.sum(1).mean()), 4), "per_depth": per_depth,
-            "positions": total}  # fmt: skip
+    runs = torch.cumprod(hits.long(), dim=1).float()  # [A, D] 1 while every depth so far hit
+    per_depth = [round(float(x), 4) for x in runs.mean(0)]
+    return {"top1": per_depth[0], "chain_tau": round(1 + float(runs.sum(1).mean()), 4), "per_depth": per_depth,
+            "positions": int(anchors.numel())}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------- training
@@ -239,4 +256,12 @@ def train_dflash(
     return head, report
 
 
-__all__ = ["DFlashTrainingConfig", "block_targets", "dflash_loss", "draw_anchors", "evaluate_dflash", "train_dflash"]
+__all__ = [
+    "DFlashTrainingConfig",
+    "block_targets",
+    "dflash_loss",
+    "dflash_block_hits",
+    "draw_anchors",
+    "evaluate_dflash",
+    "train_dflash",
+]
