@@ -39,6 +39,7 @@ def build_distillation_data(
     pad_token_id: int | None = None,
     base_model_name: str | None = None,
     aux_layers: Sequence[int] = (),
+    tokens_per_batch: int | None = None,
     progress: bool = True,
 ) -> dict:
     """Let ``model`` answer every prompt and cache ids + final hidden states in safetensors shards under ``out_dir``.
@@ -62,6 +63,9 @@ def build_distillation_data(
         aux_layers: also store the states of these entries of transformers' ``hidden_states`` tuple (an EAGLE-3
             head's feature layers, e.g. ``EagleHead.bind(model).feature_layers``) as ``aux_hidden``
             `[N, H * len(aux_layers)]`.
+        tokens_per_batch: also cap a batch at this many rows x (longest prompt + ``max_new_tokens``), the cache it
+            can grow to (`Answering.batches`): a large ``batch_size`` for short prompts without running out of memory
+            on long ones. None: ``batch_size`` alone.
         progress: tqdm bar.
     Returns:
         the manifest dict (also in ``out_dir/manifest.json``).
@@ -71,7 +75,7 @@ def build_distillation_data(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     how = Answering.of(model, max_new_tokens, batch_size, do_sample, temperature, top_p, eos_token_id, pad_token_id,
-                       aux_layers)  # fmt: skip
+                       aux_layers, tokens_per_batch)  # fmt: skip
     settings = {"generation": how.describe(seed), "shard_size": int(shard_size), "hidden_dtype": str(hidden_dtype)}
     if how.aux_layers:  # only then: folders built before keep their fingerprint
         settings["aux_layers"] = list(how.aux_layers)

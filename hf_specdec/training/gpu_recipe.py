@@ -57,7 +57,9 @@ from .conversations import Conversation, ConversationSet, Turn, load_conversatio
 from .labels import head_positions
 from .shards import DistillationData, load_distillation_data, write_json
 
-HEADS = ("eagle", "medusa", "mlp_speculator")
+HEADS = ("eagle", "medusa", "mlp_speculator", "dflash")
+# what the recipe trains unless told: the DFlash block drafter is asked for by name (--heads ... dflash)
+DEFAULT_HEADS = ("eagle", "medusa", "mlp_speculator")
 MAX_FILE_MIB = 15.5  # a file that comes back from the device machine may hold 16 MiB
 LOG_JSON, LOG_MD = "gpu_recipe.json", "gpu_recipe.md"
 CARRY_DIR = ".gpu_carry"  # in the repository root, ignored (.git/info/exclude); travels with `run(carry=[...])`
@@ -85,6 +87,9 @@ class RecipeConfig:
         parallel_train: the trainer processes run side by side (else one after the other, the time split).
         device / dtype: where and in what the target runs (the heads train in fp32 on ``device``).
         chunk_conversations / batch_size / max_new_tokens / max_prompt_tokens / turns: the data build.
+        tokens_per_batch: a generation batch also holds at most this many rows x (longest prompt + new tokens)
+            (`Answering.batches`): large batches of short prompts, smaller ones of long prompts; a batch that still
+            runs out of device memory is answered in halves.
         max_conversations: train-split conversations offered to the build (None: all).
         task_share: share of the data units that are six-kind task chunks (`task_data.build_task_data`: the
             target writes seed passages, then answers translation, summary, QA, math, RAG and multi-turn prompts
@@ -96,7 +101,10 @@ class RecipeConfig:
         heads: which heads to train, in priority order (the time split in sequential mode follows it).
         calibration_steps: steps of each trainer's first run, exported at once; its step time sizes the second.
         epochs: cap on passes over the data.
-        eagle_window / eagle_windows_per_step / positions_per_step / draft_vocab / eagle_version: trainer shapes.
+        eagle_window / eagle_windows_per_step / positions_per_step / draft_vocab / eagle_version: trainer shapes
+            (the DFlash head trains on EAGLE's windows).
+        dflash_block_size / dflash_anchors_per_window: the DFlash head's block (anchor included) and its blocks per
+            training window. It always trains from scratch.
         init_from: ``"shipped"``: EAGLE-1 and Medusa fine-tune the heads shipped for the default model (at
             ``fine_tune_lr``), which saw the benchmark's six task kinds that ShareGPT lacks (the first H200 run's
             heads, trained from scratch on ShareGPT alone, lost to them on the bench's answers); the MLP
@@ -111,23 +119,26 @@ class RecipeConfig:
     data_share: float = 0.78
     reserve_s: float = 45.0
     grace_s: float = 15.0
-    workers: int = 4  # 8 built no faster on an H200 (5,202 tokens/s against 5,979 with 4)
+    # 4 or 8 builders with batches of 128 gave the same 5-6k tokens/s on an H200 (processes time-share the GPU, and
+    # a decoding step of a 135M model costs launches, not arithmetic): fewer processes, larger batches
+    workers: int = 2
     subprocesses: bool = True
     parallel_train: bool = True
     device: str = "cuda"
     dtype: str = "float32"
-    chunk_conversations: int = 256
-    batch_size: int = 128
+    chunk_conversations: int = 512
+    batch_size: int = 512
+    tokens_per_batch: int | None = 320_000
     max_new_tokens: int = 256
     max_prompt_tokens: int = 1024
     turns: int = 2
     max_conversations: int | None = None
     heldout_conversations: int = 128
     task_share: float = 0.4
-    task_seed_prompts: int = 64
-    task_prompts: int = 256
+    task_seed_prompts: int = 128
+    task_prompts: int = 512
     task_seed_max_new_tokens: int | None = None
-    heads: tuple[str, ...] = HEADS
+    heads: tuple[str, ...] = DEFAULT_HEADS
     calibration_steps: int = 40
     epochs: float = 4.0
     eagle_window: int = 512
@@ -135,6 +146,8 @@ class RecipeConfig:
     positions_per_step: int = 2048
     draft_vocab: int = 8192
     eagle_version: int = 1
+    dflash_block_size: int = 4
+    dflash_anchors_per_window: int = 32
     init_from: str | None = "shipped"
     fine_tune_lr: float = 3e-4
     check_prompts: int = 2
@@ -155,6 +168,9 @@ class RecipeConfig:
         if self.init_from not in (None, "shipped"):
             raise ValueError(f"init_from must be 'shipped' or None, got {self.init_from!r}")
 
+
+# the sequential modes' split of the training time
+TRAIN_SHARE = {"eagle": 0.4, "dflash": 0.3, "medusa": 0.15, "mlp_speculator": 0.15}
 
 DRY_RUN = dict(
     budget_s=300.0, data_share=0.5, reserve_s=60.0, grace_s=10.0, workers=1, parallel_train=False, device="cpu",
@@ -368,24 +384,22 @@ def build_worker(work: Path, model, tokenizer, cfg: RecipeConfig, deadline: floa
     status = {"worker": worker, "chunks": [], "stopped": None}
     last: float | None = None  # seconds of the last unit built (turn 1 or turn 2 of a chunk)
 
-    aux_layers = ()
-    if cfg.eagle_version == 3 and "eagle" in cfg.heads:  # EAGLE-3 reads three layers' states: store them too
-        from ..heads.eagle import eagle3_feature_layers
-
-        aux_layers = tuple(eagle3_feature_layers(model))
+    aux_layers = stored_layers(model, cfg)
 
     def build(name: str, convs: list[Conversation], turns: int) -> None:
         source = ConversationSet(train=convs, held_out=[], counts=layout["source_counts"])
         build_conversation_data(model, tokenizer, work / "data" / name, mode="self", num_conversations=None,
                                 seed=cfg.seed, max_tokens=cfg.max_prompt_tokens, max_new_tokens=cfg.max_new_tokens,
                                 turns=turns, batch_size=cfg.batch_size, source=source, progress=False,
-                                shard_size=cfg.batch_size, aux_layers=aux_layers)  # fmt: skip
+                                shard_size=cfg.batch_size, aux_layers=aux_layers,
+                                tokens_per_batch=cfg.tokens_per_batch)  # fmt: skip
 
     def build_tasks(name: str, seed: int) -> None:  # one unit: the seed stage, then the task stage over it
         build_task_data(model, tokenizer, work / "data" / name, num_seed=cfg.task_seed_prompts,
                         num_tasks=cfg.task_prompts, seed=seed, max_new_tokens=cfg.max_new_tokens,
                         seed_max_new_tokens=cfg.task_seed_max_new_tokens,
-                        batch_size=cfg.batch_size, shard_size=cfg.batch_size, aux_layers=aux_layers, progress=False)  # fmt: skip
+                        batch_size=cfg.batch_size, shard_size=cfg.batch_size, aux_layers=aux_layers,
+                        tokens_per_batch=cfg.tokens_per_batch, progress=False)  # fmt: skip
 
     for name in ["heldout"] + layout["units"]:
         if time.time() + (last or 0.0) > deadline:
@@ -429,6 +443,26 @@ def build_worker(work: Path, model, tokenizer, cfg: RecipeConfig, deadline: floa
             break
     status["stopped"] = status["stopped"] or "done"
     write_json(status_path, status)
+
+
+def stored_layers(model, cfg: RecipeConfig) -> tuple[int, ...]:
+    """The ``hidden_states`` entries the data store besides the final state: the feature layers of EAGLE-3 and of
+    the DFlash head, when they are trained (both default to the same three layers)."""
+    layers: set[int] = set()
+    if cfg.eagle_version == 3 and "eagle" in cfg.heads:
+        from ..heads.eagle import eagle3_feature_layers
+
+        layers.update(eagle3_feature_layers(model))
+    if "dflash" in cfg.heads:
+        from ..heads.dflash import default_feature_layers
+
+        layers.update(default_feature_layers(int(model.config.num_hidden_layers)))
+    return tuple(sorted(layers))
+
+
+def _reads_aux(name: str, cfg: RecipeConfig) -> bool:
+    """Whether head ``name`` trains on the stored feature layers (the others load only the final states)."""
+    return name == "dflash" or (name == "eagle" and cfg.eagle_version == 3)
 
 
 def _has_shards(folder: Path) -> bool:
@@ -519,6 +553,13 @@ def _trainer_config(name: str, cfg: RecipeConfig, max_steps: int):
         vocab = None if fine_tunes(name, cfg) else cfg.draft_vocab  # a fine-tuned head keeps its draft vocabulary
         return EagleTrainingConfig(window=cfg.eagle_window, positions_per_step=cfg.eagle_windows_per_step,
                                    draft_vocab=vocab, version=cfg.eagle_version, lr=lr, **common)  # fmt: skip
+    if name == "dflash":
+        from .dflash import DFlashTrainingConfig
+
+        return DFlashTrainingConfig(block_size=cfg.dflash_block_size, window=cfg.eagle_window,
+                                    anchors_per_window=cfg.dflash_anchors_per_window,
+                                    positions_per_step=cfg.eagle_windows_per_step, draft_vocab=cfg.draft_vocab, lr=lr,
+                                    **common)  # fmt: skip
     if name == "medusa":
         from .medusa import MedusaTrainingConfig
 
@@ -538,6 +579,10 @@ def _train_once(name: str, model, data, run_dir: Path, cfg: RecipeConfig, max_st
 
         return train_eagle(model, data, run_dir, tcfg, resume=resume, progress=False, device=cfg.device,
                            init_head=_shipped_head(name, cfg))  # fmt: skip
+    if name == "dflash":
+        from .dflash import train_dflash
+
+        return train_dflash(model, data, run_dir, tcfg, resume=resume, progress=False, device=cfg.device)
     if name == "medusa":
         from .medusa import train_medusa
 
@@ -555,9 +600,9 @@ def train_worker(name: str, work: Path, out: Path, model, cfg: RecipeConfig, dea
     status: dict = {"status": "loading data"}
     write_json(status_path, status)
     t_load = time.time()
-    data: DistillationData = load_distillation_data(data_folders(work), with_aux=cfg.eagle_version == 3)
+    data: DistillationData = load_distillation_data(data_folders(work), with_aux=_reads_aux(name, cfg))
     held = data_folders(work, "heldout")
-    held_data = load_distillation_data(held, with_aux=cfg.eagle_version == 3) if held else None
+    held_data = load_distillation_data(held, with_aux=_reads_aux(name, cfg)) if held else None
     status.update(status="training", load_s=round(time.time() - t_load, 1), tokens=int(data.input_ids.numel()),
                   init="shipped head, fine-tuned" if fine_tunes(name, cfg) else "from scratch")  # fmt: skip
     write_json(status_path, status)
@@ -613,6 +658,10 @@ def _head_class(name: str):
         from ..heads.medusa import MedusaHeads
 
         return MedusaHeads
+    if name == "dflash":
+        from ..heads.dflash import DFlashHead
+
+        return DFlashHead
     from ..heads.mlp_speculator import MLPSpeculator
 
     return MLPSpeculator
@@ -649,24 +698,45 @@ def export_head(name: str, head, report: dict, folder: Path, out: Path, model, h
     if (folder / "model.safetensors").stat().st_size > MAX_FILE_MIB * 2**20:
         _to_fp16_file(folder)
         stored = "float16"
-    tar_path = out / f"{name}.tar"
+    files = _write_tar(folder, out, name)
+    loaded = load_exported(name, folder, model)
+    mib = sum((out / f).stat().st_size for f in files) / 2**20
+    result = {"file": files[0] if len(files) == 1 else files, "file_mib": round(mib, 2), "stored_dtype": stored}
+    if held is not None:
+        result.update(held_out_scores(name, loaded, held, model, device))
+    return result
+
+
+def _write_tar(folder: Path, out: Path, name: str) -> list[str]:
+    """``out/<name>.tar`` of ``folder`` (atomically), or, where it would pass `MAX_FILE_MIB`, its consecutive pieces
+    ``<name>.tar.part0``, ``.part1``, ... (``cat <name>.tar.part* > <name>.tar`` joins them: a DFlash head's fp16
+    weights are 18.6 MB); returns the file names written. The other layout's files, from an earlier export, go."""
     tmp = out / f".{name}.tar.tmp"
     with tarfile.open(tmp, "w") as tar:
         for path in sorted(folder.iterdir()):
             tar.add(path, arcname=f"{name}/{path.name}")
-    os.replace(tmp, tar_path)
-    loaded = load_exported(name, folder, model)
-    result = {"file": tar_path.name, "file_mib": round(tar_path.stat().st_size / 2**20, 2), "stored_dtype": stored}
-    if held is not None:
-        result.update(held_out_scores(name, loaded, held, model, device))
-    return result
+    for old in [out / f"{name}.tar", *out.glob(f"{name}.tar.part*")]:
+        old.unlink(missing_ok=True)
+    limit = int(MAX_FILE_MIB * 2**20)
+    if tmp.stat().st_size <= limit or limit <= 0:
+        os.replace(tmp, out / f"{name}.tar")
+        return [f"{name}.tar"]
+    names = []
+    with open(tmp, "rb") as whole:
+        while piece := whole.read(limit):
+            part = out / f".{name}.tar.part{len(names)}.tmp"
+            part.write_bytes(piece)
+            names.append(f"{name}.tar.part{len(names)}")
+            os.replace(part, out / names[-1])
+    tmp.unlink()
+    return names
 
 
 def load_exported(name: str, folder: Path, model):
     """The exported head, loaded back with ``from_pretrained`` in fp32 (bound to ``model`` where it binds)."""
     cls = _head_class(name)
     head = cls.from_pretrained(folder, dtype=torch.float32)
-    if name == "eagle":
+    if name in ("eagle", "dflash"):
         head = head.bind(model)
     return head.eval()
 
@@ -686,6 +756,13 @@ def held_out_scores(name: str, head, held, model, device: str, max_positions: in
             "held_out_top4": scores["top4"],
             "held_out_positions": scores["positions"],
         }
+    if name == "dflash":
+        from .dflash import evaluate_dflash
+
+        scores = evaluate_dflash(head.to(device), held, seqs, max_positions)
+        head.to("cpu")
+        return {"held_out_top1": scores["top1"], "held_out_chain_tau": scores["chain_tau"],
+                "held_out_per_depth": scores["per_depth"], "held_out_positions": scores["positions"]}  # fmt: skip
     pos = head_positions(held, seqs)
     pos = pos[held.on_target_path()[pos]]
     if pos.numel() > max_positions:
@@ -715,6 +792,10 @@ def assistant_for(name: str, head):
         from ..generation.proposers.medusa import MedusaAssistant
 
         return MedusaAssistant(head)
+    if name == "dflash":
+        from ..generation.proposers.dflash import DFlashAssistant
+
+        return DFlashAssistant(head)
     from ..generation.proposers.mlp_speculator import MLPSpeculatorAssistant
 
     return MLPSpeculatorAssistant(head)
@@ -873,7 +954,7 @@ def run_recipe(cfg: RecipeConfig, out: str | os.PathLike, work: str | os.PathLik
         log.write()
 
     if not cfg.subprocesses:
-        share = {"eagle": 0.5, "medusa": 0.25, "mlp_speculator": 0.25}
+        share = TRAIN_SHARE
         total = sum(share[n] for n in cfg.heads)
         for name in cfg.heads:
             left = train_deadline - time.time()
@@ -890,7 +971,7 @@ def run_recipe(cfg: RecipeConfig, out: str | os.PathLike, work: str | os.PathLik
         _wait(procs, train_deadline + cfg.grace_s, log, refresh_heads)
         _report_failures(procs, cfg.heads, work, log)
     else:
-        share = {"eagle": 0.5, "medusa": 0.25, "mlp_speculator": 0.25}
+        share = TRAIN_SHARE
         total = sum(share[n] for n in cfg.heads)
         for name in cfg.heads:
             until = time.time() + (train_deadline - time.time()) * share[name] / total
@@ -1123,6 +1204,9 @@ def _config_from_args(args) -> RecipeConfig:
         "turns",
         "eagle_version",
         "task_share",
+        "tokens_per_batch",
+        "chunk_conversations",
+        "dflash_block_size",
     ):
         value = getattr(args, name)
         if value is not None:
@@ -1167,7 +1251,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eagle-version", type=int, default=None)
     p.add_argument("--task-share", type=float, default=None,
                    help="share of the data units that are six-kind task chunks (default 0.4; 0: ShareGPT only)")  # fmt: skip
-    p.add_argument("--heads", nargs="+", choices=HEADS, default=None)
+    p.add_argument("--tokens-per-batch", type=int, default=None,
+                   help="cap a generation batch at this many rows x (longest prompt + new tokens)")  # fmt: skip
+    p.add_argument("--chunk-conversations", type=int, default=None)
+    p.add_argument("--dflash-block-size", type=int, default=None)
+    p.add_argument("--heads", nargs="+", choices=HEADS, default=None,
+                   help=f"default: {' '.join(DEFAULT_HEADS)}; dflash trains the DFlash block drafter too")  # fmt: skip
     p.add_argument("--init-from", choices=["shipped", "none"], default=None,
                    help="'shipped' (default): EAGLE-1 and Medusa fine-tune the shipped heads; 'none': from scratch")  # fmt: skip
     p.add_argument("--sequential-train", action="store_true", help="the trainers one after the other")

@@ -201,11 +201,13 @@ class Answering:
     eos_ids: set[int]
     pad: int
     aux_layers: tuple[int, ...] = ()
+    tokens_per_batch: int | None = None
 
     @classmethod
     def of(
-        cls, model, max_new_tokens, batch_size, do_sample, temperature, top_p, eos_token_id, pad_token_id, aux_layers=()
-    ):
+        cls, model, max_new_tokens, batch_size, do_sample, temperature, top_p, eos_token_id, pad_token_id, aux_layers=(),
+        tokens_per_batch=None,
+    ):  # fmt: skip
         """Stop and pad ids default to the model's generation config (pad: the lowest stop id, else 0)."""
         gc = model.generation_config
         eos = eos_token_id if eos_token_id is not None else gc.eos_token_id
@@ -214,7 +216,7 @@ class Answering:
         if pad is None:
             pad = min(eos_ids) if eos_ids else 0
         return cls(int(max_new_tokens), int(batch_size), bool(do_sample), float(temperature), float(top_p), eos_ids,
-                   int(pad), tuple(int(i) for i in aux_layers))  # fmt: skip
+                   int(pad), tuple(int(i) for i in aux_layers), int(tokens_per_batch) if tokens_per_batch else None)  # fmt: skip
 
     def describe(self, seed: int) -> dict:
         """The manifest's ``generation`` entry."""
@@ -227,31 +229,59 @@ class Answering:
             "eos_token_id": sorted(self.eos_ids),
             "pad_token_id": self.pad,
             "batch_size": self.batch_size,
+            **({"tokens_per_batch": self.tokens_per_batch} if self.tokens_per_batch else {}),
             "padding": "left (generate), right (hidden-state forward)" if self.do_sample else "left (one greedy pass)",
         }
 
+    def batches(self, prompts: Sequence[Sequence[int]]) -> list[range]:
+        """The consecutive batches ``answer`` runs: at most ``batch_size`` prompts, and with ``tokens_per_batch`` at
+        most that many rows x (longest prompt + ``max_new_tokens``) (the cache a batch can grow to), one prompt at
+        least."""
+        out, start = [], 0
+        while start < len(prompts):
+            end, longest = start, 0
+            while end < len(prompts) and end - start < self.batch_size:
+                longest = max(longest, len(prompts[end]))
+                cache = (end + 1 - start) * (longest + self.max_new_tokens)
+                if end > start and self.tokens_per_batch and cache > self.tokens_per_batch:
+                    break
+                end += 1
+            out.append(range(start, end))
+            start = end
+        return out
+
     def answer(self, model, prompts: Sequence[Sequence[int]], bar) -> tuple[list[list[int]], list[torch.Tensor]]:
-        """``(prompt + answer ids of each prompt, their final hidden states [len, H] each)``, ``batch_size`` prompts
-        per call."""
+        """``(prompt + answer ids of each prompt, their final hidden states [len, H] each)``, in the batches of
+        `batches`; a batch that runs out of device memory is answered in two halves."""
         seqs: list[list[int]] = []
         hiddens: list[torch.Tensor] = []
-        for b in range(0, len(prompts), self.batch_size):
-            batch = [list(map(int, p)) for p in prompts[b : b + self.batch_size]]
+        for rows in self.batches(prompts):
+            batch = [list(map(int, prompts[i])) for i in rows]
+            full, states = self._answer_batch(model, batch)
+            seqs += full
+            hiddens += states
+            bar.update(len(batch))
+        return seqs, hiddens
+
+    def _answer_batch(self, model, batch: list[list[int]]) -> tuple[list[list[int]], list[torch.Tensor]]:
+        try:
             if self.do_sample:
                 sampling = {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p, "top_k": 0}
                 with torch.no_grad():
                     answers = _generate_answers(model, batch, self.max_new_tokens, self.pad, self.eos_ids, sampling)
                 full = [p + a for p, a in zip(batch, answers)]
-                hiddens += final_hidden_states(model, full, self.aux_layers)
-            else:
-                answers, states = greedy_answers_with_states(
-                    model, batch, self.max_new_tokens, self.pad, self.eos_ids, self.aux_layers
-                )
-                full = [p + a for p, a in zip(batch, answers)]
-                hiddens += states
-            seqs += full
-            bar.update(len(batch))
-        return seqs, hiddens
+                return full, final_hidden_states(model, full, self.aux_layers)
+            answers, states = greedy_answers_with_states(
+                model, batch, self.max_new_tokens, self.pad, self.eos_ids, self.aux_layers
+            )
+            return [p + a for p, a in zip(batch, answers)], states
+        except torch.OutOfMemoryError:
+            if len(batch) == 1:
+                raise
+        torch.cuda.empty_cache()  # outside the except block: the failed batch's tensors are released by now
+        half = len(batch) // 2
+        first, second = self._answer_batch(model, batch[:half]), self._answer_batch(model, batch[half:])
+        return first[0] + second[0], first[1] + second[1]
 
 
 __all__ = [

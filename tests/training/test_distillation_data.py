@@ -10,7 +10,13 @@ import torch
 from hf_specdec.testing import tiny_causal_lm
 from hf_specdec.training.distillation_data import build_distillation_data
 from hf_specdec.training.shards import load_distillation_data
-from hf_specdec.training.target_states import _generate_answers, final_hidden_states, greedy_answers_with_states
+from hf_specdec.training import target_states
+from hf_specdec.training.target_states import (
+    Answering,
+    _generate_answers,
+    final_hidden_states,
+    greedy_answers_with_states,
+)
 from hf_specdec.training.task_data import _length_sorted_blocks
 from hf_specdec.training.template_prompts import distinct_prompts
 
@@ -75,6 +81,39 @@ def test_aux_layers_are_stored_beside_the_final_states(tiny, tmp_path, do_sample
     with pytest.raises(ValueError, match="holds only the final states; build the data with aux_layers"):
         load_distillation_data(plain).features((0, 1))
     assert load_distillation_data([tmp_path, plain]).aux_hidden is None  # mixed folders: no aux states
+
+
+def test_a_token_budget_cuts_batches_by_the_cache_they_grow_to():
+    how = Answering(max_new_tokens=10, batch_size=4, do_sample=False, temperature=1.0, top_p=1.0, eos_ids=set(),
+                    pad=0, tokens_per_batch=60)  # fmt: skip
+    prompts = [[1] * n for n in (2, 3, 5, 20, 80, 4, 4, 4, 4, 4)]
+    # rows x (longest prompt + 10) <= 60, at most 4 rows, one row even when it alone passes the budget
+    assert [list(r) for r in how.batches(prompts)] == [[0, 1, 2], [3], [4], [5, 6, 7, 8], [9]]
+    how.tokens_per_batch = None
+    assert [list(r) for r in how.batches(prompts)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_a_batch_out_of_memory_is_answered_in_halves_with_the_same_result(tiny, tmp_path, monkeypatch):
+    model, prompts = tiny
+    whole = tmp_path / "whole"
+    build_distillation_data(model, prompts, whole, max_new_tokens=6, batch_size=6, shard_size=6,
+                            hidden_dtype=torch.float32, progress=False)  # fmt: skip
+    real, sizes = target_states.greedy_answers_with_states, []
+
+    def short_of_memory(model, batch, *args):  # a batch of more than 2 rows does not fit
+        sizes.append(len(batch))
+        if len(batch) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, batch, *args)
+
+    monkeypatch.setattr(target_states, "greedy_answers_with_states", short_of_memory)
+    halves = tmp_path / "halves"
+    build_distillation_data(model, prompts, halves, max_new_tokens=6, batch_size=6, shard_size=6,
+                            hidden_dtype=torch.float32, tokens_per_batch=10_000, progress=False)  # fmt: skip
+    assert sizes == [6, 3, 1, 2, 3, 1, 2], sizes
+    a, b = load_distillation_data(whole), load_distillation_data(halves)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.seq_bounds, b.seq_bounds)
+    torch.testing.assert_close(a.hidden, b.hidden, atol=1e-4, rtol=1e-4)
 
 
 def test_length_sorted_blocks_keep_blocks_and_sort_inside():

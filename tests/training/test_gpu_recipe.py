@@ -75,7 +75,7 @@ def test_recipe_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch):
     source = ConversationSet(train=convs[:24], held_out=convs[24:], counts={"train": 24, "held_out": 6})
     out = tmp_path / "out"
     t0 = time.time()
-    cfg = tiny_config(max_new_tokens=48)  # the seed stage's passages need 40 words
+    cfg = tiny_config(max_new_tokens=48, heads=gpu_recipe.HEADS)  # the seed stage's passages need 40 words
     state = run_recipe(cfg, out, tmp_path / "work", conversations=source, model=model, tokenizer=tok)
     assert time.time() - t0 < 120
     assert state["complete"], state["notes"]
@@ -86,7 +86,7 @@ def test_recipe_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch):
     assert parts["held-out turn 1"]["sequences"] == 6 and state["data"]["chunks_done"] == 1 + 3 + 3
     # files: one tar per head and the log, nothing else
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["eagle.tar", "medusa.tar", "mlp_speculator.tar", "gpu_recipe.json", "gpu_recipe.md"]
+        ["eagle.tar", "medusa.tar", "mlp_speculator.tar", "dflash.tar", "gpu_recipe.json", "gpu_recipe.md"]
     )
     logged = json.loads((out / "gpu_recipe.json").read_text())
     assert logged["complete"] and logged["machine"]["torch"] == torch.__version__
@@ -101,7 +101,7 @@ def test_recipe_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch):
                         add_special_tokens=False)["input_ids"] for m in chat]  # fmt: skip
     ids, mask = left_pad(held_prompts)
     expected = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
-    for name in ("eagle", "medusa", "mlp_speculator"):
+    for name in gpu_recipe.HEADS:
         with tarfile.open(out / f"{name}.tar") as tar:
             tar.extractall(tmp_path / "heads", filter="data")
         folder = tmp_path / "heads" / name
@@ -301,3 +301,27 @@ def test_eagle_and_medusa_fine_tune_the_shipped_heads_by_default(tiny, tmp_path)
                    conversations=ConversationSet(train=[], held_out=[], counts={}), model=model, tokenizer=tok)  # fmt: skip
     with pytest.raises(ValueError, match="init_from"):
         RecipeConfig(init_from="hub")
+
+
+def test_a_tar_over_the_file_limit_comes_back_in_pieces_that_join(tiny, tmp_path, monkeypatch):
+    model, _ = tiny
+    head = gpu_recipe._head_class("medusa").for_model(model, num_heads=2)
+    folder, out = tmp_path / "medusa", tmp_path / "out"
+    head.save_pretrained(folder)
+    out.mkdir()
+    (out / "medusa.tar").write_bytes(b"an earlier export")
+    size = sum(p.stat().st_size for p in folder.iterdir())
+    monkeypatch.setattr(gpu_recipe, "MAX_FILE_MIB", size / 3 / 2**20)
+    names = gpu_recipe._write_tar(folder, out, "medusa")
+    assert names == [f"medusa.tar.part{i}" for i in range(len(names))] and len(names) >= 3, names
+    assert sorted(p.name for p in out.iterdir()) == names  # the earlier single tar is gone, no *.tmp is left
+    assert all((out / n).stat().st_size <= size / 3 for n in names)
+    joined = tmp_path / "joined.tar"
+    joined.write_bytes(b"".join((out / n).read_bytes() for n in names))
+    with tarfile.open(joined) as tar:
+        tar.extractall(tmp_path / "back", filter="data")
+    for path in folder.iterdir():
+        assert (tmp_path / "back" / "medusa" / path.name).read_bytes() == path.read_bytes()
+    monkeypatch.setattr(gpu_recipe, "MAX_FILE_MIB", 15.5)
+    assert gpu_recipe._write_tar(folder, out, "medusa") == ["medusa.tar"]  # and back: the pieces go
+    assert sorted(p.name for p in out.iterdir()) == ["medusa.tar"]
