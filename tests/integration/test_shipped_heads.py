@@ -52,7 +52,7 @@ def _exact_first_two(model, prompt: list[int]) -> dict[tuple[int, ...], float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ("eagle", "medusa", "mlp_speculator"))
+@pytest.mark.parametrize("name", ("eagle", "medusa", "mlp_speculator", "dflash"))
 def test_shipped_head_samples_the_target_distribution(default_model, name):
     from scipy.stats import chisquare
 
