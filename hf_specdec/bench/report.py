@@ -5,11 +5,13 @@ prompt in the same run::
 
     {"method", "setting", "category", "question_id", "batch", "new_tokens", "time_s", "vanilla_time_s",
      "speedup", "steps", "drafted", "accepted", "match", "first_diff", "error", "nodes_per_row",
-     "accepted_per_depth"}
+     "accepted_per_depth", "time_propose", "time_verify", "time_other"}
 
 ``steps`` / ``drafted`` / ``accepted`` come from ``out.spec_stats`` (None where a method has none), and
 ``nodes_per_row`` from its tree budget ({nodes verified for a row in a step: how often}), ``accepted_per_depth``
-(entry d - 1: the steps that accepted at least d draft tokens, ``SpecStats.accepted_per_depth``); ``match`` is
+(entry d - 1: the steps that accepted at least d draft tokens, ``SpecStats.accepted_per_depth``), ``time_propose`` /
+``time_verify`` / ``time_other`` the call's wall seconds in the proposer, in target forwards and in the rest
+(``SpecStats``); ``match`` is
 whether the method's tokens equal vanilla's (greedy only, None otherwise), and ``near_tie`` (on a
 mismatch only) whether every differing row first differs at a near-tie of vanilla's own logits (`testing.near_tie`).
 
@@ -271,6 +273,8 @@ def markdown_report(summary: Sequence[dict], meta: dict, records: Sequence[dict]
         out += ["", "Details:", "", markdown_table(summary, setting)]
     if meta.get("depth_acceptance"):
         out += ["", depth_acceptance_section(meta["depth_acceptance"])]
+    if meta.get("step_times"):
+        out += ["", step_times_section(meta["step_times"])]
     if meta.get("verify_cost"):
         out += ["", cost_curve_section(meta["verify_cost"], meta.get("budgets") or {})]
     return "\n".join(out) + "\n"
@@ -320,6 +324,49 @@ def depth_acceptance_section(depth_acceptance: dict[str, list[float]], max_depth
     for name, shares in depth_acceptance.items():
         cells = [f"{shares[d]:.3f}" if d < len(shares) else "0" for d in range(depth)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def step_times_by_method(records: Iterable[dict]) -> dict[str, dict[str, float]]:
+    """``{method / setting: {"steps", "draft_ms", "verify_ms", "other_ms", "draft_share"}}`` pooled over the prompts:
+    wall milliseconds per verify step of a row in the proposer, in the target's forwards and in the rest, and the
+    proposer's share of the three (methods whose calls report no times are left out)."""
+    sums: dict[str, list[float]] = {}
+    for r in records:
+        if not r.get("steps") or r.get("time_propose") is None:
+            continue
+        acc = sums.setdefault(f"{r['method']} / {r['setting']}", [0, 0.0, 0.0, 0.0])
+        acc[0] += int(r["steps"])
+        acc[1] += float(r["time_propose"])
+        acc[2] += float(r["time_verify"] or 0.0)
+        acc[3] += float(r["time_other"] or 0.0)
+    return {
+        name: {
+            "steps": int(n),
+            "draft_ms": 1e3 * d / n,
+            "verify_ms": 1e3 * v / n,
+            "other_ms": 1e3 * o / n,
+            "draft_share": d / max(d + v + o, 1e-12),
+        }  # fmt: skip
+        for name, (n, d, v, o) in sums.items()
+    }
+
+
+def step_times_section(step_times: dict[str, dict[str, float]]) -> str:
+    """Where a step's time goes, per method: drafting, the target's verify forward, the rest."""
+    lines = [
+        "## Time per step",
+        "",
+        "Wall milliseconds per verify step of a row, pooled over the prompts (prefill counted in verify): drafting (the "
+        "proposer), the target's forwards, the rest; and drafting's share of the three. Wall time, also where the "
+        "speedups above are CPU time: on a shared machine compare the shares.",
+        "",
+        "| method / setting | steps | drafting ms | verify ms | other ms | drafting share |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, t in step_times.items():
+        lines.append(f"| {name} | {t['steps']} | {t['draft_ms']:.2f} | {t['verify_ms']:.2f} | {t['other_ms']:.2f} | "
+                     f"{100 * t['draft_share']:.0f}% |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -53,7 +53,14 @@ from ..generation.packed_linears import packed_weights
 from ..testing import near_ties
 from .methods import BenchContext, Method, available_methods, quick_methods, resolve_methods
 from .questions import find_questions_file, interleave_categories, load_questions, sample_questions
-from .report import budgets_by_method, depth_acceptance_by_method, markdown_report, summarize, write_results
+from .report import (
+    budgets_by_method,
+    depth_acceptance_by_method,
+    markdown_report,
+    step_times_by_method,
+    summarize,
+    write_results,
+)
 
 GREEDY = "greedy"
 SAMPLING_TEMPERATURES = (0.7, 1.0)
@@ -210,6 +217,8 @@ def _record(method: Method, setting: Setting, res: CallResult, base: CallResult,
         rec.update(steps=res.stats.steps, drafted=res.stats.drafted_tokens, accepted=res.stats.accepted_tokens)
         rec["nodes_per_row"] = (getattr(res.stats, "budget", None) or {}).get("nodes_per_row")
         rec["accepted_per_depth"] = list(res.stats.accepted_per_depth)  # [d - 1]: steps accepting >= d drafts
+        rec.update(time_propose=res.stats.time_propose, time_verify=res.stats.time_verify,
+                   time_other=res.stats.time_other)  # fmt: skip
     if setting.greedy and method.name != "vanilla":
         diff = first_difference(res.sequences, base.sequences, width)
         rec.update(match=diff is None, first_diff=diff)
@@ -547,6 +556,7 @@ def main(args: argparse.Namespace) -> int:
         out["verify_cost"] = _verify_cost(model)
         out["budgets"] = budgets_by_method(records)
         out["depth_acceptance"] = depth_acceptance_by_method(records)
+        out["step_times"] = step_times_by_method(records)
         return out
 
     records: list[dict] = []

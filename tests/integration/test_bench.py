@@ -277,6 +277,7 @@ def test_bench_smoke_run_on_a_tiny_model(batch):
             assert r["error"] is None, r["error"]
             assert r["match"], f"{name} differs from vanilla at generated token {r['first_diff']}"
             assert r["steps"] >= 1 and r["speedup"] > 0
+            assert r["time_propose"] > 0 and r["time_verify"] > 0  # the step-time section's figures
     for r in by_method["null"]:
         assert r["drafted"] == 0
     for name in ("hf-prompt-lookup", "hf-assisted"):

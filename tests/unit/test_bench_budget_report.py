@@ -55,3 +55,19 @@ def test_per_depth_acceptance_is_pooled_over_prompts_and_sums_to_tau_minus_one()
     assert "| eagle / greedy | 0.350 | 0.100 | 0.025 |" in section
     report = markdown_report(summarize([a, b]), {"depth_acceptance": shares})
     assert "## Per-depth acceptance" in report
+
+
+def test_step_times_are_pooled_per_verify_step_and_rendered():
+    from hf_specdec.bench.report import step_times_by_method
+
+    a = {**_record("dflash", None), "steps": 10, "time_propose": 0.05, "time_verify": 0.9, "time_other": 0.05}
+    b = {**_record("dflash", None), "steps": 30, "time_propose": 0.15, "time_verify": 2.7, "time_other": 0.15}
+    old = _record("eagle", None)  # a record written before the times were recorded
+    plain = {**_record("vanilla", None), "steps": None, "time_propose": None}
+    times = step_times_by_method([a, b, old, plain])
+    assert list(times) == ["dflash / greedy"]
+    t = times["dflash / greedy"]
+    assert t["steps"] == 40 and abs(t["draft_ms"] - 5.0) < 1e-9 and abs(t["verify_ms"] - 90.0) < 1e-9
+    assert abs(t["draft_share"] - 0.05) < 1e-9
+    report = markdown_report(summarize([a, b]), {"step_times": times})
+    assert "## Time per step" in report and "| dflash / greedy | 40 | 5.00 | 90.00 | 5.00 | 5% |" in report
