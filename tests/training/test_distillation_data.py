@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from hf_specdec.testing import tiny_causal_lm
+from hf_specdec.training import target_states
 from hf_specdec.training.distillation_data import build_distillation_data
 from hf_specdec.training.shards import load_distillation_data
-from hf_specdec.training import target_states
 from hf_specdec.training.target_states import (
     Answering,
     _generate_answers,
