@@ -18,13 +18,13 @@ Phases, every one time-boxed against one budget counted from the script's start 
    deadline + ``grace_s`` is killed, and every shard written so far is kept. The first chunk claimed is the held-out
    set (the split's held-out conversations, answered the same way), which only evaluates.
 3. **train**: each head (EAGLE, Medusa, MLP speculator; the DFlash head when ``heads`` names it) in its own process,
-   side by side on the GPU, with the
-   existing trainers: a short first run (``calibration_steps``) whose head is exported at once, then, resumed from
-   its checkpoint, a run sized by the measured step time to 85% of the time left (a run that overruns is killed
-   unexported), and a last one for the rest; at most ``epochs`` passes.
+   side by side on the GPU, with the existing trainers: a short first run (``calibration_steps``) whose head is
+   exported at once, then, resumed from its checkpoint, a run sized by the measured step time to 85% of the time left
+   (a run that overruns is killed unexported), and a last one for the rest; at most ``epochs`` passes.
 4. **export**: each head saved with `save_pretrained`, floating weights stored in fp16 where fp32 would exceed
-   `MAX_FILE_MIB`, packed as ``$OUT/<head>.tar`` (config, weights, model card, training report; as pieces ``<head>.tar.part0``, ...
-   where one file would pass it), loaded back with ``from_pretrained`` and scored on the held-out data (teacher-forced top-1 per head / stage).
+   `MAX_FILE_MIB`, packed as ``$OUT/<head>.tar`` (config, weights, model card, training report; as pieces
+   ``<head>.tar.part0``, ... where one file would pass that size), loaded back with ``from_pretrained`` and scored on
+   the held-out data (teacher-forced top-1 per head / stage).
 5. **check** (if time is left): each exported head drafts in ``generate`` beside vanilla greedy ``generate`` on a few
    held-out prompts; the outputs must be equal.
 
