@@ -34,7 +34,15 @@ from ..generation.packed_linears import packed_weights
 from ..generation.proposers.base import Proposer
 from .arctic import arctic_available
 from .methods import BenchContext, Method, resolve_methods
-from .report import OVERALL, budgets_by_method, depth_acceptance_by_method, markdown_report, summarize, write_results
+from .report import (
+    OVERALL,
+    budgets_by_method,
+    depth_acceptance_by_method,
+    markdown_report,
+    step_times_by_method,
+    summarize,
+    write_results,
+)
 from .spec_bench import DEFAULT_OUT as SPEC_BENCH_OUT
 from .spec_bench import (
     CallResult,
@@ -370,6 +378,7 @@ def main(args: argparse.Namespace) -> int:
             "verify_cost": _verify_cost(model),
             "budgets": budgets_by_method(records),
             "depth_acceptance": depth_acceptance_by_method(records),
+            "step_times": step_times_by_method(records),
         }
 
     def report(done: bool) -> str:
