@@ -783,36 +783,18 @@ def held_out_scores(name: str, head, held, model, device: str, max_positions: in
 
 
 # ---------------------------------------------------------------------------------------------------- greedy check
-def assistant_for(name: str, head):
-    """A fresh assistant drafting with ``head``, its default tree."""
-    if name == "eagle":
-        from ..generation.proposers.eagle import EagleAssistant
-
-        return EagleAssistant(head)
-    if name == "medusa":
-        from ..generation.proposers.medusa import MedusaAssistant
-
-        return MedusaAssistant(head)
-    if name == "dflash":
-        from ..generation.proposers.dflash import DFlashAssistant
-
-        return DFlashAssistant(head)
-    from ..generation.proposers.mlp_speculator import MLPSpeculatorAssistant
-
-    return MLPSpeculatorAssistant(head)
-
-
 @torch.no_grad()
-def greedy_check(name: str, head, model, prompts: list[list[int]], max_new_tokens: int) -> dict:
-    """Greedy ``generate`` with ``head`` drafting against vanilla greedy ``generate``, one prompt at a time:
-    ``{"equal", "tau"}`` (tau: tokens per step of the drafting calls)."""
+def greedy_check(head, model, prompts: list[list[int]], max_new_tokens: int) -> dict:
+    """Greedy ``generate`` with ``head`` drafting (``assistant=head``: its method's assistant, default tree) against
+    vanilla greedy ``generate``, one prompt at a time: ``{"equal", "tau"}`` (tau: tokens per step of the drafting
+    calls)."""
     device = next(model.parameters()).device
     head = head.to(device)
     equal, taus = True, []
     for prompt in prompts:
         ids = torch.tensor([prompt], device=device)
         expected = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
-        got = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, assistant=assistant_for(name, head),
+        got = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, assistant=head,
                              return_dict_in_generate=True)  # fmt: skip
         equal &= bool(torch.equal(got.sequences.cpu(), expected.cpu()))
         stats = getattr(got, "spec_stats", None)
@@ -999,7 +981,7 @@ def run_recipe(cfg: RecipeConfig, out: str | os.PathLike, work: str | os.PathLik
             if not (folder / "model.safetensors").is_file():
                 continue
             try:
-                result = greedy_check(name, load_exported(name, folder, model), model, prompts, cfg.check_new_tokens)
+                result = greedy_check(load_exported(name, folder, model), model, prompts, cfg.check_new_tokens)
             except Exception as err:
                 result = {"error": f"{type(err).__name__}: {err}"}
             log.state["check"][name] = result

@@ -23,7 +23,6 @@ from hf_specdec.training import gpu_recipe
 from hf_specdec.training.conversations import Conversation, ConversationSet, Turn, held_out
 from hf_specdec.training.gpu_recipe import (
     RecipeConfig,
-    assistant_for,
     build_worker,
     conversation_records,
     data_folders,
@@ -107,11 +106,9 @@ def test_recipe_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch):
         folder = tmp_path / "heads" / name
         assert {"config.json", "model.safetensors", "training_report.json"} <= {p.name for p in folder.iterdir()}
         head = gpu_recipe._head_class(name).from_pretrained(folder, base_model=model, dtype=torch.float32)
-        got = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
-                             assistant=assistant_for(name, head))  # fmt: skip
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, assistant=head)
         assert_same_tokens(got, expected, f"{name} head from the recipe")
-        one = model.generate(ids[:1], attention_mask=mask[:1], max_new_tokens=16, do_sample=False,
-                             assistant=assistant_for(name, head))  # fmt: skip
+        one = model.generate(ids[:1], attention_mask=mask[:1], max_new_tokens=16, do_sample=False, assistant=head)
         assert_same_tokens(one, expected[:1], f"{name} head from the recipe, batch 1")
 
 
