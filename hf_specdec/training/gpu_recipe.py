@@ -446,24 +446,26 @@ def build_worker(work: Path, model, tokenizer, cfg: RecipeConfig, deadline: floa
     write_json(status_path, status)
 
 
-def stored_layers(model, cfg: RecipeConfig) -> tuple[int, ...]:
-    """The ``hidden_states`` entries the data store besides the final state: the feature layers of EAGLE-3 and of
-    the DFlash head, when they are trained (both default to the same three layers)."""
-    layers: set[int] = set()
-    if cfg.eagle_version == 3 and "eagle" in cfg.heads:
-        from ..heads.eagle import eagle3_feature_layers
-
-        layers.update(eagle3_feature_layers(model))
-    if "dflash" in cfg.heads:
-        from ..heads.dflash import default_feature_layers
-
-        layers.update(default_feature_layers(int(model.config.num_hidden_layers)))
-    return tuple(sorted(layers))
-
-
 def _reads_aux(name: str, cfg: RecipeConfig) -> bool:
     """Whether head ``name`` trains on the stored feature layers (the others load only the final states)."""
     return name == "dflash" or (name == "eagle" and cfg.eagle_version == 3)
+
+
+def stored_layers(model, cfg: RecipeConfig) -> tuple[int, ...]:
+    """The ``hidden_states`` entries the data store besides the final state: the feature layers of every head that
+    reads them (`_reads_aux`: EAGLE-3, DFlash; both default to the same three layers)."""
+    from ..heads.dflash import default_feature_layers
+    from ..heads.eagle import eagle3_feature_layers
+
+    layers: set[int] = set()
+    for name in cfg.heads:
+        if not _reads_aux(name, cfg):
+            continue
+        if name == "eagle":
+            layers.update(eagle3_feature_layers(model))
+        else:  # dflash
+            layers.update(default_feature_layers(int(model.config.num_hidden_layers)))
+    return tuple(sorted(layers))
 
 
 def _has_shards(folder: Path) -> bool:
