@@ -27,7 +27,14 @@ import torch.nn.functional as F
 
 from ..heads.dflash import DFlashHead, default_feature_layers
 from ..heads.hub import base_model_dims
-from .labels import draft_vocabulary, head_positions, token_targets, window_positions, window_starts
+from .labels import (
+    draft_vocabulary,
+    head_positions,
+    spread_sample,
+    token_targets,
+    window_positions,
+    window_starts,
+)
 from .run import REPORT_NAME, HeldOutSplit, RunConfig, TrainingRun, start_head_training
 from .shards import DistillationData
 
@@ -134,17 +141,18 @@ def dflash_block_hits(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(anchors [A], hits [A, D])``: at every answer anchor (the token before an answer token, as the loop drafts
     from its root), each sequence read whole, whether each depth d of the head's arg-max block is the target's token
-    anchor + d; at most ``max_positions`` anchors (None: all). The depths do not read each other's drafts, so the
-    leading run of hits is what greedy verification of the block's chain accepts."""
+    anchor + d; at most ``max_positions`` anchors spread over all the sequences (`labels.spread_sample`; None: all).
+    The depths do not read each other's drafts, so the leading run of hits is what greedy verification of the
+    block's chain accepts."""
     features, nxt = data.features(head.feature_layers), data.next_tokens()
     first, depths, w = (0 if head.sample_from_anchor else 1), head.num_depths, head.fc.weight
-    found, hits, total = [], [], 0
-    for s, a, e in data.seq_bounds[seq_ids].tolist():
-        if max_positions is not None and total >= max_positions:
-            break
-        anchors = torch.arange(max(s + 1, a - 1), e - 1)
-        anchors = anchors[data.answer_mask[anchors + 1]]
-        anchors = anchors if max_positions is None else anchors[: max_positions - total]
+    bounds = data.seq_bounds[seq_ids].tolist()
+    candidates = []
+    for s, a, e in bounds:
+        anchors = torch.arange(max(s + 1, a - 1), max(s + 1, e - 1))
+        candidates.append(anchors[data.answer_mask[anchors + 1]])
+    found, hits = [], []
+    for (s, _, e), anchors in zip(bounds, spread_sample(candidates, max_positions)):
         if anchors.numel() == 0:
             continue
         t = torch.arange(s, e)
@@ -155,7 +163,6 @@ def dflash_block_hits(
         want = torch.where(pos < e, nxt[(pos - 1).clamp(max=e - 1)], -2)
         found.append(anchors)
         hits.append(guess == want)
-        total += int(anchors.numel())
     if not found:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, head.num_depths, dtype=torch.bool)
     return torch.cat(found), torch.cat(hits)

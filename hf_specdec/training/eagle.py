@@ -41,7 +41,14 @@ import torch
 import torch.nn.functional as F
 
 from ..heads.eagle import EagleHead
-from .labels import draft_vocabulary, head_positions, token_targets, window_positions, window_starts
+from .labels import (
+    draft_vocabulary,
+    head_positions,
+    spread_sample,
+    token_targets,
+    window_positions,
+    window_starts,
+)
 from .run import REPORT_NAME, HeldOutSplit, RunConfig, TrainingRun, start_head_training, trainable_copy
 from .shards import DistillationData
 
@@ -218,27 +225,31 @@ def unrolled_draft_logits(
 
 
 @torch.no_grad()
-def evaluate_eagle(head: EagleHead, data: DistillationData, seq_ids: torch.Tensor, max_positions: int) -> dict:
+def evaluate_eagle(head: EagleHead, data: DistillationData, seq_ids: torch.Tensor, max_positions: int | None) -> dict:
     """Held-out top-1 / top-4 of the first draft token at answer positions, each sequence read whole.
 
     Returns:
         ``{"top1", "top4", "positions"}``: how often the target's next answer token (t + 2) is the head's arg-max /
-        among its 4 best at pair t, over at most ``max_positions`` positions (sequences in order).
+        among its 4 best at pair t, over at most ``max_positions`` positions spread over all the sequences
+        (`labels.spread_sample`; None: every position).
     """
     was = head.training
     head.eval()
     features = data.features(head.feature_layers)  # [N, F]
     nxt = data.next_tokens()
+    bounds = [(s, a, e) for s, a, e in data.seq_bounds[seq_ids].tolist() if e - s >= 3]
+    scored = []
+    for s, a, e in bounds:
+        pos = torch.arange(max(s, a - 2), e - 2)
+        scored.append(pos[data.answer_mask[pos + 2] & (nxt[pos + 1] >= 0)])  # token t + 2 is a known answer token
     hit1 = hit4 = total = 0
-    for s, a, e in data.seq_bounds[seq_ids].tolist():
-        if total >= max_positions or e - s < 3:
+    for (s, _, e), pos in zip(bounds, spread_sample(scored, max_positions)):
+        if pos.numel() == 0:
             continue
         t = torch.arange(s, e - 1)
         w = head.fc.weight
         feats = features[t][None].to(w.device, w.dtype)  # [1, T, F]
         _, logits = head(data.input_ids[t + 1][None].to(w.device), feats)
-        pos = torch.arange(max(s, a - 2), e - 2)
-        pos = pos[data.answer_mask[pos + 2] & (nxt[pos + 1] >= 0)]  # token t + 2 is a known answer token
         top = head.draft_to_token(logits[0, pos - s].topk(4, dim=-1).indices).cpu()  # [p, 4]
         want = nxt[pos + 1]
         hit1 += int((top[:, 0] == want).sum())

@@ -28,6 +28,22 @@ def head_positions(data: DistillationData, seq_ids: torch.Tensor) -> torch.Tenso
     return pos[data.answer_mask[pos + 2]]
 
 
+def spread_sample(per_sequence: list[torch.Tensor], budget: int | None) -> list[torch.Tensor]:
+    """At most ``budget`` of the positions in ``per_sequence`` (`[P_i]` each), shared out over every sequence (each
+    gets an equal share, the ones with fewer positions give theirs to the others) and evenly spaced inside each; all
+    of them when ``budget`` is None or not smaller. A held-out score over the first sequences only would rest on a few
+    conversations."""
+    counts = [int(p.numel()) for p in per_sequence]
+    if budget is None or sum(counts) <= budget:
+        return list(per_sequence)
+    shares, left = [0] * len(counts), int(budget)
+    order = sorted(range(len(counts)), key=counts.__getitem__)
+    for done, i in enumerate(order):
+        shares[i] = min(counts[i], left // (len(order) - done))
+        left -= shares[i]
+    return [p[torch.linspace(0, p.numel() - 1, k).round().long()] if k else p[:0] for p, k in zip(per_sequence, shares)]
+
+
 def draft_vocabulary(data: DistillationData, positions: torch.Tensor, size: int) -> tuple[torch.Tensor, float]:
     """`[size]` a head's draft vocabulary: the first-guess labels (the target's token after t + 1) of ``positions``
     by decreasing count, then (a small data set holds fewer distinct tokens than ``size``) the lowest unseen ids

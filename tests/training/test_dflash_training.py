@@ -13,9 +13,15 @@ import hf_specdec  # noqa: F401  (routes generate(assistant=...))
 from hf_specdec.generation.proposers.dflash import DFlashAssistant
 from hf_specdec.heads.dflash import DFlashHead, default_feature_layers
 from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm, torch_threads
-from hf_specdec.training.dflash import DFlashTrainingConfig, block_targets, draw_anchors, train_dflash
+from hf_specdec.training.dflash import (
+    DFlashTrainingConfig,
+    block_targets,
+    dflash_block_hits,
+    draw_anchors,
+    train_dflash,
+)
 from hf_specdec.training.distillation_data import build_distillation_data
-from hf_specdec.training.labels import token_targets, window_positions, window_starts
+from hf_specdec.training.labels import spread_sample, token_targets, window_positions, window_starts
 from hf_specdec.training.shards import load_distillation_data
 
 
@@ -60,6 +66,35 @@ def test_block_targets_are_the_targets_choices(tiny_data):
     assert known.sum() > 20
     assert torch.equal(target[known], data.input_ids[pos[known]])  # greedy answers are the target's choices
     assert bool(data.answer_mask[pos[known]].all())
+
+
+def test_spread_sample_shares_the_budget_over_every_sequence():
+    """Each sequence gets an equal share, a short one gives what it cannot use to the others, and inside a sequence
+    the picks are evenly spaced and include both ends; a budget that covers everything takes everything."""
+    seqs = [torch.arange(0, 100), torch.arange(200, 203), torch.arange(300, 340), torch.arange(400, 400)]
+    picked = spread_sample(seqs, 30)
+    assert [int(p.numel()) for p in picked] == [14, 3, 13, 0]
+    assert sum(int(p.numel()) for p in picked) == 30
+    for whole, part in zip(seqs[:3], picked[:3]):
+        assert bool(torch.isin(part, whole).all()) and part.unique().numel() == part.numel()
+        assert int(part[0]) == int(whole[0]) and int(part[-1]) == int(whole[-1])
+    assert [p.tolist() for p in spread_sample(seqs, 143)] == [p.tolist() for p in seqs]
+    assert [p.tolist() for p in spread_sample(seqs, None)] == [p.tolist() for p in seqs]
+
+
+def test_capped_block_hits_score_every_sequence(tiny_data):
+    """A capped held-out score reads anchors of every sequence (not the first few sequences' whole answers), and
+    each anchor's hits are the ones the uncapped score gives it."""
+    model, data, _ = tiny_data
+    head = DFlashHead.for_model(model, 1, 3, aux_layers=list(default_feature_layers(4))).eval()
+    seqs = torch.arange(12)
+    all_anchors, all_hits = dflash_block_hits(head, data, seqs)
+    anchors, hits = dflash_block_hits(head, data, seqs, max_positions=36)
+    assert anchors.numel() == 36 < all_anchors.numel()
+    owner = torch.searchsorted(data.seq_bounds[seqs, 0], anchors, right=True) - 1
+    assert set(owner.tolist()) == set(range(12))
+    where = torch.searchsorted(all_anchors, anchors)
+    assert torch.equal(all_anchors[where], anchors) and torch.equal(all_hits[where], hits)
 
 
 def test_training_lowers_the_loss_and_raises_acceptance(tiny_data, tmp_path):
