@@ -40,6 +40,7 @@ def build_distillation_data(
     base_model_name: str | None = None,
     aux_layers: Sequence[int] = (),
     tokens_per_batch: int | None = None,
+    static_decoding: bool = False,
     progress: bool = True,
 ) -> dict:
     """Let ``model`` answer every prompt and cache ids + final hidden states in safetensors shards under ``out_dir``.
@@ -66,6 +67,8 @@ def build_distillation_data(
         tokens_per_batch: also cap a batch at this many rows x (longest prompt + ``max_new_tokens``), the cache it
             can grow to (`Answering.batches`): a large ``batch_size`` for short prompts without running out of memory
             on long ones. None: ``batch_size`` alone.
+        static_decoding: greedy answers over a static cache, each step a replayed CUDA graph on a GPU
+            (`static_decoding`; the same data, several times faster there).
         progress: tqdm bar.
     Returns:
         the manifest dict (also in ``out_dir/manifest.json``).
@@ -75,7 +78,7 @@ def build_distillation_data(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     how = Answering.of(model, max_new_tokens, batch_size, do_sample, temperature, top_p, eos_token_id, pad_token_id,
-                       aux_layers, tokens_per_batch)  # fmt: skip
+                       aux_layers, tokens_per_batch, static_decoding)  # fmt: skip
     settings = {"generation": how.describe(seed), "shard_size": int(shard_size), "hidden_dtype": str(hidden_dtype)}
     if how.aux_layers:  # only then: folders built before keep their fingerprint
         settings["aux_layers"] = list(how.aux_layers)

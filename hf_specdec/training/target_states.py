@@ -8,36 +8,16 @@ layers). Storing them is `shards`' business; the builders (`distillation_data`, 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ..cache.model_arg import cache_kwarg
+from .padding import left_padded, right_padded
 
 LM_HEAD_CHUNK = 2048  # positions per lm_head arg-max (bounds the [chunk, V] logits)
-
-
-def _left_padded(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`[B, W]` left-padded ids and attention mask of a batch of prompt id lists."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-        mask[i, width - len(p) :] = 1
-    return ids, mask
-
-
-def _right_padded(sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """`[B, W]` right-padded ids (pad 0) and attention mask of a batch of id lists."""
-    width = max(len(s) for s in sequences)
-    ids = torch.zeros((len(sequences), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, s in enumerate(sequences):
-        ids[i, : len(s)] = torch.tensor(list(s), dtype=torch.long)
-        mask[i, : len(s)] = 1
-    return ids, mask
 
 
 def _generate_answers(
@@ -45,7 +25,7 @@ def _generate_answers(
 ) -> list[list[int]]:
     """Answers of ``model`` to a batch of prompt id lists (left padding), each cut after its first EOS."""
     device = next(model.parameters()).device
-    ids, mask = _left_padded(prompts, pad_id)  # [B, W]
+    ids, mask = left_padded(prompts, pad_id)  # [B, W]
     width = ids.shape[1]
     out = model.generate(
         ids.to(device),
@@ -92,7 +72,7 @@ def greedy_answers_with_states(
 
     device = next(model.parameters()).device
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
-    ids, mask = _left_padded(prompts, pad_id)  # [B, W]
+    ids, mask = left_padded(prompts, pad_id)  # [B, W]
     width = ids.shape[1]
     ids, mask = ids.to(device), mask.to(device)
     cache = DynamicCache()
@@ -144,7 +124,7 @@ def final_hidden_states(
     Checks, on the longest sequence, that the lm_head applied to the state reproduces the model's logits.
     """
     device = next(model.parameters()).device
-    ids, mask = _right_padded(sequences)  # [B, W]
+    ids, mask = right_padded(sequences)  # [B, W]
     width = ids.shape[1]
     out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True, logits_to_keep=1)
     hidden = out.hidden_states[-1]  # [B, W, H]
@@ -173,7 +153,7 @@ def teacher_forced_states(
     Right padding: causal attention keeps every real token from seeing a pad, and positions need no offset.
     """
     device = next(model.parameters()).device
-    ids, mask = _right_padded(sequences)  # [B, W]
+    ids, mask = right_padded(sequences)  # [B, W]
     out = model.get_decoder()(
         input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=bool(aux_layers)
     )
@@ -202,13 +182,16 @@ class Answering:
     pad: int
     aux_layers: tuple[int, ...] = ()
     tokens_per_batch: int | None = None
+    static: bool = False
 
     @classmethod
     def of(
         cls, model, max_new_tokens, batch_size, do_sample, temperature, top_p, eos_token_id, pad_token_id, aux_layers=(),
-        tokens_per_batch=None,
+        tokens_per_batch=None, static=False,
     ):  # fmt: skip
-        """Stop and pad ids default to the model's generation config (pad: the lowest stop id, else 0)."""
+        """Stop and pad ids default to the model's generation config (pad: the lowest stop id, else 0). ``static``:
+        greedy answers over a static cache, each step a replayed CUDA graph on CUDA (`static_decoding`); the same
+        answers and states as the dynamic loop, which a batch falls back to where the static one fails."""
         gc = model.generation_config
         eos = eos_token_id if eos_token_id is not None else gc.eos_token_id
         eos_ids = set(torch.as_tensor(eos if eos is not None else []).reshape(-1).tolist())
@@ -216,7 +199,8 @@ class Answering:
         if pad is None:
             pad = min(eos_ids) if eos_ids else 0
         return cls(int(max_new_tokens), int(batch_size), bool(do_sample), float(temperature), float(top_p), eos_ids,
-                   int(pad), tuple(int(i) for i in aux_layers), int(tokens_per_batch) if tokens_per_batch else None)  # fmt: skip
+                   int(pad), tuple(int(i) for i in aux_layers), int(tokens_per_batch) if tokens_per_batch else None,
+                   bool(static))  # fmt: skip
 
     def describe(self, seed: int) -> dict:
         """The manifest's ``generation`` entry."""
@@ -271,9 +255,7 @@ class Answering:
                     answers = _generate_answers(model, batch, self.max_new_tokens, self.pad, self.eos_ids, sampling)
                 full = [p + a for p, a in zip(batch, answers)]
                 return full, final_hidden_states(model, full, self.aux_layers)
-            answers, states = greedy_answers_with_states(
-                model, batch, self.max_new_tokens, self.pad, self.eos_ids, self.aux_layers
-            )
+            answers, states = self._greedy(model, batch)
             return [p + a for p, a in zip(batch, answers)], states
         except torch.OutOfMemoryError:
             if len(batch) == 1:
@@ -282,6 +264,23 @@ class Answering:
         half = len(batch) // 2
         first, second = self._answer_batch(model, batch[:half]), self._answer_batch(model, batch[half:])
         return first[0] + second[0], first[1] + second[1]
+
+    def _greedy(self, model, batch: list[list[int]]) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """Greedy answers and states of one batch: the static loop where asked (a failure other than running out of
+        memory turns it off for the rest of the build, with a warning), else the dynamic one."""
+        args = (model, batch, self.max_new_tokens, self.pad, self.eos_ids, self.aux_layers)
+        if self.static:
+            from .static_decoding import greedy_answers_static
+
+            try:
+                return greedy_answers_static(*args)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as err:  # e.g. a model StaticCache does not fit: the dynamic loop gives the same data
+                warnings.warn(f"static decoding failed ({type(err).__name__}: {err}); decoding dynamically",
+                              stacklevel=2)  # fmt: skip
+                self.static = False
+        return greedy_answers_with_states(*args)
 
 
 __all__ = [

@@ -115,7 +115,7 @@ DATA_CONCEPTS = {
     "storage": (["shards"], {"storage"}),
     "labels": (["labels"], {"storage", "labels"}),
     "prompts": (["chat_template", "template_prompts", "task_prompts"], {"sources", "storage", "prompts"}),
-    "target": (["target_states"], {"target"}),
+    "target": (["padding", "static_decoding", "target_states"], {"target"}),
     "builders": (
         ["distillation_data", "default_data", "task_data", "conversation_data", "teacher_forced"],
         {"sources", "storage", "prompts", "target", "builders"},
