@@ -174,4 +174,10 @@ def _decode(step: DecodeStep, token: torch.Tensor, max_new_tokens: int, eos_ids:
     return torch.stack(tokens).cpu(), torch.stack(states).cpu()
 
 
-__all__ = ["DecodeStep", "GraphedStep", "STOP_CHECK_EVERY", "check_static_decodable", "greedy_answers_static"]
+__all__ = [
+    "DecodeStep",
+    "GraphedStep",
+    "STOP_CHECK_EVERY",
+    "check_static_decodable",
+    "greedy_answers_static",
+]

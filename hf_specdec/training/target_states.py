@@ -169,6 +169,23 @@ def teacher_forced_states(
     return states_out, nexts
 
 
+def agreement_with_dynamic(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int,
+                           eos_ids: set[int]) -> float:  # fmt: skip
+    """The share of answer positions where the static loop (CUDA graphs where it can) and the dynamic loop chose the
+    same token, over the positions both answers reach: a check, before a build, that the replayed graph reads what it
+    should (other attention kernels may still decide a near-tie the other way: 1.0 is not required)."""
+    from .static_decoding import greedy_answers_static
+
+    static, _ = greedy_answers_static(model, prompts, max_new_tokens, pad_id, eos_ids)
+    dynamic, _ = greedy_answers_with_states(model, prompts, max_new_tokens, pad_id, eos_ids)
+    same = total = 0
+    for a, b in zip(static, dynamic):
+        n = min(len(a), len(b))
+        same += sum(x == y for x, y in zip(a[:n], b[:n]))
+        total += n
+    return same / max(total, 1)
+
+
 @dataclass
 class Answering:
     """How `build_distillation_data` lets the target answer: length, batch, greedy or sampled, stop and pad ids."""
@@ -285,6 +302,7 @@ class Answering:
 
 __all__ = [
     "Answering",
+    "agreement_with_dynamic",
     "LM_HEAD_CHUNK",
     "final_hidden_states",
     "greedy_answers_with_states",

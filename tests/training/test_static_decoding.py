@@ -14,7 +14,7 @@ from hf_specdec.training.chat_template import chat_ids
 from hf_specdec.training.distillation_data import build_distillation_data
 from hf_specdec.training.shards import load_distillation_data
 from hf_specdec.training.static_decoding import check_static_decodable, greedy_answers_static
-from hf_specdec.training.target_states import greedy_answers_with_states
+from hf_specdec.training.target_states import agreement_with_dynamic, greedy_answers_with_states
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -109,3 +109,17 @@ def test_default_model_builds_the_same_data_with_the_static_loop(default_model, 
     want, got = load_distillation_data(tmp_path / "dynamic"), load_distillation_data(tmp_path / "static")
     assert torch.equal(got.input_ids, want.input_ids)
     torch.testing.assert_close(got.hidden, want.hidden, atol=2e-4, rtol=1e-3)
+
+
+def test_agreement_check_tells_a_broken_step_from_a_working_one():
+    """The recipe's pre-build check: 1.0 where the static loop works; a step that reads stale inputs (as a graph
+    replay whose inputs were not written in place would) agrees far less."""
+    model = tiny_causal_lm("llama", vocab_size=64, hidden_size=32, num_layers=4, seed=3)
+    prompts = ragged_prompts(8, 64, seed=5)
+    assert agreement_with_dynamic(model, prompts, 16, 0, set()) == 1.0
+    original = static_decoding.DecodeStep.set
+    static_decoding.DecodeStep.set = lambda self, tokens, step: original(self, tokens, 0)  # positions frozen
+    try:
+        assert agreement_with_dynamic(model, prompts, 16, 0, set()) < 0.7
+    finally:
+        static_decoding.DecodeStep.set = original
