@@ -49,16 +49,17 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .conversations import Conversation, ConversationSet, Turn, load_conversations
-from .labels import head_positions
+from .head_kinds import HEAD_KINDS
 from .shards import DistillationData, load_distillation_data, write_json
 
-HEADS = ("eagle", "medusa", "mlp_speculator", "dflash")
+HEADS = tuple(HEAD_KINDS)  # eagle, medusa, mlp_speculator, dflash; how the recipe trains each: `RECIPE_HEADS`
 # what the recipe trains unless told: the DFlash block drafter is asked for by name (--heads ... dflash)
 DEFAULT_HEADS = ("eagle", "medusa", "mlp_speculator")
 MAX_FILE_MIB = 15.5  # a file that comes back from the device machine may hold 16 MiB
@@ -169,9 +170,6 @@ class RecipeConfig:
         if self.init_from not in (None, "shipped"):
             raise ValueError(f"init_from must be 'shipped' or None, got {self.init_from!r}")
 
-
-# the sequential modes' split of the training time
-TRAIN_SHARE = {"eagle": 0.4, "dflash": 0.3, "medusa": 0.15, "mlp_speculator": 0.15}
 
 DRY_RUN = dict(
     budget_s=300.0, data_share=0.5, reserve_s=60.0, grace_s=10.0, workers=1, parallel_train=False, device="cpu",
@@ -448,23 +446,17 @@ def build_worker(work: Path, model, tokenizer, cfg: RecipeConfig, deadline: floa
 
 def _reads_aux(name: str, cfg: RecipeConfig) -> bool:
     """Whether head ``name`` trains on the stored feature layers (the others load only the final states)."""
-    return name == "dflash" or (name == "eagle" and cfg.eagle_version == 3)
+    return RECIPE_HEADS[name].reads_aux(cfg)
 
 
 def stored_layers(model, cfg: RecipeConfig) -> tuple[int, ...]:
-    """The ``hidden_states`` entries the data store besides the final state: the feature layers of every head that
-    reads them (`_reads_aux`: EAGLE-3, DFlash; both default to the same three layers)."""
-    from ..heads.dflash import default_feature_layers
-    from ..heads.eagle import eagle3_feature_layers
-
+    """The ``hidden_states`` entries the data store besides the final state: the feature layers
+    (`HeadKind.feature_layers`) of every head that reads them (`_reads_aux`: EAGLE-3, DFlash; both default to the same
+    three layers)."""
     layers: set[int] = set()
     for name in cfg.heads:
-        if not _reads_aux(name, cfg):
-            continue
-        if name == "eagle":
-            layers.update(eagle3_feature_layers(model))
-        else:  # dflash
-            layers.update(default_feature_layers(int(model.config.num_hidden_layers)))
+        if _reads_aux(name, cfg):
+            layers.update(HEAD_KINDS[name].feature_layers(model))
     return tuple(sorted(layers))
 
 
@@ -532,9 +524,72 @@ def plan_chunks(work: Path, source: ConversationSet, cfg: RecipeConfig) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- training
+@dataclass(frozen=True)
+class RecipeHead:
+    """How the recipe trains one head kind: what its `HeadKind` cannot know, as it comes from `RecipeConfig`.
+
+    Attributes:
+        trainer_fields: ``(cfg, fine-tuned) -> {field: value}``: the kind's own fields of its trainer's config (they
+            override the ones every kind shares, `_trainer_config`).
+        reads_aux: ``cfg -> bool``: the head trains on the stored feature layers (`HeadKind.feature_layers`).
+        from_shipped: ``cfg -> bool``: the head can start from the shipped head (when ``init_from="shipped"``).
+        train_share: its share of the training time in the sequential modes.
+    """
+
+    trainer_fields: Callable[[RecipeConfig, bool], dict]
+    reads_aux: Callable[[RecipeConfig], bool]
+    from_shipped: Callable[[RecipeConfig], bool]
+    train_share: float
+
+
+def _never(cfg: RecipeConfig) -> bool:
+    return False
+
+
+def _always(cfg: RecipeConfig) -> bool:
+    return True
+
+
+def _eagle3(cfg: RecipeConfig) -> bool:
+    return cfg.eagle_version == 3
+
+
+def _eagle1(cfg: RecipeConfig) -> bool:  # the shipped EAGLE head is EAGLE-1
+    return cfg.eagle_version == 1
+
+
+def _eagle_fields(cfg: RecipeConfig, fine_tuned: bool) -> dict:
+    vocab = None if fine_tuned else cfg.draft_vocab  # a fine-tuned head keeps its draft vocabulary
+    return dict(window=cfg.eagle_window, positions_per_step=cfg.eagle_windows_per_step, draft_vocab=vocab,
+                version=cfg.eagle_version)  # fmt: skip
+
+
+def _dflash_fields(cfg: RecipeConfig, fine_tuned: bool) -> dict:  # the DFlash head trains on EAGLE's windows
+    return dict(block_size=cfg.dflash_block_size, window=cfg.eagle_window,
+                anchors_per_window=cfg.dflash_anchors_per_window, positions_per_step=cfg.eagle_windows_per_step,
+                draft_vocab=cfg.draft_vocab)  # fmt: skip
+
+
+def _medusa_fields(cfg: RecipeConfig, fine_tuned: bool) -> dict:
+    return dict(positions_per_step=cfg.positions_per_step, loss_vocab=cfg.draft_vocab, draft_vocab=True)
+
+
+def _mlp_speculator_fields(cfg: RecipeConfig, fine_tuned: bool) -> dict:  # its own learning rate, fine-tuned or not
+    return dict(positions_per_step=cfg.positions_per_step, draft_vocab=cfg.draft_vocab, lr=2e-3)
+
+
+# one entry per head kind of `HEAD_KINDS`
+RECIPE_HEADS: dict[str, RecipeHead] = {
+    "eagle": RecipeHead(_eagle_fields, reads_aux=_eagle3, from_shipped=_eagle1, train_share=0.4),
+    "dflash": RecipeHead(_dflash_fields, reads_aux=_always, from_shipped=_never, train_share=0.3),
+    "medusa": RecipeHead(_medusa_fields, reads_aux=_never, from_shipped=_always, train_share=0.15),
+    "mlp_speculator": RecipeHead(_mlp_speculator_fields, reads_aux=_never, from_shipped=_never, train_share=0.15),
+}
+
+
 def fine_tunes(name: str, cfg: RecipeConfig) -> bool:
     """Whether head ``name`` starts from the shipped head (`RecipeConfig.init_from`)."""
-    return cfg.init_from == "shipped" and (name == "medusa" or (name == "eagle" and cfg.eagle_version == 1))
+    return cfg.init_from == "shipped" and RECIPE_HEADS[name].from_shipped(cfg)
 
 
 def _shipped_head(name: str, cfg: RecipeConfig):
@@ -543,57 +598,23 @@ def _shipped_head(name: str, cfg: RecipeConfig):
         return None
     from ..models import SHIPPED_HEAD_DIRS
 
-    return _head_class(name).from_pretrained(SHIPPED_HEAD_DIRS[name], dtype=torch.float32)
+    return HEAD_KINDS[name].head_class().from_pretrained(SHIPPED_HEAD_DIRS[name], dtype=torch.float32)
 
 
 def _trainer_config(name: str, cfg: RecipeConfig, max_steps: int):
+    """Head ``name``'s trainer config for a run of ``max_steps``: the fields every kind shares, then its own."""
+    fine_tuned = fine_tunes(name, cfg)
     common = dict(max_steps=max_steps, epochs=cfg.epochs, eval_fraction=0.02, eval_positions=2048, eval_every=0,
-                  checkpoint_every=0, keep_checkpoints=1, seed=cfg.seed, warmup_steps=min(20, max(1, max_steps // 4)))  # fmt: skip
-    lr = cfg.fine_tune_lr if fine_tunes(name, cfg) else 1e-3
-    if name == "eagle":
-        from .eagle import EagleTrainingConfig
-
-        vocab = None if fine_tunes(name, cfg) else cfg.draft_vocab  # a fine-tuned head keeps its draft vocabulary
-        return EagleTrainingConfig(window=cfg.eagle_window, positions_per_step=cfg.eagle_windows_per_step,
-                                   draft_vocab=vocab, version=cfg.eagle_version, lr=lr, **common)  # fmt: skip
-    if name == "dflash":
-        from .dflash import DFlashTrainingConfig
-
-        return DFlashTrainingConfig(block_size=cfg.dflash_block_size, window=cfg.eagle_window,
-                                    anchors_per_window=cfg.dflash_anchors_per_window,
-                                    positions_per_step=cfg.eagle_windows_per_step, draft_vocab=cfg.draft_vocab, lr=lr,
-                                    **common)  # fmt: skip
-    if name == "medusa":
-        from .medusa import MedusaTrainingConfig
-
-        return MedusaTrainingConfig(positions_per_step=cfg.positions_per_step, loss_vocab=cfg.draft_vocab,
-                                    draft_vocab=True, lr=lr, **common)  # fmt: skip
-    from .mlp_speculator import MLPSpeculatorTrainingConfig
-
-    return MLPSpeculatorTrainingConfig(positions_per_step=cfg.positions_per_step, draft_vocab=cfg.draft_vocab,
-                                       lr=2e-3, **common)  # fmt: skip
+                  checkpoint_every=0, keep_checkpoints=1, seed=cfg.seed, warmup_steps=min(20, max(1, max_steps // 4)),
+                  lr=cfg.fine_tune_lr if fine_tuned else 1e-3)  # fmt: skip
+    return HEAD_KINDS[name].config_class()(**{**common, **RECIPE_HEADS[name].trainer_fields(cfg, fine_tuned)})
 
 
 def _train_once(name: str, model, data, run_dir: Path, cfg: RecipeConfig, max_steps: int, resume: bool):
     """One trainer call; returns ``(head, report)`` (the head on the CPU)."""
     tcfg = _trainer_config(name, cfg, max_steps)
-    if name == "eagle":
-        from .eagle import train_eagle
-
-        return train_eagle(model, data, run_dir, tcfg, resume=resume, progress=False, device=cfg.device,
-                           init_head=_shipped_head(name, cfg))  # fmt: skip
-    if name == "dflash":
-        from .dflash import train_dflash
-
-        return train_dflash(model, data, run_dir, tcfg, resume=resume, progress=False, device=cfg.device)
-    if name == "medusa":
-        from .medusa import train_medusa
-
-        return train_medusa(data, run_dir, model.get_output_embeddings(), tcfg, resume=resume, progress=False,
-                            cpu=not str(cfg.device).startswith("cuda"), init_heads=_shipped_head(name, cfg))  # fmt: skip
-    from .mlp_speculator import train_mlp_speculator
-
-    return train_mlp_speculator(data, run_dir, tcfg, resume=resume, progress=False, device=cfg.device)
+    return HEAD_KINDS[name].train(model, data, run_dir, tcfg, resume=resume, device=cfg.device,
+                                  init_head=_shipped_head(name, cfg))  # fmt: skip
 
 
 def train_worker(name: str, work: Path, out: Path, model, cfg: RecipeConfig, deadline: float) -> dict:
@@ -652,24 +673,6 @@ def _trainer_top1(report: dict):
 
 
 # ---------------------------------------------------------------------------------------------------- export
-def _head_class(name: str):
-    if name == "eagle":
-        from ..heads.eagle import EagleHead
-
-        return EagleHead
-    if name == "medusa":
-        from ..heads.medusa import MedusaHeads
-
-        return MedusaHeads
-    if name == "dflash":
-        from ..heads.dflash import DFlashHead
-
-        return DFlashHead
-    from ..heads.mlp_speculator import MLPSpeculator
-
-    return MLPSpeculator
-
-
 def _to_fp16_file(folder: Path) -> None:
     """Store the floating weights of ``folder/model.safetensors`` in fp16 (its config's ``dtype`` too)."""
     from safetensors import safe_open
@@ -737,51 +740,13 @@ def _write_tar(folder: Path, out: Path, name: str) -> list[str]:
 
 def load_exported(name: str, folder: Path, model):
     """The exported head, loaded back with ``from_pretrained`` in fp32 (bound to ``model`` where it binds)."""
-    cls = _head_class(name)
-    head = cls.from_pretrained(folder, dtype=torch.float32)
-    if name in ("eagle", "dflash"):
-        head = head.bind(model)
-    return head.eval()
+    return HEAD_KINDS[name].load(folder, model, dtype=torch.float32)
 
 
-@torch.no_grad()
 def held_out_scores(name: str, head, held, model, device: str, max_positions: int = 4096) -> dict:
-    """Teacher-forced top-1 on the held-out data (the target's own answers to held-out conversations)."""
-    seqs = torch.arange(held.seq_bounds.shape[0])
-    if name == "eagle":
-        from .eagle import evaluate_eagle
-
-        on = head.to(device)
-        scores = evaluate_eagle(on, held, seqs, max_positions)
-        head.to("cpu")
-        return {
-            "held_out_top1": scores["top1"],
-            "held_out_top4": scores["top4"],
-            "held_out_positions": scores["positions"],
-        }
-    if name == "dflash":
-        from .dflash import evaluate_dflash
-
-        scores = evaluate_dflash(head.to(device), held, seqs, max_positions)
-        head.to("cpu")
-        return {"held_out_top1": scores["top1"], "held_out_chain_tau": scores["chain_tau"],
-                "held_out_per_depth": scores["per_depth"], "held_out_positions": scores["positions"]}  # fmt: skip
-    pos = head_positions(held, seqs)
-    pos = pos[held.on_target_path()[pos]]
-    if pos.numel() > max_positions:
-        pos = pos[torch.randperm(pos.numel(), generator=torch.Generator().manual_seed(1))[:max_positions]].sort().values
-    if name == "medusa":
-        from .medusa import _frozen_lm_head, evaluate_medusa
-
-        weight, bias = _frozen_lm_head(model.get_output_embeddings(), held, device)
-        scores = evaluate_medusa(head.to(device), held, pos, weight, bias)
-        head.to("cpu")
-        return {"held_out_top1": scores["top1_per_head"], "held_out_positions": int(pos.numel())}
-    from .mlp_speculator import evaluate_mlp_speculator
-
-    scores = evaluate_mlp_speculator(head.to(device), held, pos)
-    head.to("cpu")
-    return {"held_out_top1": scores["top1_per_stage"], "held_out_positions": int(pos.numel())}
+    """Teacher-forced top-1 on the held-out data (the target's own answers to held-out conversations): the kind's
+    `HeadKind.held_out` keys (``held_out_top1``, ``held_out_positions``, ...)."""
+    return HEAD_KINDS[name].held_out(head, held, model, device, max_positions)
 
 
 # ---------------------------------------------------------------------------------------------------- greedy check
@@ -939,7 +904,7 @@ def run_recipe(cfg: RecipeConfig, out: str | os.PathLike, work: str | os.PathLik
         log.write()
 
     if not cfg.subprocesses:
-        share = TRAIN_SHARE
+        share = {n: RECIPE_HEADS[n].train_share for n in cfg.heads}
         total = sum(share[n] for n in cfg.heads)
         for name in cfg.heads:
             left = train_deadline - time.time()
@@ -956,7 +921,7 @@ def run_recipe(cfg: RecipeConfig, out: str | os.PathLike, work: str | os.PathLik
         _wait(procs, train_deadline + cfg.grace_s, log, refresh_heads)
         _report_failures(procs, cfg.heads, work, log)
     else:
-        share = TRAIN_SHARE
+        share = {n: RECIPE_HEADS[n].train_share for n in cfg.heads}
         total = sum(share[n] for n in cfg.heads)
         for name in cfg.heads:
             until = time.time() + (train_deadline - time.time()) * share[name] / total
@@ -1289,7 +1254,9 @@ if __name__ == "__main__":
 __all__ = [
     "DRY_RUN",
     "HEADS",
+    "RECIPE_HEADS",
     "RecipeConfig",
+    "RecipeHead",
     "RecipeLog",
     "build_worker",
     "conversation_records",

@@ -32,6 +32,7 @@ from hf_specdec.training.gpu_recipe import (
     run_recipe,
     stage,
 )
+from hf_specdec.training.head_kinds import HEAD_KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ("the a cat dog sees runs fast slow red blue green house tree river sun moon why how what tell me about "
@@ -105,7 +106,7 @@ def test_recipe_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch):
             tar.extractall(tmp_path / "heads", filter="data")
         folder = tmp_path / "heads" / name
         assert {"config.json", "model.safetensors", "training_report.json"} <= {p.name for p in folder.iterdir()}
-        head = gpu_recipe._head_class(name).from_pretrained(folder, base_model=model, dtype=torch.float32)
+        head = HEAD_KINDS[name].head_class().from_pretrained(folder, base_model=model, dtype=torch.float32)
         got = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, assistant=head)
         assert_same_tokens(got, expected, f"{name} head from the recipe")
         one = model.generate(ids[:1], attention_mask=mask[:1], max_new_tokens=16, do_sample=False, assistant=head)
@@ -272,7 +273,7 @@ def test_heads_save_from_a_checkout_that_pip_never_installed(tiny, tmp_path, mon
 
     monkeypatch.setattr(importlib.metadata, "version", version)
     model, _ = tiny
-    head = gpu_recipe._head_class("medusa").for_model(model, num_heads=2)
+    head = HEAD_KINDS["medusa"].head_class().for_model(model, num_heads=2)
     head.save_pretrained(tmp_path / "head")
     config = json.loads((tmp_path / "head" / "config.json").read_text())
     assert config["hf_specdec_version"] == hf_specdec.__version__
@@ -302,7 +303,7 @@ def test_eagle_and_medusa_fine_tune_the_shipped_heads_by_default(tiny, tmp_path)
 
 def test_a_tar_over_the_file_limit_comes_back_in_pieces_that_join(tiny, tmp_path, monkeypatch):
     model, _ = tiny
-    head = gpu_recipe._head_class("medusa").for_model(model, num_heads=2)
+    head = HEAD_KINDS["medusa"].head_class().for_model(model, num_heads=2)
     folder, out = tmp_path / "medusa", tmp_path / "out"
     head.save_pretrained(folder)
     out.mkdir()
