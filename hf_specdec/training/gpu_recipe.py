@@ -92,6 +92,11 @@ class RecipeConfig:
         tokens_per_batch: a generation batch also holds at most this many rows x (longest prompt + new tokens)
             (`Answering.batches`): large batches of short prompts, smaller ones of long prompts; a batch that still
             runs out of device memory is answered in halves.
+        static_decoding: the builders answer over a static cache whose decoding steps replay one CUDA graph
+            (`static_decoding`: the dynamic loop costs ~40 ms a step on an H200 whatever the batch, in kernel
+            launches). Each builder first checks, on 8 held-out prompts, that the graph loop agrees with the dynamic
+            one (`agreement_with_dynamic` >= `STATIC_AGREEMENT`), else builds with the dynamic loop; the check and
+            the loop each builder used are in its ``worker-<k>.json``.
         max_conversations: train-split conversations offered to the build (None: all).
         task_share: share of the data units that are six-kind task chunks (`task_data.build_task_data`: the
             target writes seed passages, then answers translation, summary, QA, math, RAG and multi-turn prompts
@@ -110,7 +115,7 @@ class RecipeConfig:
         init_from: ``"shipped"``: EAGLE-1 and Medusa fine-tune the heads shipped for the default model (at
             ``fine_tune_lr``), which saw the benchmark's six task kinds that ShareGPT lacks (the first H200 run's
             heads, trained from scratch on ShareGPT alone, lost to them on the bench's answers); the MLP
-            speculator's trainer cannot fine-tune, so it starts fresh. ``None``: every head from scratch.
+            speculator starts fresh. ``None``: every head from scratch.
         fine_tune_lr: the learning rate of a fine-tuned head (the CPU's ShareGPT fine-tune of EAGLE used 3e-4).
         check_prompts / check_new_tokens: the final greedy-equality check (0 prompts: skipped).
         seed: conversation order and training seeds.
@@ -131,6 +136,7 @@ class RecipeConfig:
     chunk_conversations: int = 512
     batch_size: int = 512
     tokens_per_batch: int | None = 320_000
+    static_decoding: bool = True
     max_new_tokens: int = 256
     max_prompt_tokens: int = 1024
     turns: int = 2
@@ -268,6 +274,8 @@ def render_markdown(state: dict) -> str:
         if d.get("tokens_per_s"):
             lines.append(f"\nBuilt at {d['tokens_per_s']:,.0f} tokens/s ({d.get('answer_tokens_per_s', 0):,.0f} "
                          f"answer tokens/s) over {d.get('seconds')} s with {d.get('workers')} worker(s).")  # fmt: skip
+            for k, how in enumerate(d.get("decoding") or []):
+                lines.append(f"Builder {k}: " + _decoding_line(how))
     if state["heads"]:
         lines += ["", "| head | status | start | steps | training (s) | held-out top-1 (ShareGPT held-out, target's "
                   "answers) | trainer's held-out | file |", "|---|---|---|---:|---:|---|---|---|"]  # fmt: skip
@@ -384,6 +392,11 @@ def build_worker(work: Path, model, tokenizer, cfg: RecipeConfig, deadline: floa
     last: float | None = None  # seconds of the last unit built (turn 1 or turn 2 of a chunk)
 
     aux_layers = stored_layers(model, cfg)
+    fast = False
+    if time.time() < deadline:
+        status["static_decoding"] = static_decoding_check(model, tokenizer, work, cfg)
+        fast = status["static_decoding"]["used"]
+        write_json(status_path, status)
 
     def build(name: str, convs: list[Conversation], turns: int) -> None:
         source = ConversationSet(train=convs, held_out=[], counts=layout["source_counts"])
@@ -391,14 +404,14 @@ def build_worker(work: Path, model, tokenizer, cfg: RecipeConfig, deadline: floa
                                 seed=cfg.seed, max_tokens=cfg.max_prompt_tokens, max_new_tokens=cfg.max_new_tokens,
                                 turns=turns, batch_size=cfg.batch_size, source=source, progress=False,
                                 shard_size=cfg.batch_size, aux_layers=aux_layers,
-                                tokens_per_batch=cfg.tokens_per_batch)  # fmt: skip
+                                tokens_per_batch=cfg.tokens_per_batch, static_decoding=fast)  # fmt: skip
 
     def build_tasks(name: str, seed: int) -> None:  # one unit: the seed stage, then the task stage over it
         build_task_data(model, tokenizer, work / "data" / name, num_seed=cfg.task_seed_prompts,
                         num_tasks=cfg.task_prompts, seed=seed, max_new_tokens=cfg.max_new_tokens,
                         seed_max_new_tokens=cfg.task_seed_max_new_tokens,
                         batch_size=cfg.batch_size, shard_size=cfg.batch_size, aux_layers=aux_layers,
-                        tokens_per_batch=cfg.tokens_per_batch, progress=False)  # fmt: skip
+                        tokens_per_batch=cfg.tokens_per_batch, static_decoding=fast, progress=False)  # fmt: skip
 
     for name in ["heldout"] + layout["units"]:
         if time.time() + (last or 0.0) > deadline:
@@ -442,6 +455,45 @@ def build_worker(work: Path, model, tokenizer, cfg: RecipeConfig, deadline: floa
             break
     status["stopped"] = status["stopped"] or "done"
     write_json(status_path, status)
+
+
+def _decoding_line(how: dict | None) -> str:
+    """How one builder decoded (`static_decoding_check`'s record), for the report."""
+    if not how:
+        return "dynamic loop (no check recorded)"
+    if how.get("used"):
+        return f"static graph loop (agrees with the dynamic loop on {how['agreement']:.1%} of tokens)"
+    why = f"agreement {how['agreement']:.1%}" if "agreement" in how else how.get("reason", "?")
+    return f"dynamic loop ({why})"
+
+
+STATIC_AGREEMENT = 0.9  # share of answer tokens the graph loop must share with the dynamic loop before a build
+
+
+def static_decoding_check(model, tokenizer, work: Path, cfg: RecipeConfig, prompts: int = 8, new_tokens: int = 32):
+    """``{"used", "agreement", "seconds"}`` (or ``{"used": False, "reason"}``): whether this builder answers with the
+    static graph loop, after comparing it with the dynamic loop on the first ``prompts`` held-out conversations (the
+    first chunk's without a held-out set)."""
+    if not cfg.static_decoding:
+        return {"used": False, "reason": "off (--no-static-decoding)"}
+    from .chat_template import chat_ids
+    from .static_decoding import check_static_decodable
+    from .target_states import Answering, agreement_with_dynamic
+
+    t = time.time()
+    try:
+        check_static_decodable(model)
+        held = json.loads((work / "chunks" / "heldout.json").read_text("utf-8"))[:prompts]
+        if not held:  # no held-out set: the first chunk's conversations
+            held = json.loads((work / "chunks" / "chunk-00000.json").read_text("utf-8"))[:prompts]
+        ids = [chat_ids(tokenizer, [{"role": "user", "content": _conv_from_json(c).user_turns[0]}]) for c in held]
+        ids = [p[-cfg.max_prompt_tokens :] for p in ids]
+        how = Answering.of(model, new_tokens, prompts, False, 1.0, 1.0, None, None)
+        agreement = agreement_with_dynamic(model, ids, new_tokens, how.pad, how.eos_ids)
+    except Exception as err:  # the builder still works with the dynamic loop
+        return {"used": False, "reason": f"{type(err).__name__}: {err}", "seconds": round(time.time() - t, 1)}
+    return {"used": agreement >= STATIC_AGREEMENT, "agreement": round(agreement, 4),
+            "seconds": round(time.time() - t, 1)}  # fmt: skip
 
 
 def _reads_aux(name: str, cfg: RecipeConfig) -> bool:
@@ -870,7 +922,8 @@ def run_recipe(cfg: RecipeConfig, out: str | os.PathLike, work: str | os.PathLik
                                  train_tokens=sum(v["tokens"] for v in train),
                                  train_answer_tokens=sum(v["answer_tokens"] for v in train),
                                  tokens_per_s=round(tokens / seconds, 1), answer_tokens_per_s=round(answers / seconds, 1),
-                                 chunks_done=sum(len(w["chunks"]) for w in workers))  # fmt: skip
+                                 chunks_done=sum(len(w["chunks"]) for w in workers),
+                                 decoding=[w.get("static_decoding") for w in workers])  # fmt: skip
         log.write()
 
     if cfg.workers == 0:
@@ -1165,6 +1218,8 @@ def _config_from_args(args) -> RecipeConfig:
         values["heads"] = tuple(args.heads)
     if args.init_from is not None:
         values["init_from"] = None if args.init_from == "none" else args.init_from
+    if args.no_static_decoding:
+        values["static_decoding"] = False
     if args.sequential_train or args.parallel_train:
         values["parallel_train"] = bool(args.parallel_train)
     return RecipeConfig(**values)
@@ -1204,6 +1259,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens-per-batch", type=int, default=None,
                    help="cap a generation batch at this many rows x (longest prompt + new tokens)")  # fmt: skip
     p.add_argument("--chunk-conversations", type=int, default=None)
+    p.add_argument("--no-static-decoding", action="store_true",
+                   help="build with the dynamic loop only (default: a static cache replaying one CUDA graph a step, "
+                        "checked against the dynamic loop first)")  # fmt: skip
     p.add_argument("--dflash-block-size", type=int, default=None)
     p.add_argument("--heads", nargs="+", choices=HEADS, default=None,
                    help=f"default: {' '.join(DEFAULT_HEADS)}; dflash trains the DFlash block drafter too")  # fmt: skip

@@ -84,13 +84,17 @@ def test_recipe_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch):
     assert parts["turn 1"]["sequences"] == 24 and parts["turn 2"]["sequences"] == 24, parts
     assert parts["task seeds"]["sequences"] == 3 * 12 and parts["six task kinds"]["sequences"] > 0, parts
     assert parts["held-out turn 1"]["sequences"] == 6 and state["data"]["chunks_done"] == 1 + 3 + 3
+    # the builder checked the static graph loop against the dynamic one and built with it
+    assert state["data"]["decoding"] == [{"used": True, "agreement": 1.0, "seconds": pytest.approx(0, abs=30)}]
     # files: one tar per head and the log, nothing else
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["eagle.tar", "medusa.tar", "mlp_speculator.tar", "dflash.tar", "gpu_recipe.json", "gpu_recipe.md"]
     )
     logged = json.loads((out / "gpu_recipe.json").read_text())
     assert logged["complete"] and logged["machine"]["torch"] == torch.__version__
-    assert "| eagle | done | from scratch |" in (out / "gpu_recipe.md").read_text()  # init_from=None here
+    report = (out / "gpu_recipe.md").read_text()
+    assert "| eagle | done | from scratch |" in report  # init_from=None here
+    assert "Builder 0: static graph loop (agrees with the dynamic loop on 100.0% of tokens)" in report
     for name, head in state["heads"].items():
         assert head["status"] == "done" and head["steps"] >= 3 and head["stored_dtype"] == "float16", (name, head)
         assert head["held_out_positions"] > 0 and head["held_out_top1"] is not None
@@ -323,3 +327,14 @@ def test_a_tar_over_the_file_limit_comes_back_in_pieces_that_join(tiny, tmp_path
     monkeypatch.setattr(gpu_recipe, "MAX_FILE_MIB", 15.5)
     assert gpu_recipe._write_tar(folder, out, "medusa") == ["medusa.tar"]  # and back: the pieces go
     assert sorted(p.name for p in out.iterdir()) == ["medusa.tar"]
+
+
+def test_builders_fall_back_to_the_dynamic_loop_where_the_static_one_cannot_run(tiny, tmp_path):
+    """Off by the option, or a model whose cache is not one static attention cache: the builder uses the dynamic
+    loop and says why in its status."""
+    _, tok = tiny
+    off = gpu_recipe.static_decoding_check(tiny[0], tok, tmp_path, tiny_config(static_decoding=False))
+    assert off == {"used": False, "reason": "off (--no-static-decoding)"}
+    windowed = tiny_causal_lm("gemma2", vocab_size=64, hidden_size=32, num_layers=2, seed=5)
+    got = gpu_recipe.static_decoding_check(windowed, tok, tmp_path, tiny_config())
+    assert not got["used"] and "sliding" in got["reason"], got
