@@ -117,6 +117,10 @@ class RecipeConfig:
             heads, trained from scratch on ShareGPT alone, lost to them on the bench's answers); the MLP
             speculator starts fresh. ``None``: every head from scratch.
         fine_tune_lr: the learning rate of a fine-tuned head (the CPU's ShareGPT fine-tune of EAGLE used 3e-4).
+        scaling: a data-scaling curve: the first head of ``heads`` also trains on these shares of the training data
+            (each run named ``<head>-<share>``, e.g. ``eagle-0.25``; its data the first units in claim order, as a
+            shorter build would have built them: `data_share_folders`), beside the run on all of it. Every run trains
+            from scratch (``init_from=None``), so the curve measures the data alone.
         check_prompts / check_new_tokens: the final greedy-equality check (0 prompts: skipped).
         seed: conversation order and training seeds.
     """
@@ -158,6 +162,7 @@ class RecipeConfig:
     dflash_anchors_per_window: int = 32
     init_from: str | None = "shipped"
     fine_tune_lr: float = 3e-4
+    scaling: tuple[float, ...] = ()
     check_prompts: int = 2
     check_new_tokens: int = 48
     seed: int = 0
@@ -175,6 +180,26 @@ class RecipeConfig:
             raise ValueError(f"data_share must be between 0 and 1, got {self.data_share}")
         if self.init_from not in (None, "shipped"):
             raise ValueError(f"init_from must be 'shipped' or None, got {self.init_from!r}")
+        self.scaling = tuple(float(f) for f in self.scaling)
+        if any(not 0 < f < 1 for f in self.scaling) or len(set(self.scaling)) < len(self.scaling):
+            raise ValueError(f"scaling shares must be distinct and between 0 and 1, got {list(self.scaling)}")
+        if self.scaling and self.init_from is not None:
+            raise ValueError("a data-scaling curve trains every run from scratch: init_from=None (--init-from none)")
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """Every training run: each head of ``heads``, then the first head's `scaling` runs (``eagle-0.25``)."""
+        return self.heads + tuple(f"{self.heads[0]}-{f:g}" for f in sorted(self.scaling))
+
+
+def run_kind(run: str) -> str:
+    """The head kind a training run trains (``eagle-0.25`` -> ``eagle``)."""
+    return run.split("-", 1)[0]
+
+
+def run_share(run: str) -> float:
+    """The share of the training data a run trains on (``eagle-0.25`` -> 0.25; a head's own run: 1.0)."""
+    return float(run.split("-", 1)[1]) if "-" in run else 1.0
 
 
 DRY_RUN = dict(
@@ -277,10 +302,12 @@ def render_markdown(state: dict) -> str:
             for k, how in enumerate(d.get("decoding") or []):
                 lines.append(f"Builder {k}: " + _decoding_line(how))
     if state["heads"]:
-        lines += ["", "| head | status | start | steps | training (s) | held-out top-1 (ShareGPT held-out, target's "
-                  "answers) | trainer's held-out | file |", "|---|---|---|---:|---:|---|---|---|"]  # fmt: skip
+        lines += ["", "| head | status | start | training tokens | steps | training (s) | held-out top-1 (ShareGPT "
+                  "held-out, target's answers) | trainer's held-out | file |",
+                  "|---|---|---|---:|---:|---:|---|---|---|"]  # fmt: skip
         for name, h in state["heads"].items():
-            lines.append(f"| {name} | {h.get('status')} | {h.get('init', '')} | {h.get('steps', '')} | "
+            tokens = f"{h['tokens']:,}" if isinstance(h.get("tokens"), int) else ""
+            lines.append(f"| {name} | {h.get('status')} | {h.get('init', '')} | {tokens} | {h.get('steps', '')} | "
                          f"{h.get('training_time_s', '')} | "
                          f"{h.get('held_out_top1', '')} | {h.get('trainer_held_out_top1', '')} | "
                          f"{h.get('file', '')} ({h.get('file_mib', '')} MiB) |")  # fmt: skip
@@ -498,7 +525,7 @@ def static_decoding_check(model, tokenizer, work: Path, cfg: RecipeConfig, promp
 
 def _reads_aux(name: str, cfg: RecipeConfig) -> bool:
     """Whether head ``name`` trains on the stored feature layers (the others load only the final states)."""
-    return RECIPE_HEADS[name].reads_aux(cfg)
+    return RECIPE_HEADS[run_kind(name)].reads_aux(cfg)
 
 
 def stored_layers(model, cfg: RecipeConfig) -> tuple[int, ...]:
@@ -510,6 +537,27 @@ def stored_layers(model, cfg: RecipeConfig) -> tuple[int, ...]:
         if _reads_aux(name, cfg):
             layers.update(HEAD_KINDS[name].feature_layers(model))
     return tuple(sorted(layers))
+
+
+def data_share_folders(work: Path, share: float) -> list[Path]:
+    """The training folders of the first units in claim order (`plan_chunks`: what a build stopped earlier would have
+    built) up to ``share`` of all training tokens (at least one unit); all of them for ``share`` >= 1."""
+    folders = data_folders(work)
+    if share >= 1:
+        return folders
+    units = json.loads((work / "chunks.json").read_text(encoding="utf-8"))["units"]
+    rank = {unit: i for i, unit in enumerate(units)}
+    by_unit: dict[str, list[Path]] = {}
+    for folder in folders:
+        by_unit.setdefault(folder.parent.name, []).append(folder)
+    tokens = {u: sum(v["tokens"] for v in data_counts(f).values()) for u, f in by_unit.items()}
+    goal, taken, chosen = share * sum(tokens.values()), 0, []
+    for unit in sorted(by_unit, key=lambda u: rank.get(u, len(rank))):
+        if chosen and taken >= goal:
+            break
+        chosen += by_unit[unit]
+        taken += tokens[unit]
+    return sorted(chosen)
 
 
 def _has_shards(folder: Path) -> bool:
@@ -641,7 +689,7 @@ RECIPE_HEADS: dict[str, RecipeHead] = {
 
 def fine_tunes(name: str, cfg: RecipeConfig) -> bool:
     """Whether head ``name`` starts from the shipped head (`RecipeConfig.init_from`)."""
-    return cfg.init_from == "shipped" and RECIPE_HEADS[name].from_shipped(cfg)
+    return cfg.init_from == "shipped" and RECIPE_HEADS[run_kind(name)].from_shipped(cfg)
 
 
 def _shipped_head(name: str, cfg: RecipeConfig):
@@ -659,13 +707,14 @@ def _trainer_config(name: str, cfg: RecipeConfig, max_steps: int):
     common = dict(max_steps=max_steps, epochs=cfg.epochs, eval_fraction=0.02, eval_positions=2048, eval_every=0,
                   checkpoint_every=0, keep_checkpoints=1, seed=cfg.seed, warmup_steps=min(20, max(1, max_steps // 4)),
                   lr=cfg.fine_tune_lr if fine_tuned else 1e-3)  # fmt: skip
-    return HEAD_KINDS[name].config_class()(**{**common, **RECIPE_HEADS[name].trainer_fields(cfg, fine_tuned)})
+    kind = run_kind(name)
+    return HEAD_KINDS[kind].config_class()(**{**common, **RECIPE_HEADS[kind].trainer_fields(cfg, fine_tuned)})
 
 
 def _train_once(name: str, model, data, run_dir: Path, cfg: RecipeConfig, max_steps: int, resume: bool):
     """One trainer call; returns ``(head, report)`` (the head on the CPU)."""
     tcfg = _trainer_config(name, cfg, max_steps)
-    return HEAD_KINDS[name].train(model, data, run_dir, tcfg, resume=resume, device=cfg.device,
+    return HEAD_KINDS[run_kind(name)].train(model, data, run_dir, tcfg, resume=resume, device=cfg.device,
                                   init_head=_shipped_head(name, cfg))  # fmt: skip
 
 
@@ -676,7 +725,8 @@ def train_worker(name: str, work: Path, out: Path, model, cfg: RecipeConfig, dea
     status: dict = {"status": "loading data"}
     write_json(status_path, status)
     t_load = time.time()
-    data: DistillationData = load_distillation_data(data_folders(work), with_aux=_reads_aux(name, cfg))
+    folders = data_share_folders(work, run_share(name))
+    data: DistillationData = load_distillation_data(folders, with_aux=_reads_aux(name, cfg))
     held = data_folders(work, "heldout")
     held_data = load_distillation_data(held, with_aux=_reads_aux(name, cfg)) if held else None
     status.update(status="training", load_s=round(time.time() - t_load, 1), tokens=int(data.input_ids.numel()),
@@ -792,13 +842,13 @@ def _write_tar(folder: Path, out: Path, name: str) -> list[str]:
 
 def load_exported(name: str, folder: Path, model):
     """The exported head, loaded back with ``from_pretrained`` in fp32 (bound to ``model`` where it binds)."""
-    return HEAD_KINDS[name].load(folder, model, dtype=torch.float32)
+    return HEAD_KINDS[run_kind(name)].load(folder, model, dtype=torch.float32)
 
 
 def held_out_scores(name: str, head, held, model, device: str, max_positions: int = 4096) -> dict:
     """Teacher-forced top-1 on the held-out data (the target's own answers to held-out conversations): the kind's
     `HeadKind.held_out` keys (``held_out_top1``, ``held_out_positions``, ...)."""
-    return HEAD_KINDS[name].held_out(head, held, model, device, max_positions)
+    return HEAD_KINDS[run_kind(name)].held_out(head, held, model, device, max_positions)
 
 
 # ---------------------------------------------------------------------------------------------------- greedy check
@@ -947,7 +997,7 @@ def run_recipe(cfg: RecipeConfig, out: str | os.PathLike, work: str | os.PathLik
     log.phase("train", deadline_s=round(train_deadline - log.t0, 1))
 
     def refresh_heads() -> None:
-        for name in cfg.heads:
+        for name in cfg.runs:
             path = work / f"train-{name}.json"
             if path.is_file():
                 try:
@@ -957,9 +1007,9 @@ def run_recipe(cfg: RecipeConfig, out: str | os.PathLike, work: str | os.PathLik
         log.write()
 
     if not cfg.subprocesses:
-        share = {n: RECIPE_HEADS[n].train_share for n in cfg.heads}
-        total = sum(share[n] for n in cfg.heads)
-        for name in cfg.heads:
+        share = {n: RECIPE_HEADS[run_kind(n)].train_share * run_share(n) for n in cfg.runs}
+        total = sum(share.values())
+        for name in cfg.runs:
             left = train_deadline - time.time()
             until = time.time() + left * share[name] / total
             total -= share[name]
@@ -970,13 +1020,13 @@ def run_recipe(cfg: RecipeConfig, out: str | os.PathLike, work: str | os.PathLik
             refresh_heads()
     elif cfg.parallel_train:
         procs = [_spawn(["worker-train", "--work", str(work), "--out", str(out), "--model", model_spec, "--head", n,
-                         "--deadline", str(train_deadline)], work / "logs" / f"train-{n}.log") for n in cfg.heads]  # fmt: skip
+                         "--deadline", str(train_deadline)], work / "logs" / f"train-{n}.log") for n in cfg.runs]  # fmt: skip
         _wait(procs, train_deadline + cfg.grace_s, log, refresh_heads)
-        _report_failures(procs, cfg.heads, work, log)
+        _report_failures(procs, cfg.runs, work, log)
     else:
-        share = {n: RECIPE_HEADS[n].train_share for n in cfg.heads}
-        total = sum(share[n] for n in cfg.heads)
-        for name in cfg.heads:
+        share = {n: RECIPE_HEADS[run_kind(n)].train_share * run_share(n) for n in cfg.runs}
+        total = sum(share.values())
+        for name in cfg.runs:
             until = time.time() + (train_deadline - time.time()) * share[name] / total
             total -= share[name]
             proc = _spawn(["worker-train", "--work", str(work), "--out", str(out), "--model", model_spec, "--head",
@@ -993,7 +1043,7 @@ def run_recipe(cfg: RecipeConfig, out: str | os.PathLike, work: str | os.PathLik
         held_data = load_distillation_data(held[:1])
         bounds = held_data.seq_bounds[: cfg.check_prompts].tolist()
         prompts = [held_data.input_ids[s:a].tolist() for s, a, _ in bounds]
-        for name in cfg.heads:
+        for name in cfg.runs:
             if time.time() > t_end - 10:
                 log.note("no time left for the greedy check")
                 break
@@ -1218,6 +1268,8 @@ def _config_from_args(args) -> RecipeConfig:
         values["heads"] = tuple(args.heads)
     if args.init_from is not None:
         values["init_from"] = None if args.init_from == "none" else args.init_from
+    if args.scaling:
+        values["scaling"] = tuple(args.scaling)
     if args.no_static_decoding:
         values["static_decoding"] = False
     if args.sequential_train or args.parallel_train:
@@ -1259,6 +1311,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens-per-batch", type=int, default=None,
                    help="cap a generation batch at this many rows x (longest prompt + new tokens)")  # fmt: skip
     p.add_argument("--chunk-conversations", type=int, default=None)
+    p.add_argument("--scaling", type=float, nargs="+", default=None,
+                   help="a data-scaling curve: the first head also trains on these shares of the data, e.g. 0.125 "
+                        "0.25 0.5 (with --init-from none; each run's tar comes back: mind the 8-file limit)")  # fmt: skip
     p.add_argument("--no-static-decoding", action="store_true",
                    help="build with the dynamic loop only (default: a static cache replaying one CUDA graph a step, "
                         "checked against the dynamic loop first)")  # fmt: skip
@@ -1278,7 +1333,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--model", required=True)
-    p.add_argument("--head", required=True, choices=HEADS)
+    p.add_argument("--head", required=True, help="a training run: a head kind, or <kind>-<share> (RecipeConfig.runs)")
     p.add_argument("--deadline", type=float, required=True)
     args = parser.parse_args(argv)
 
@@ -1296,7 +1351,7 @@ def main(argv: list[str] | None = None) -> int:
         print(render_markdown(state))
         return 0 if state["complete"] else 1
     cfg = RecipeConfig(**json.loads((Path(args.work) / "cfg.json").read_text("utf-8")))
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(2, cfg.workers + len(cfg.heads))))
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // max(2, cfg.workers + len(cfg.runs))))
     model, tok = load_target(args.model, cfg.device, cfg.dtype)
     if args.command == "worker-data":
         build_worker(Path(args.work), model, tok, cfg, args.deadline, args.index)

@@ -338,3 +338,33 @@ def test_builders_fall_back_to_the_dynamic_loop_where_the_static_one_cannot_run(
     windowed = tiny_causal_lm("gemma2", vocab_size=64, hidden_size=32, num_layers=2, seed=5)
     got = gpu_recipe.static_decoding_check(windowed, tok, tmp_path, tiny_config())
     assert not got["used"] and "sliding" in got["reason"], got
+
+
+def test_a_scaling_curve_trains_the_first_head_on_growing_shares_of_the_data(tiny, tmp_path):
+    """``scaling``: ``eagle-0.25`` and ``eagle-0.5`` train from scratch on the first units in claim order (a prefix of
+    what the full run trains on), each exported and checked like a head; the config refuses fine-tuning and shares
+    outside (0, 1)."""
+    model, tok = tiny
+    with pytest.raises(ValueError, match="from scratch"):
+        RecipeConfig(scaling=(0.5,))
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        RecipeConfig(scaling=(1.0,), init_from=None)
+    convs = tiny_conversations(40)
+    source = ConversationSet(train=convs[:34], held_out=convs[34:], counts={})
+    cfg = tiny_config(heads=("eagle",), scaling=(0.5, 0.25), chunk_conversations=4, task_share=0.0)
+    assert cfg.runs == ("eagle", "eagle-0.25", "eagle-0.5")
+    state = run_recipe(cfg, tmp_path / "out", tmp_path / "work", conversations=source, model=model, tokenizer=tok)
+    assert state["complete"], state["notes"]
+    tokens = [state["heads"][run]["tokens"] for run in ("eagle-0.25", "eagle-0.5", "eagle")]
+    assert tokens[0] < tokens[1] < tokens[2], tokens
+    assert tokens[0] >= 0.25 * tokens[2] and tokens[1] >= 0.5 * tokens[2]
+    units = json.loads((tmp_path / "work" / "chunks.json").read_text())["units"]
+    quarter, half = (gpu_recipe.data_share_folders(tmp_path / "work", share) for share in (0.25, 0.5))
+    every = data_folders(tmp_path / "work")
+    assert set(quarter) < set(half) < set(every)
+    built = [u for u in units if any(f.parent.name == u for f in every)]
+    assert sorted({f.parent.name for f in quarter}) == sorted(built[: len({f.parent.name for f in quarter})])
+    for run in cfg.runs:
+        assert state["heads"][run]["init"] == "from scratch" and state["check"][run]["equal"], run
+        assert (tmp_path / "out" / f"{run}.tar").is_file()
+    assert "| eagle-0.25 | done | from scratch |" in (tmp_path / "out" / "gpu_recipe.md").read_text()
