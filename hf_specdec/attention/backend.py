@@ -7,6 +7,8 @@ once (`install_for`). Each wrapper asks a `contextvars.ContextVar` whether *this
 planned forward): if so it serves the forward's `AttentionPlan` (`paged_attention`), and the mask hook tells
 transformers to build no mask; otherwise it calls the function it wraps, unchanged. So two threads may run a vanilla
 and a speculative ``generate`` on one model object at the same time, and the model's config is never touched.
+The wrappers read a plain count of the open plans first (`active_plan`), so ``torch.compile`` still traces them,
+with ``fullgraph=True`` too, after a speculative call.
 
 Backends: the plan carries ``"triton"`` (the kernels of ``kernels/tree_attention.py``) or ``"torch"`` (the reference
 of `reference`), chosen once per call by `choose_backend`: CUDA tensors, and CPU tensors under Triton's interpreter
@@ -41,6 +43,8 @@ BACKEND_ENV = "HF_SPECDEC_ATTENTION"
 
 _ACTIVE_PLAN: contextvars.ContextVar[AttentionPlan | None] = contextvars.ContextVar("hf_specdec_plan", default=None)
 _INSTALL_LOCK = threading.Lock()
+_OPEN_PLANS = 0  # `planned` blocks open in any thread (read by `active_plan`)
+_OPEN_LOCK = threading.Lock()
 
 
 # ---------------------------------------------------------------------------------------------- backend choice
@@ -76,15 +80,27 @@ def choose_backend(device: torch.device | str, requested: str | None = None) -> 
 @contextlib.contextmanager
 def planned(plan: AttentionPlan):
     """Inside the block, in this thread (and this async context), attention layers serve ``plan``."""
+    global _OPEN_PLANS
+    with _OPEN_LOCK:
+        _OPEN_PLANS += 1
     token = _ACTIVE_PLAN.set(plan)
     try:
         yield plan
     finally:
         _ACTIVE_PLAN.reset(token)
+        with _OPEN_LOCK:
+            _OPEN_PLANS -= 1
 
 
 def active_plan() -> AttentionPlan | None:
-    """The plan of the planned forward running in this thread, if any."""
+    """The plan of the planned forward running in this thread, if any.
+
+    The wrappers stay installed after a speculative call, so a later ``torch.compile(model, fullgraph=True)`` (or
+    transformers' compiled static-cache ``generate``) traces through them, and dynamo cannot trace the `contextvars`
+    lookup. While no thread is inside `planned` (`_OPEN_PLANS` is 0, a plain global dynamo reads and guards on) the
+    answer is None without it; a compiled region entered while some plan is open retraces and reaches the lookup."""
+    if _OPEN_PLANS == 0:
+        return None
     return _ACTIVE_PLAN.get()
 
 
@@ -201,7 +217,7 @@ def _module_eager_attention(module: torch.nn.Module, *args, **kwargs):
 
 def _wrap_attention(fallback: Callable) -> Callable:
     def attention(module, query, key, value, attention_mask, *args, **kwargs):
-        plan = _ACTIVE_PLAN.get()
+        plan = active_plan()
         if plan is None:
             return fallback(module, query, key, value, attention_mask, *args, **kwargs)
         if attention_mask is not None:  # the mask hook gave none: the layer computed a mask of its own
@@ -218,7 +234,7 @@ def _wrap_attention(fallback: Callable) -> Callable:
 
 def _wrap_mask(fallback: Callable) -> Callable:
     def mask(*args, **kwargs):
-        plan = _ACTIVE_PLAN.get()
+        plan = active_plan()
         if plan is not None:
             if plan.checking:
                 plan.mask_windows.append(kwargs.get("local_size"))  # a sliding window's (or chunk's) size
