@@ -687,6 +687,16 @@ RECIPE_HEADS: dict[str, RecipeHead] = {
 }
 
 
+def _one_after_another(cfg: RecipeConfig, deadline: float):
+    """``(run, until)`` for the sequential modes, each run's deadline set as it starts: its share of the time left
+    (`RecipeHead.train_share` times the run's share of the data) among the runs not yet started."""
+    share = {n: RECIPE_HEADS[run_kind(n)].train_share * run_share(n) for n in cfg.runs}
+    total = sum(share.values())
+    for name in cfg.runs:
+        yield name, time.time() + (deadline - time.time()) * share[name] / total
+        total -= share[name]
+
+
 def fine_tunes(name: str, cfg: RecipeConfig) -> bool:
     """Whether head ``name`` starts from the shipped head (`RecipeConfig.init_from`)."""
     return cfg.init_from == "shipped" and RECIPE_HEADS[run_kind(name)].from_shipped(cfg)
@@ -698,7 +708,8 @@ def _shipped_head(name: str, cfg: RecipeConfig):
         return None
     from ..models import SHIPPED_HEAD_DIRS
 
-    return HEAD_KINDS[name].head_class().from_pretrained(SHIPPED_HEAD_DIRS[name], dtype=torch.float32)
+    kind = run_kind(name)
+    return HEAD_KINDS[kind].head_class().from_pretrained(SHIPPED_HEAD_DIRS[kind], dtype=torch.float32)
 
 
 def _trainer_config(name: str, cfg: RecipeConfig, max_steps: int):
@@ -1007,12 +1018,7 @@ def run_recipe(cfg: RecipeConfig, out: str | os.PathLike, work: str | os.PathLik
         log.write()
 
     if not cfg.subprocesses:
-        share = {n: RECIPE_HEADS[run_kind(n)].train_share * run_share(n) for n in cfg.runs}
-        total = sum(share.values())
-        for name in cfg.runs:
-            left = train_deadline - time.time()
-            until = time.time() + left * share[name] / total
-            total -= share[name]
+        for name, until in _one_after_another(cfg, train_deadline):
             try:
                 train_worker(name, work, out, model, cfg, until)
             except Exception as err:  # one head failing must not cost the others
@@ -1024,11 +1030,7 @@ def run_recipe(cfg: RecipeConfig, out: str | os.PathLike, work: str | os.PathLik
         _wait(procs, train_deadline + cfg.grace_s, log, refresh_heads)
         _report_failures(procs, cfg.runs, work, log)
     else:
-        share = {n: RECIPE_HEADS[run_kind(n)].train_share * run_share(n) for n in cfg.runs}
-        total = sum(share.values())
-        for name in cfg.runs:
-            until = time.time() + (train_deadline - time.time()) * share[name] / total
-            total -= share[name]
+        for name, until in _one_after_another(cfg, train_deadline):
             proc = _spawn(["worker-train", "--work", str(work), "--out", str(out), "--model", model_spec, "--head",
                            name, "--deadline", str(until)], work / "logs" / f"train-{name}.log")  # fmt: skip
             _wait([proc], until + cfg.grace_s, log, refresh_heads)

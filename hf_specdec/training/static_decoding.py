@@ -56,7 +56,7 @@ class DecodeStep:
     def __init__(self, model, cache, prompt_mask: torch.Tensor, last_positions: torch.Tensor, max_new_tokens: int,
                  aux_layers: Sequence[int]):  # fmt: skip
         self.decoder, self.lm_head = model.get_decoder(), model.get_output_embeddings()
-        self.cache, self.aux_layers = cache, tuple(aux_layers)
+        self.aux_layers = tuple(aux_layers)
         batch, width = prompt_mask.shape  # [B, W]
         device, dtype = prompt_mask.device, next(model.parameters()).dtype
         self.width = width
