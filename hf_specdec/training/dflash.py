@@ -35,7 +35,7 @@ from .labels import (
     window_positions,
     window_starts,
 )
-from .run import REPORT_NAME, HeldOutSplit, RunConfig, TrainingRun, start_head_training
+from .run import REPORT_NAME, HeldOutSplit, RunConfig, TrainingRun, check_mixed_precision, start_head_training
 from .shards import DistillationData
 
 HEAD_DIR = "head"
@@ -68,6 +68,7 @@ class DFlashTrainingConfig(RunConfig):
     checkpoint_every: int = 50
 
     def __post_init__(self):
+        check_mixed_precision(self.mixed_precision)
         if self.window < self.block_size + 1 or self.anchors_per_window < 1 or self.block_size < 2:
             raise ValueError(f"need block_size >= 2, window > block_size and anchors_per_window >= 1, got "
                              f"{self.block_size}, {self.window}, {self.anchors_per_window}")  # fmt: skip

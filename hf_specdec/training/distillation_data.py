@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .shards import finish_manifest, open_manifest, record_shard, write_shard
+from .shards import finish_manifest, open_manifest, record_shard, target_dtype_setting, write_shard
 from .target_states import Answering
 
 
@@ -82,6 +82,7 @@ def build_distillation_data(
     settings = {"generation": how.describe(seed), "shard_size": int(shard_size), "hidden_dtype": str(hidden_dtype)}
     if how.aux_layers:  # only then: folders built before keep their fingerprint
         settings["aux_layers"] = list(how.aux_layers)
+    settings.update(target_dtype_setting(model))
     manifest = open_manifest(out, model, prompt_ids, settings, recipe, base_model_name)
     done = {s["file"] for s in manifest["shards"] if (out / s["file"]).is_file()}
     manifest["shards"] = [s for s in manifest["shards"] if s["file"] in done]

@@ -49,7 +49,15 @@ from .labels import (
     window_positions,
     window_starts,
 )
-from .run import REPORT_NAME, HeldOutSplit, RunConfig, TrainingRun, start_head_training, trainable_copy
+from .run import (
+    REPORT_NAME,
+    HeldOutSplit,
+    RunConfig,
+    TrainingRun,
+    check_mixed_precision,
+    start_head_training,
+    trainable_copy,
+)
 from .shards import DistillationData
 
 HEAD_DIR = "head"
@@ -89,6 +97,7 @@ class EagleTrainingConfig(RunConfig):
     checkpoint_every: int = 50
 
     def __post_init__(self):
+        check_mixed_precision(self.mixed_precision)
         if self.window < 2 or self.positions_per_step < 1:
             raise ValueError(
                 f"window must be >= 2 and positions_per_step >= 1, got {self.window}, {self.positions_per_step}"

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 
 from ..models import SHIPPED_HEAD_DIRS
-from .data_arguments import add_data_source_arguments, resolve_data
+from .data_arguments import SOURCES, add_data_source_arguments, resolve_data
 from .trainer_cli import TrainerCommand, UsageError, load_target
 
 
@@ -53,6 +53,20 @@ def _add_task_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--windows-per-step", type=int, default=4, help="training windows per optimizer step")
     parser.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (0 = full)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--mixed-precision",
+        choices=("no", "bf16"),
+        default="no",
+        help="bf16: each training step under bfloat16 autocast (about half the step time on a CPU with AMX or "
+        "AVX512-BF16; weights and held-out scores stay float32)",
+    )
+    parser.add_argument(
+        "--build-dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="dtype of the target while it builds the data (bfloat16: about 3x faster teacher forcing on a CPU with "
+        "AMX); the head still trains against the float32 target",
+    )
     add_data_source_arguments(parser)
 
 
@@ -106,13 +120,16 @@ def add_train_dflash_arguments(parser: argparse.ArgumentParser) -> None:
 
 def training_data(args: argparse.Namespace, model, tokenizer, layers) -> list[Path]:
     """The data folders of a trainer's command: ``--data``'s (`resolve_data`), else the six-task data built (or
-    reused) under ``--data-dir``, with ``layers``' states; then ``--extra-data``."""
+    reused) under ``--data-dir``, with ``layers``' states; then ``--extra-data``. ``--build-dtype bfloat16``: a
+    bfloat16 copy of the target builds them (`_builder`)."""
     import torch
 
     from .task_data import build_task_data
     from .text_sources import LocalText
 
     out = Path(args.out)
+    if not args.data or any(value in SOURCES for value in args.data):  # data to build
+        model = _builder(args, model)
     folders = resolve_data(args.data, args, model, tokenizer, out, layers)
     if folders is None:
         real_text = LocalText.load(args.real_text_file) if args.real_text_file else args.real_text
@@ -134,6 +151,18 @@ def training_data(args: argparse.Namespace, model, tokenizer, layers) -> list[Pa
     return folders + [Path(f) for f in args.extra_data]
 
 
+def _builder(args: argparse.Namespace, model):
+    """The target that builds the data: ``model`` itself, or for ``--build-dtype bfloat16`` the same weights in
+    bfloat16 (a copy; ``model`` stays float32 for training)."""
+    import copy
+
+    import torch
+
+    if args.build_dtype == "float32" or model.dtype == torch.bfloat16:
+        return model
+    return copy.deepcopy(model).to(torch.bfloat16)
+
+
 def _target(args: argparse.Namespace):
     """``(model, tokenizer)``: ``--model`` loaded, on ``--device``."""
     model, tokenizer, _ = load_target(args, args.device)
@@ -143,7 +172,8 @@ def _target(args: argparse.Namespace):
 def _schedule(args: argparse.Namespace) -> dict:
     """The `RunConfig` settings of the shared options."""
     return dict(epochs=args.epochs, max_steps=args.max_steps, lr=args.lr, positions_per_step=args.windows_per_step,
-                window=args.window, draft_vocab=args.draft_vocab, soft_labels=args.soft_labels, seed=args.seed)  # fmt: skip
+                window=args.window, draft_vocab=args.draft_vocab, soft_labels=args.soft_labels, seed=args.seed,
+                mixed_precision=args.mixed_precision)  # fmt: skip
 
 
 def train_eagle_main(args: argparse.Namespace) -> int:
@@ -159,7 +189,7 @@ def train_eagle_main(args: argparse.Namespace) -> int:
         print(f"data built in {', '.join(map(str, folders))}")
         return 0
     cfg = EagleTrainingConfig(version=args.version, unroll=args.unroll, **_schedule(args))
-    data = load_distillation_data(folders, with_aux=args.version == 3)
+    data = load_distillation_data(folders, with_aux=args.version == 3, max_tokens=args.data_tokens)
     init = _init_head(args.init_head)
     head, report = train_eagle(model, data, out, cfg, resume=args.resume, device=args.device, init_head=init)
     if not args.no_tune_tree:
@@ -187,7 +217,7 @@ def train_dflash_main(args: argparse.Namespace) -> int:
         return 0
     cfg = DFlashTrainingConfig(num_layers=args.num_layers, block_size=args.block_size, decay=args.decay,
                                anchors_per_window=args.anchors_per_window, **_schedule(args))  # fmt: skip
-    data = load_distillation_data(folders, with_aux=True)
+    data = load_distillation_data(folders, with_aux=True, max_tokens=args.data_tokens)
     _, report = train_dflash(model, data, out, cfg, resume=args.resume, device=args.device)
     held = report.get("held_out") or {}
     print(f"DFlash head saved to {out / 'head'}: held-out chain tau {held.get('chain_tau')}, "

@@ -125,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
             do_sample=args.do_sample,
             base_model_name=model_name,
         )
-    data = load_distillation_data(folders)
+    data = load_distillation_data(folders, max_tokens=args.data_tokens)
     print(f"[data: {data.manifest['num_sequences']} answers, {data.manifest['num_tokens']} tokens]", file=sys.stderr)
     config = _config(args)
     cpu = None if args.device is None else args.device == "cpu"  # None: accelerate's choice

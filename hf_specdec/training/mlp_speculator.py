@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from ..generation.proposers.mlp_speculator import check_widths, draft_tree_batch
 from ..heads.mlp_speculator import MLPSpeculator
 from .labels import IGNORE, draft_vocabulary, medusa_labels
-from .run import REPORT_NAME, RunConfig, TrainingRun, held_out_split, trainable_copy
+from .run import REPORT_NAME, RunConfig, TrainingRun, check_mixed_precision, held_out_split, trainable_copy
 from .shards import DistillationData, load_distillation_data, write_json
 from .step_cost import step_cost_curve
 from .trainer_cli import TrainerCommand, load_target
@@ -64,6 +64,7 @@ class MLPSpeculatorTrainingConfig(RunConfig):
     lr: float = 2e-3
 
     def __post_init__(self):
+        check_mixed_precision(self.mixed_precision)
         self.top_k_tokens_per_head = tuple(int(k) for k in self.top_k_tokens_per_head)
         if len(self.top_k_tokens_per_head) != self.n_predict:
             raise ValueError(f"top_k_tokens_per_head needs n_predict={self.n_predict} entries")
@@ -426,7 +427,7 @@ def main(args: argparse.Namespace) -> int:
                                      num_prompts=args.num_prompts, num_context_prompts=args.num_context_prompts,
                                      seed=args.prompt_seed, max_new_tokens=args.max_new_tokens,
                                      batch_size=args.gen_batch_size, base_model_name=model_name)  # fmt: skip
-    data = load_distillation_data(folders)
+    data = load_distillation_data(folders, max_tokens=args.data_tokens)
     n = args.n_predict
     config = MLPSpeculatorTrainingConfig(
         inner_dim=args.inner_dim, n_predict=n, tie_weights=not args.no_tie_weights,

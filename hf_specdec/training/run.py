@@ -8,6 +8,7 @@ evaluation; `hf_specdec.training.medusa` is one.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -45,6 +46,10 @@ class RunConfig:
         eval_fraction / eval_positions: held-out sequences and how many of their positions are scored.
         eval_every / checkpoint_every: in steps (0: only at the end); ``keep_checkpoints``: how many stay on disk.
         seed: split, sampling order and init.
+        mixed_precision: ``"no"``, or ``"bf16"``: each step's loss is computed under ``torch.autocast`` in bfloat16
+            on the training device (the weights, optimizer and held-out scores stay float32). On a CPU with AMX or
+            AVX512-BF16 a step then costs about half (docs/heads_training.md); Medusa's trainer also takes
+            ``"fp16"``, through accelerate.
     """
 
     epochs: float = 1.0
@@ -60,6 +65,7 @@ class RunConfig:
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
     seed: int = 0
+    mixed_precision: str = "no"
 
 
 # ---------------------------------------------------------------------------------------------------- positions
@@ -148,6 +154,23 @@ def step_counts(num_positions: int, positions_per_step: int, epochs: float, max_
     per_epoch = math.ceil(num_positions / positions_per_step)
     total = max(1, math.ceil(epochs * per_epoch))
     return per_epoch, min(total, max_steps) if max_steps is not None else total
+
+
+def step_precision(mixed_precision: str, module: nn.Module) -> contextlib.AbstractContextManager:
+    """The context a training step's loss is computed in (`RunConfig.mixed_precision`): bfloat16 autocast on the
+    device of ``module``'s parameters for ``"bf16"``; nothing otherwise (``"fp16"`` is accelerate's, in Medusa's
+    trainer)."""
+    if mixed_precision != "bf16":
+        return contextlib.nullcontext()
+    device = next(module.parameters()).device
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def check_mixed_precision(value: str) -> None:
+    """Refuse a `RunConfig.mixed_precision` that the plain-torch trainers (EAGLE, DFlash, the MLP speculator) cannot
+    honour."""
+    if value not in ("no", "bf16"):
+        raise ValueError(f"mixed_precision must be 'no' or 'bf16' for this trainer, got {value!r}")
 
 
 # ---------------------------------------------------------------------------------------------------- checkpoints
@@ -295,7 +318,8 @@ class TrainingRun:
             save_checkpoint(self.out, state, self.config.keep_checkpoints)
 
     def _one_step(self, loss_of: Callable[[torch.Tensor], torch.Tensor], positions: torch.Tensor) -> None:
-        loss = loss_of(positions)
+        with step_precision(self.config.mixed_precision, self.module):
+            loss = loss_of(positions)
         self.backward(loss)
         if self.config.max_grad_norm:
             self.clip(self.module.parameters(), self.config.max_grad_norm)

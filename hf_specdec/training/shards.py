@@ -16,6 +16,7 @@ lists (resumable); a manifest written for other prompts or settings is refused (
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -49,6 +50,14 @@ def write_json(path: Path, obj: dict) -> None:
         json.dump(obj, f, indent=2)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def target_dtype_setting(model) -> dict:
+    """``{"target_dtype": ...}`` when ``model`` (the building target) is not float32, else ``{}``: a build by a
+    bfloat16 target is other data, so its fingerprint differs and a float32 build does not resume it (float32
+    builds keep the fingerprints they had)."""
+    dtype = next(model.parameters()).dtype
+    return {} if dtype == torch.float32 else {"target_dtype": str(dtype).removeprefix("torch.")}
 
 
 def open_manifest(out: Path, model, prompt_ids, settings: dict, recipe, base_model_name) -> dict:
@@ -223,20 +232,35 @@ class DistillationData:
 
 
 def load_distillation_data(
-    data_dir: str | os.PathLike | Sequence[str | os.PathLike], evaluation_only_ok: bool = False, with_aux: bool = True
+    data_dir: str | os.PathLike | Sequence[str | os.PathLike],
+    evaluation_only_ok: bool = False,
+    with_aux: bool = True,
+    max_tokens: int | None = None,
 ) -> DistillationData:
     """Read the shards of ``data_dir`` (built by `build_distillation_data` or `build_teacher_forced_data`) into
     memory; a list of folders (built for the same base model) is read as one dataset, in order. ``with_aux=False``
     leaves the EAGLE-3 layer states on disk (a head reading the final states alone does not need them).
+    ``max_tokens``: only the first sequences, in build order, up to that many tokens in all (whole sequences, at least
+    one; shards past it are not read): the data a shorter build would have given, for a data-scaling curve.
 
     A folder whose prompt recipe says ``evaluation_only`` (the target's answers to benchmark questions,
     `hf_specdec.bench.head_eval`) is refused unless ``evaluation_only_ok``: heads are never trained on it.
     """
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive number of tokens, got {max_tokens}")
     if not isinstance(data_dir, (str, os.PathLike)):
-        parts = [load_distillation_data(d, evaluation_only_ok, with_aux) for d in data_dir]
+        parts, left = [], max_tokens
+        for folder in data_dir:
+            if left is not None and left <= 0:
+                break
+            part = load_distillation_data(folder, evaluation_only_ok, with_aux, left)
+            if parts and left is not None and part.input_ids.numel() > left:
+                break  # its first sequence is over the budget (only the first folder's is always kept)
+            parts.append(part)
+            left = None if left is None else left - part.input_ids.numel()
         if not parts:
             raise ValueError("no data folder given")
-        return _concatenate(parts)
+        return _concatenate(parts) if len(parts) > 1 else parts[0]
     folder = Path(data_dir)
     manifest_path = folder / MANIFEST_NAME
     if not manifest_path.is_file():
@@ -254,7 +278,8 @@ def load_distillation_data(
     if aux_layers and not with_aux:
         aux_layers = None
     teacher_forced = bool(manifest.get("teacher_forced"))
-    for shard in manifest["shards"]:
+    shards = _shards_within(manifest["shards"], max_tokens)
+    for shard in shards:
         with safe_open(str(folder / shard["file"]), framework="pt", device="cpu") as f:
             ids.append(f.get_tensor("input_ids").long())
             hidden.append(f.get_tensor("hidden"))
@@ -269,7 +294,9 @@ def load_distillation_data(
     ends = seq_lens.cumsum(0)
     starts = ends - seq_lens
     bounds = torch.stack([starts, starts + prompt_lens, ends], dim=1)  # [S, 3]
-    return DistillationData(
+    if max_tokens is not None:
+        manifest = {**manifest, "shards": shards, "max_tokens": int(max_tokens)}
+    data = DistillationData(
         input_ids=torch.cat(ids),
         hidden=torch.cat(hidden),
         seq_start=starts.repeat_interleave(seq_lens),
@@ -283,6 +310,39 @@ def load_distillation_data(
         answer_mask=torch.cat(masks) if teacher_forced else None,
         target_next=torch.cat(nexts) if teacher_forced else None,
     )
+    return data if max_tokens is None else first_sequences(data, max_tokens)
+
+
+def _shards_within(shards: list[dict], max_tokens: int | None) -> list[dict]:
+    """The leading ``shards`` (manifest entries) that hold the first ``max_tokens`` tokens (all when None)."""
+    if max_tokens is None:
+        return shards
+    taken, total = [], 0
+    for shard in shards:
+        if total >= max_tokens:
+            break
+        taken.append(shard)
+        total += shard["num_tokens"]
+    return taken
+
+
+def first_sequences(data: DistillationData, max_tokens: int) -> DistillationData:
+    """The leading sequences of ``data`` that fit in ``max_tokens`` tokens (at least one), as a dataset of their
+    own; its manifest records ``first_tokens`` and ``first_sequences``."""
+    ends = data.seq_bounds[:, 2]  # [S] cumulative, from 0
+    keep = max(1, int((ends <= max_tokens).sum()))
+    n = int(ends[keep - 1])
+
+    def cut(x: torch.Tensor | None) -> torch.Tensor | None:  # [N, ...] -> [n, ...]
+        return None if x is None else x[:n]
+
+    manifest = {**data.manifest, "first_tokens": n, "first_sequences": keep}
+    return dataclasses.replace(
+        data, input_ids=data.input_ids[:n], hidden=data.hidden[:n], seq_start=data.seq_start[:n],
+        seq_end=data.seq_end[:n], answer_start=data.answer_start[:n], seq_bounds=data.seq_bounds[:keep],
+        manifest=manifest, aux_hidden=cut(data.aux_hidden), answer_mask=cut(data.answer_mask),
+        target_next=cut(data.target_next),
+    )  # fmt: skip
 
 
 def _concatenate(parts: list[DistillationData]) -> DistillationData:
@@ -339,6 +399,8 @@ __all__ = [
     "MANIFEST_NAME",
     "DistillationData",
     "finish_manifest",
+    "first_sequences",
+    "target_dtype_setting",
     "load_distillation_data",
     "open_manifest",
     "record_shard",

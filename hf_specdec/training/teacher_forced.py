@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from .chat_template import TemplatedConversation
-from .shards import finish_manifest, open_manifest, record_shard, write_shard
+from .shards import finish_manifest, open_manifest, record_shard, target_dtype_setting, write_shard
 from .target_states import teacher_forced_states
 
 
@@ -90,6 +90,7 @@ def build_teacher_forced_data(
     }
     if aux_layers:
         settings["aux_layers"] = [int(i) for i in aux_layers]
+    settings.update(target_dtype_setting(model))
     manifest = open_manifest(out, model, [s.ids for s in sequences], settings, recipe, base_model_name)
     done = {s["file"] for s in manifest["shards"] if (out / s["file"]).is_file()}
     manifest["shards"] = [s for s in manifest["shards"] if s["file"] in done]

@@ -109,6 +109,12 @@ SHARED_OPTIONS: dict[tuple[str, ...], dict] = {
     ("--data-dir",): dict(default=None, help="where the default data are built, or reused (default OUT/data)"),
     ("--epochs",): dict(type=positive_float, default=3.0, help="passes over the training data (default 3)"),
     ("--max-steps",): dict(type=positive_int, default=None, help="cap on optimizer steps"),
+    ("--data-tokens",): dict(
+        type=positive_int,
+        default=None,
+        help="train on the data's first N tokens only (whole sequences, in build order): one point of a "
+        "data-scaling curve, the data a shorter build would have given",
+    ),
     ("--resume",): dict(action="store_true", help="continue from the latest checkpoint in OUT"),
     ("--threads",): dict(type=positive_int, default=None, help="torch CPU threads (default: torch's choice)"),
 }

@@ -167,3 +167,31 @@ def test_description_sums_the_parts_built_the_same_way(tiny, tmp_path):
     text = data_description({"base_model": "/root/.cache/hf_specdec/tiny-model", "parts": [part, reseeded]})
     assert text.count("greedy answers") == 1 and f"{2 * sequences} greedy answers" in text, text
     assert "seeds " in text and ", 1000)" in text and text.startswith("distillation of tiny-model:"), text
+
+
+def test_a_token_budget_loads_the_leading_whole_sequences(tiny, tmp_path, monkeypatch):
+    """``max_tokens`` gives what a build stopped there would have given: the first whole sequences, in build order,
+    across folders, without reading the shards past it; the manifest says how much was taken."""
+    import hf_specdec.training.shards as shards
+
+    model, prompts = tiny
+    for name, part in (("a", prompts), ("b", prompts[::-1])):
+        build_distillation_data(model, part, tmp_path / name, max_new_tokens=6, batch_size=2, shard_size=2,
+                                hidden_dtype=torch.float32, progress=False)  # fmt: skip
+    folders = [tmp_path / "a", tmp_path / "b"]
+    full = load_distillation_data(folders)
+    ends = full.seq_bounds[:, 2].tolist()
+    opened = []
+    real_open = shards.safe_open
+    monkeypatch.setattr(shards, "safe_open", lambda path, **kw: opened.append(path) or real_open(path, **kw))
+    for budget, keep in ((ends[2], 3), (ends[2] + 1, 3), (ends[7] - 1, 7), (1, 1), (10**9, len(ends))):
+        opened.clear()
+        part = load_distillation_data(folders, max_tokens=budget)
+        n = ends[keep - 1]
+        assert part.seq_bounds.shape[0] == keep and part.input_ids.numel() == n, (budget, keep)
+        assert torch.equal(part.seq_bounds, full.seq_bounds[:keep]) and torch.equal(part.hidden, full.hidden[:n])
+        assert torch.equal(part.seq_end, full.seq_end[:n]) and torch.equal(part.answer_mask, full.answer_mask[:n])
+        if keep <= 2:  # the first shard holds two sequences: nothing else is read
+            assert len(opened) == 1 and part.manifest["first_tokens"] == n
+    with pytest.raises(ValueError, match="positive number of tokens"):
+        load_distillation_data(folders, max_tokens=0)

@@ -47,10 +47,12 @@ def tau_of(model, head, prompts) -> float:
     return float(out.spec_stats.tau)
 
 
-def test_training_lowers_the_loss_and_raises_acceptance(tiny_data, tmp_path):
+@pytest.mark.parametrize("mixed_precision", ["no", "bf16"])
+def test_training_lowers_the_loss_and_raises_acceptance(tiny_data, tmp_path, mixed_precision):
     model, data, prompts = tiny_data
     cfg = EagleTrainingConfig(window=32, positions_per_step=8, epochs=12, lr=3e-3, warmup_steps=5, draft_vocab=0,
-                              eval_fraction=0.15, eval_every=0, checkpoint_every=40)  # fmt: skip
+                              eval_fraction=0.15, eval_every=0, checkpoint_every=40,
+                              mixed_precision=mixed_precision)  # fmt: skip
     head, report = train_eagle(model, data, tmp_path / "run", cfg, progress=False)
     assert report["train_loss_last_steps"] < 0.7 * report["train_loss_first_steps"], report
     before, after = report["held_out_before"], report["held_out"]
@@ -220,3 +222,64 @@ def test_eagle3_training_refuses_data_without_its_layers(tiny_data):
         train_eagle(model, data, "unused", cfg, progress=False)
     with pytest.raises(ValueError, match="version must be 1"):
         EagleTrainingConfig(version=2)
+
+
+@pytest.mark.parametrize("mixed_precision", ["no", "bf16"])
+def test_bf16_mixed_precision_computes_the_loss_under_autocast_and_keeps_float32_weights(
+    tiny_data, tmp_path, monkeypatch, mixed_precision
+):
+    import hf_specdec.training.eagle as eagle_training
+
+    model, data, _ = tiny_data
+    under_bf16 = []
+    real = eagle_training.eagle_loss
+
+    def spy(*args, **kwargs):
+        under_bf16.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(eagle_training, "eagle_loss", spy)
+    cfg = EagleTrainingConfig(window=32, positions_per_step=8, max_steps=3, eval_every=0, checkpoint_every=0,
+                              draft_vocab=40, mixed_precision=mixed_precision)  # fmt: skip
+    head, report = train_eagle(model, data, tmp_path / "run", cfg, progress=False)
+    assert under_bf16 == [mixed_precision == "bf16"] * 3
+    assert all(p.dtype == torch.float32 for p in head.parameters())
+    assert report["config"]["mixed_precision"] == mixed_precision and report["train_loss_last_steps"] > 0
+    assert not torch.is_autocast_enabled("cpu")  # the held-out scores and the caller run without it
+
+
+def test_trainers_refuse_a_precision_they_cannot_honour():
+    from hf_specdec.training.dflash import DFlashTrainingConfig
+    from hf_specdec.training.mlp_speculator import MLPSpeculatorTrainingConfig
+
+    for config in (EagleTrainingConfig, DFlashTrainingConfig, MLPSpeculatorTrainingConfig):
+        with pytest.raises(ValueError, match="mixed_precision must be 'no' or 'bf16'.*'fp16'"):
+            config(mixed_precision="fp16")
+
+
+def test_cli_trains_on_the_first_tokens_in_bf16(tiny_data, tmp_path, monkeypatch):
+    """``--data-tokens`` trains on the data's leading sequences (a point of a scaling curve), ``--mixed-precision
+    bf16`` under autocast; ``--build-dtype bfloat16`` hands the builders a bfloat16 copy and trains the float32
+    target."""
+    from hf_specdec.cli import build_parser, main
+    from hf_specdec.training import eagle_cli
+
+    model, data, _ = tiny_data
+    args = build_parser().parse_args(["train", "eagle", "--out", "x"])
+    assert (args.data_tokens, args.mixed_precision, args.build_dtype) == (None, "no", "float32")
+    monkeypatch.setattr(eagle_cli, "_target", lambda args: (model, None))
+    budget = int(data.seq_bounds[9, 2])  # the first ten sequences
+    out = tmp_path / "run"
+    assert main(["train", "eagle", "--out", str(out), "--data", str(data.folder), "--data-tokens", str(budget),
+                 "--mixed-precision", "bf16", "--window", "32", "--max-steps", "2", "--draft-vocab", "40",
+                 "--no-tune-tree"]) == 0  # fmt: skip
+    report = json.loads((out / "training_report.json").read_text())
+    assert (report["num_tokens"], report["num_sequences"]) == (budget, 10)
+    assert report["config"]["mixed_precision"] == "bf16"
+    built = []
+    monkeypatch.setattr(eagle_cli, "resolve_data", lambda values, a, m, *rest: built.append(m.dtype) or [data.folder])
+    for build_dtype, expected in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        args = build_parser().parse_args(["train", "eagle", "--out", str(out), "--data", "sharegpt", "--build-dtype",
+                                          build_dtype])  # fmt: skip
+        assert eagle_cli.training_data(args, model, None, ()) == [data.folder]
+        assert built[-1] == expected and model.dtype == torch.float32

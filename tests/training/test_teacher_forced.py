@@ -4,6 +4,7 @@ the same conversations answers with the target."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 
@@ -152,3 +153,18 @@ def test_both_builders_over_conversations(setup, tmp_path):
 
 def fixed_len(folders) -> int:
     return load_distillation_data(folders).input_ids.numel() - 1
+
+
+def test_a_bf16_build_is_other_data_and_an_fp32_one_keeps_its_fingerprint(setup, tmp_path):
+    """A build by a bfloat16 target records its dtype and gets a fingerprint of its own, so the float32 target does
+    not resume it as its own; float32 builds keep the fingerprint they always had (no dtype in their settings)."""
+    model, tok, source = setup
+    seqs = [templated_ids(tok, c) for c in source.train]
+    fp32 = _build(model, seqs, tmp_path / "fp32")
+    assert "target_dtype" not in fp32
+    bf16 = _build(copy.deepcopy(model).to(torch.bfloat16), seqs, tmp_path / "bf16")
+    assert bf16["target_dtype"] == "bfloat16" and bf16["fingerprint"] != fp32["fingerprint"]
+    with pytest.raises(ValueError, match="other prompts or generation settings"):
+        _build(model, seqs, tmp_path / "bf16")
+    data = load_distillation_data(tmp_path / "bf16")
+    assert torch.equal(data.input_ids, load_distillation_data(tmp_path / "fp32").input_ids)
