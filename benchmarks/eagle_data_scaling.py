@@ -97,6 +97,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=float, default=2.0, help="passes over each point's data (default 2)")
     parser.add_argument("--mixed-precision", choices=("no", "bf16"), default="bf16")
     parser.add_argument("--held-out-conversations", type=int, default=160)
+    parser.add_argument("--eval-fraction", type=float, default=0.02, help="of the sequences, held out by the trainer")
     parser.add_argument("--bench-seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
@@ -105,7 +106,8 @@ def main() -> None:
     model, tokenizer = load_default_model()
     held = held_out_set(model, tokenizer, work, args.held_out_conversations)
     cfg = EagleTrainingConfig(window=512, positions_per_step=8, lr=1e-3, epochs=args.epochs, eval_every=0,
-                              checkpoint_every=100, mixed_precision=args.mixed_precision)  # fmt: skip
+                              checkpoint_every=100, mixed_precision=args.mixed_precision,
+                              eval_fraction=args.eval_fraction)  # fmt: skip
     for tokens in args.points:
         t0 = time.perf_counter()
         head, report = train_point(model, Path(args.data), tokens, work, cfg)

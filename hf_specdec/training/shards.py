@@ -273,18 +273,18 @@ def load_distillation_data(
         )
     if not manifest["shards"]:
         raise ValueError(f"{folder}: the manifest lists no finished shard")
-    ids, hidden, aux, lens, plens, masks, nexts = [], [], [], [], [], [], []
+    ids, lens, plens, masks, nexts = [], [], [], [], []
     aux_layers = tuple(manifest.get("aux_layers") or ()) or None
     if aux_layers and not with_aux:
         aux_layers = None
     teacher_forced = bool(manifest.get("teacher_forced"))
     shards = _shards_within(manifest["shards"], max_tokens)
-    for shard in shards:
-        with safe_open(str(folder / shard["file"]), framework="pt", device="cpu") as f:
+    files = [str(folder / shard["file"]) for shard in shards]
+    hidden = _stacked(files, "hidden")
+    aux = _stacked(files, "aux_hidden") if aux_layers else None
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as f:
             ids.append(f.get_tensor("input_ids").long())
-            hidden.append(f.get_tensor("hidden"))
-            if aux_layers:
-                aux.append(f.get_tensor("aux_hidden"))
             lens.append(f.get_tensor("seq_lens"))
             plens.append(f.get_tensor("prompt_lens"))
             if teacher_forced:
@@ -298,19 +298,37 @@ def load_distillation_data(
         manifest = {**manifest, "shards": shards, "max_tokens": int(max_tokens)}
     data = DistillationData(
         input_ids=torch.cat(ids),
-        hidden=torch.cat(hidden),
+        hidden=hidden,
         seq_start=starts.repeat_interleave(seq_lens),
         seq_end=ends.repeat_interleave(seq_lens),
         answer_start=(starts + prompt_lens).repeat_interleave(seq_lens),
         seq_bounds=bounds,
         manifest=manifest,
         folder=folder,
-        aux_hidden=torch.cat(aux) if aux_layers else None,
+        aux_hidden=aux,
         aux_layers=aux_layers,
         answer_mask=torch.cat(masks) if teacher_forced else None,
         target_next=torch.cat(nexts) if teacher_forced else None,
     )
     return data if max_tokens is None else first_sequences(data, max_tokens)
+
+
+def _stacked(files: Sequence[str], name: str) -> torch.Tensor:
+    """`[N, F]` the tensor ``name`` of every shard file, one after another, copied into one tensor allocated up front:
+    the states are most of the data, and joining a list of them would need twice their size in memory."""
+    rows = []
+    for file in files:  # the headers only
+        with safe_open(file, framework="pt", device="cpu") as f:
+            rows.append(f.get_slice(name).get_shape()[0])
+    out, row = None, 0
+    for file, n in zip(files, rows):
+        with safe_open(file, framework="pt", device="cpu") as f:
+            part = f.get_tensor(name)
+        if out is None:
+            out = torch.empty((sum(rows), *part.shape[1:]), dtype=part.dtype)
+        out[row : row + n] = part
+        row += n
+    return out
 
 
 def _shards_within(shards: list[dict], max_tokens: int | None) -> list[dict]:
