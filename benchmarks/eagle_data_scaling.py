@@ -58,8 +58,21 @@ def train_point(model, data_dir: Path, tokens: int, work: Path, cfg: EagleTraini
     report_path = out / "training_report.json"
     if report_path.is_file() and (out / "head" / "config.json").is_file():
         return EagleHead.from_pretrained(out / "head", dtype=torch.float32), json.loads(report_path.read_text())
+    wait_for_tokens(data_dir, tokens)
     data = load_distillation_data(data_dir, with_aux=False, max_tokens=tokens)
     return train_eagle(model, data, out, cfg, resume=True)
+
+
+def wait_for_tokens(data_dir: Path, tokens: int, poll_s: float = 30.0) -> None:
+    """Return once ``data_dir``'s finished shards hold ``tokens`` tokens, or its build is complete: a point can
+    start beside a build still running in another process without training on less than it says."""
+    while True:
+        manifest = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))
+        built = sum(shard["num_tokens"] for shard in manifest["shards"])
+        if built >= tokens or manifest.get("complete"):
+            return
+        print(f"waiting for the build: {built:,} of {tokens:,} tokens", flush=True)
+        time.sleep(poll_s)
 
 
 def score_point(model, tokenizer, head, report: dict, held: Path, bench_seeds: list[int]) -> dict:
@@ -69,7 +82,7 @@ def score_point(model, tokenizer, head, report: dict, held: Path, bench_seeds: l
     row = {
         "tokens": report["num_tokens"],
         "sequences": report["num_sequences"],
-        "train_positions": report["train_positions"],
+        "train_windows": report["train_positions"],
         "steps": report["steps"],
         "training_time_s": report["training_time_s"],
         "mixed_precision": report["config"].get("mixed_precision", "no"),
