@@ -57,7 +57,8 @@ def train_point(model, data_dir: Path, tokens: int, work: Path, cfg: EagleTraini
     out = work / run_name(tokens, cfg.mixed_precision)
     report_path = out / "training_report.json"
     if report_path.is_file() and (out / "head" / "config.json").is_file():
-        return EagleHead.from_pretrained(out / "head", dtype=torch.float32), json.loads(report_path.read_text())
+        head = EagleHead.from_pretrained(out / "head", dtype=torch.float32).bind(model)
+        return head, json.loads(report_path.read_text())
     wait_for_tokens(data_dir, tokens)
     data = load_distillation_data(data_dir, with_aux=False, max_tokens=tokens)
     return train_eagle(model, data, out, cfg, resume=True)
@@ -131,7 +132,10 @@ def main() -> None:
     if args.out:
         rows = [json.loads(p.read_text()) for p in work.glob(f"eagle-*/{ROW_NAME}")]
         rows.sort(key=lambda r: (r["mixed_precision"], r["point"]))
-        Path(args.out).write_text(json.dumps({"data": args.data, "rows": rows}, indent=1) + "\n")
+        manifest = json.loads((Path(args.data) / "manifest.json").read_text(encoding="utf-8"))
+        data = {key: manifest.get(key) for key in ("base_model", "prompt_recipe", "target_dtype", "hidden_dtype")}
+        data["built_tokens"] = sum(shard["num_tokens"] for shard in manifest["shards"])
+        Path(args.out).write_text(json.dumps({"data": data, "epochs": args.epochs, "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
