@@ -280,8 +280,9 @@ def load_distillation_data(
     teacher_forced = bool(manifest.get("teacher_forced"))
     shards = _shards_within(manifest["shards"], max_tokens)
     files = [str(folder / shard["file"]) for shard in shards]
-    hidden = _stacked(files, "hidden")
-    aux = _stacked(files, "aux_hidden") if aux_layers else None
+    rows = [shard["num_tokens"] for shard in shards]
+    hidden = _stacked(files, rows, "hidden")
+    aux = _stacked(files, rows, "aux_hidden") if aux_layers else None
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
             ids.append(f.get_tensor("input_ids").long())
@@ -313,13 +314,10 @@ def load_distillation_data(
     return data if max_tokens is None else first_sequences(data, max_tokens)
 
 
-def _stacked(files: Sequence[str], name: str) -> torch.Tensor:
-    """`[N, F]` the tensor ``name`` of every shard file, one after another, copied into one tensor allocated up front:
-    the states are most of the data, and joining a list of them would need twice their size in memory."""
-    rows = []
-    for file in files:  # the headers only
-        with safe_open(file, framework="pt", device="cpu") as f:
-            rows.append(f.get_slice(name).get_shape()[0])
+def _stacked(files: Sequence[str], rows: Sequence[int], name: str) -> torch.Tensor:
+    """`[N, F]` the tensor ``name`` of every shard file (``rows`` each, the manifest's ``num_tokens``), one after
+    another, copied into one tensor allocated up front: the states are most of the data, and joining a list of them
+    would need twice their size in memory."""
     out, row = None, 0
     for file, n in zip(files, rows):
         with safe_open(file, framework="pt", device="cpu") as f:
