@@ -54,13 +54,6 @@ def _add_task_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (0 = full)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--mixed-precision",
-        choices=("no", "bf16"),
-        default="no",
-        help="bf16: each training step under bfloat16 autocast (about half the step time on a CPU with AMX or "
-        "AVX512-BF16; weights and held-out scores stay float32)",
-    )
-    parser.add_argument(
         "--build-dtype",
         choices=("float32", "bfloat16"),
         default="float32",

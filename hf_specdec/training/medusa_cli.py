@@ -78,7 +78,6 @@ def _add_head_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--eval-every", type=non_negative_int, default=0, help="steps between held-out evaluations (0: at the end)"
     )
-    parser.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no", help="accelerate setting")
 
 
 def _config(args: argparse.Namespace) -> MedusaTrainingConfig:
@@ -146,7 +145,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 MEDUSA_COMMAND = TrainerCommand(
-    "medusa", "Medusa-1 heads by self-distillation (base model frozen)", add_arguments, main
+    "medusa", "Medusa-1 heads by self-distillation (base model frozen)", add_arguments, main,
+    precisions=("no", "bf16", "fp16"),
 )
 
 __all__ = ["MEDUSA_COMMAND", "add_arguments", "main"]

@@ -433,7 +433,7 @@ def main(args: argparse.Namespace) -> int:
         inner_dim=args.inner_dim, n_predict=n, tie_weights=not args.no_tie_weights,
         top_k_tokens_per_head=(4, 3, 2, 2, 2, 2, 2, 2)[:n] if n <= 8 else (2,) * n, draft_vocab=args.draft_vocab or None,
         epochs=args.epochs, max_steps=args.max_steps, lr=args.lr, positions_per_step=args.positions_per_step,
-        checkpoint_every=args.checkpoint_every, eval_every=args.eval_every,
+        checkpoint_every=args.checkpoint_every, eval_every=args.eval_every, mixed_precision=args.mixed_precision,
     )  # fmt: skip
     spec, report = train_mlp_speculator(
         data, out, config, resume=args.resume, base_model_name_or_path=model_name, device=args.device or "cpu"

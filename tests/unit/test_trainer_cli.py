@@ -67,6 +67,20 @@ def test_the_trainers_that_tune_a_tree_skip_it_with_one_flag():
     assert "--no-tune " not in parsers["eagle"].format_help()
 
 
+def test_mixed_precision_is_every_trainers_and_fp16_only_medusas(capsys):
+    """``--mixed-precision bf16`` (autocast steps) on every kind; ``fp16`` only where accelerate trains (Medusa): the
+    plain-torch trainers refuse it when the command line is parsed, naming the values they take."""
+    parsers = _train_parsers()
+    for name, parser in parsers.items():
+        assert parser.parse_args(["--out", "x"]).mixed_precision == "no", name
+        assert parser.parse_args(["--out", "x", "--mixed-precision", "bf16"]).mixed_precision == "bf16", name
+    assert parsers["medusa"].parse_args(["--out", "x", "--mixed-precision", "fp16"]).mixed_precision == "fp16"
+    for name in ("mlp-speculator", "eagle", "dflash"):
+        with pytest.raises(SystemExit):
+            parsers[name].parse_args(["--out", "x", "--mixed-precision", "fp16"])
+        assert "invalid choice: 'fp16' (choose from no, bf16)" in capsys.readouterr().err.replace("'no', 'bf16'", "no, bf16")
+
+
 def test_a_new_kind_gets_the_shared_options_and_its_own():
     def add_arguments(parser):
         parser.add_argument("--width", type=int, default=2)
@@ -108,8 +122,9 @@ def test_the_mlp_speculator_trains_for_the_model_named_by_the_shared_model_optio
     and names it in what it saves."""
     root, out = tiny_model_and_data, tmp_path / "spec"
     argv = ["train", "mlp-speculator", "--out", str(out), "--model", str(root / "model"), "--data", str(root / "data"),
-            "--inner-dim", "16", "--positions-per-step", "16", "--max-steps", "2", "--no-tune-tree", "--threads", "1"]  # fmt: skip
+            "--inner-dim", "16", "--positions-per-step", "16", "--max-steps", "2", "--no-tune-tree", "--threads", "1",
+            "--mixed-precision", "bf16"]  # fmt: skip
     assert main(argv) == 0
     report = json.loads((out / "training_report.json").read_text())
-    assert report["steps"] == 2
+    assert report["steps"] == 2 and report["config"]["mixed_precision"] == "bf16"
     assert json.loads((out / "config.json").read_text())["base_model_name_or_path"] == str(root / "model")
