@@ -232,6 +232,7 @@ class Answering:
             "batch_size": self.batch_size,
             **({"tokens_per_batch": self.tokens_per_batch} if self.tokens_per_batch else {}),
             "padding": "left (generate), right (hidden-state forward)" if self.do_sample else "left (one greedy pass)",
+            "batch_order": "shortest prompt first within a shard",
         }
 
     def batches(self, prompts: Sequence[Sequence[int]]) -> list[range]:
@@ -252,15 +253,20 @@ class Answering:
         return out
 
     def answer(self, model, prompts: Sequence[Sequence[int]], bar) -> tuple[list[list[int]], list[torch.Tensor]]:
-        """``(prompt + answer ids of each prompt, their final hidden states [len, H] each)``, in the batches of
-        `batches`; a batch that runs out of device memory is answered in two halves."""
-        seqs: list[list[int]] = []
-        hiddens: list[torch.Tensor] = []
-        for rows in self.batches(prompts):
-            batch = [list(map(int, prompts[i])) for i in rows]
+        """``(prompt + answer ids of each prompt, their final hidden states [len, H] each)``, in the order of
+        ``prompts``. The prompts are batched shortest first (`batches` over them in that order), so a batch is
+        left-padded to a length near its own prompts' and not to the longest of the shard: on a CPU a decoding step
+        over 32 rows padded to 800 tokens costs 2-3x one over 200. A batch that runs out of device memory is
+        answered in two halves."""
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        ranked = [list(map(int, prompts[i])) for i in order]
+        seqs: list[list[int]] = [[] for _ in prompts]
+        hiddens: list[torch.Tensor] = [torch.empty(0) for _ in prompts]
+        for rows in self.batches(ranked):
+            batch = [ranked[i] for i in rows]
             full, states = self._answer_batch(model, batch)
-            seqs += full
-            hiddens += states
+            for i, seq, state in zip(rows, full, states):
+                seqs[order[i]], hiddens[order[i]] = seq, state
             bar.update(len(batch))
         return seqs, hiddens
 

@@ -93,6 +93,22 @@ def test_a_token_budget_cuts_batches_by_the_cache_they_grow_to():
     assert [list(r) for r in how.batches(prompts)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
+def test_prompts_are_batched_shortest_first_and_answered_in_their_own_order(monkeypatch):
+    how = Answering(max_new_tokens=10, batch_size=2, do_sample=False, temperature=1.0, top_p=1.0, eos_ids=set(),
+                    pad=0)  # fmt: skip
+    prompts = [[7] * n for n in (9, 2, 30, 4, 3)]
+    seen = []
+
+    def answer_batch(model, batch):  # each prompt's answer: its own length, so the order is checkable
+        seen.append([len(p) for p in batch])
+        return [p + [len(p)] for p in batch], [torch.full((len(p) + 1, 1), float(len(p))) for p in batch]
+
+    monkeypatch.setattr(how, "_answer_batch", answer_batch)
+    seqs, states = how.answer(None, prompts, bar=type("Bar", (), {"update": lambda self, n: None})())
+    assert seen == [[2, 3], [4, 9], [30]]  # batches of similar lengths: little padding
+    assert [s[-1] for s in seqs] == [9, 2, 30, 4, 3] and [int(h[0, 0]) for h in states] == [9, 2, 30, 4, 3]
+
+
 def test_a_batch_out_of_memory_is_answered_in_halves_with_the_same_result(tiny, tmp_path, monkeypatch):
     model, prompts = tiny
     whole = tmp_path / "whole"
