@@ -1,8 +1,9 @@
 """What bf16 saves a head's training on a CPU with AMX or AVX512-BF16 (docs/heads_training.md, "The data-scaling
 curve on a CPU"): teacher-forced tokens per CPU-second of the default model in float32 and in bfloat16 (what
-``--build-dtype`` changes), and the CPU-seconds of an EAGLE training step in float32 and under bfloat16 autocast (what
-``--mixed-precision`` changes), interleaved, on one torch thread, counted in process CPU time so that other work on
-the machine does not enter the figures.
+``--build-dtype`` changes for teacher-forced data), the CPU-seconds of one greedy decoding step of a batch of 32 rows
+(what it changes for self-distilled data, whose answers the target writes one token per step), and the CPU-seconds of
+an EAGLE training step in float32 and under bfloat16 autocast (what ``--mixed-precision`` changes), interleaved, on
+one torch thread, counted in process CPU time so that other work on the machine does not enter the figures.
 
     python benchmarks/cpu_bf16_speed.py --data DATA/fixed --out docs/results/intel_cpu_bf16_speed.json
 """
@@ -41,6 +42,36 @@ def teacher_forcing_speed(rounds: int) -> dict:
                 teacher_forced_states(model, seqs, ())
                 seen[name].append(length * batch / (time.process_time() - t0))
     return {name: round(sum(v) / len(v), 1) for name, v in seen.items()}
+
+
+@torch.no_grad()
+def decoding_step_speed(rounds: int, batch: int = 32, steps: int = 4) -> dict:
+    """CPU-seconds of one decoding step (the decoder over one new token per row, a growing `DynamicCache`, then the
+    lm_head's arg-max) for ``batch`` rows whose cache holds 200 and 800 tokens, float32 and bfloat16 targets."""
+    from transformers import DynamicCache
+
+    models = {name: load_default_model(dtype=dtype)[0].eval() for name, dtype in
+              (("float32", torch.float32), ("bfloat16", torch.bfloat16))}  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    out: dict[str, dict[str, float]] = {}
+    for width in (200, 800):
+        ids = torch.randint(100, 40000, (batch, width), generator=gen)
+        seen: dict[str, list[float]] = {name: [] for name in models}
+        for _ in range(rounds):
+            for name, model in models.items():
+                decoder, cache = model.get_decoder(), DynamicCache()
+                mask = torch.ones(batch, width, dtype=torch.long)
+                h = decoder(input_ids=ids, attention_mask=mask, past_key_values=cache).last_hidden_state
+                t0 = time.process_time()
+                for step in range(steps):
+                    token = model.get_output_embeddings()(h[:, -1]).argmax(-1)  # [B]
+                    mask = torch.cat([mask, mask[:, :1]], dim=1)
+                    position = torch.full((batch, 1), width + step)
+                    h = decoder(input_ids=token[:, None], attention_mask=mask, position_ids=position,
+                                past_key_values=cache).last_hidden_state  # fmt: skip
+                seen[name].append((time.process_time() - t0) / steps)
+        out[f"cache_{width}"] = {name: round(sum(v) / len(v), 4) for name, v in seen.items()}
+    return out
 
 
 def training_step_speed(data_dir: str, rounds: int, steps: int = 3) -> dict:
@@ -89,6 +120,7 @@ def main() -> None:
         "machine": {"processor": platform.processor() or platform.machine(), "torch": torch.__version__,
                     "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags, "threads": 1},
         "teacher_forced_tokens_per_cpu_s": teacher_forcing_speed(args.rounds),
+        "decoding_step_cpu_s_batch_32": decoding_step_speed(args.rounds),
         "eagle_step_cpu_s_8x512": training_step_speed(args.data, args.rounds),
     }  # fmt: skip
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -68,7 +68,8 @@ def wait_for_tokens(data_dir: Path, tokens: int, poll_s: float = 30.0) -> None:
     """Return once ``data_dir``'s finished shards hold ``tokens`` tokens, or its build is complete: a point can
     start beside a build still running in another process without training on less than it says."""
     while True:
-        manifest = json.loads((data_dir / "manifest.json").read_text(encoding="utf-8"))
+        path = data_dir / "manifest.json"  # written once the build's first shard is
+        manifest = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"shards": []}
         built = sum(shard["num_tokens"] for shard in manifest["shards"])
         if built >= tokens or manifest.get("complete"):
             return
