@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from hf_specdec.bench.head_eval import bench_answers_folder, build_bench_answers, evaluate_heads, load_bench_answers
+from hf_specdec.heads.hub import without_local_paths
 from hf_specdec.models import cache_root, load_default_model
 from hf_specdec.training.benchmark_questions import find_questions_file
 from hf_specdec.training.conversation_data import build_conversation_data
@@ -135,6 +136,7 @@ def main() -> None:
         rows.sort(key=lambda r: (r["mixed_precision"], r["point"]))
         manifest = json.loads((Path(args.data) / "manifest.json").read_text(encoding="utf-8"))
         data = {key: manifest.get(key) for key in ("base_model", "prompt_recipe", "target_dtype", "hidden_dtype")}
+        data["base_model"] = without_local_paths(str(data["base_model"]))  # a results file is public
         data["built_tokens"] = sum(shard["num_tokens"] for shard in manifest["shards"])
         Path(args.out).write_text(json.dumps({"data": data, "epochs": args.epochs, "rows": rows}, indent=1) + "\n")
 
