@@ -57,18 +57,24 @@ def decoding_step_speed(rounds: int, batch: int = 32, steps: int = 4) -> dict:
     for width in (200, 800):
         ids = torch.randint(100, 40000, (batch, width), generator=gen)
         seen: dict[str, list[float]] = {name: [] for name in models}
+        caches = {name: DynamicCache() for name in models}
+        for name, model in models.items():  # the prompt once; each round decodes from it again (the cache cut back)
+            model.get_decoder()(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=caches[name])
         for _ in range(rounds):
             for name, model in models.items():
-                decoder, cache = model.get_decoder(), DynamicCache()
+                decoder, cache = model.get_decoder(), caches[name]
+                if cache.get_seq_length() > width:  # the last round's decoded tokens
+                    cache.crop(width - cache.get_seq_length())
                 mask = torch.ones(batch, width, dtype=torch.long)
-                h = decoder(input_ids=ids, attention_mask=mask, past_key_values=cache).last_hidden_state
+                token = ids[:, -1]  # [B]
                 t0 = time.process_time()
                 for step in range(steps):
-                    token = model.get_output_embeddings()(h[:, -1]).argmax(-1)  # [B]
                     mask = torch.cat([mask, mask[:, :1]], dim=1)
                     position = torch.full((batch, 1), width + step)
-                    h = decoder(input_ids=token[:, None], attention_mask=mask, position_ids=position,
-                                past_key_values=cache).last_hidden_state  # fmt: skip
+                    h = decoder(
+                        input_ids=token[:, None], attention_mask=mask, position_ids=position, past_key_values=cache
+                    ).last_hidden_state  # [B, 1, H]
+                    token = model.get_output_embeddings()(h[:, -1]).argmax(-1)  # [B]
                 seen[name].append((time.process_time() - t0) / steps)
         out[f"cache_{width}"] = {name: round(sum(v) / len(v), 4) for name, v in seen.items()}
     return out
