@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from hf_specdec.cache.model_arg import cache_kwarg
 from hf_specdec.heads.derived import dense_weight
 from hf_specdec.heads.eagle import EagleHead
 from hf_specdec.models import load_default_model
@@ -59,7 +60,8 @@ def decoding_step_speed(rounds: int, batch: int = 32, steps: int = 4) -> dict:
         seen: dict[str, list[float]] = {name: [] for name in models}
         caches = {name: DynamicCache() for name in models}
         for name, model in models.items():  # the prompt once; each round decodes from it again (the cache cut back)
-            model.get_decoder()(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=caches[name])
+            decoder = model.get_decoder()
+            decoder(input_ids=ids, attention_mask=torch.ones_like(ids), **cache_kwarg(decoder.forward, caches[name]))
         for _ in range(rounds):
             for name, model in models.items():
                 decoder, cache = model.get_decoder(), caches[name]
@@ -72,7 +74,10 @@ def decoding_step_speed(rounds: int, batch: int = 32, steps: int = 4) -> dict:
                     mask = torch.cat([mask, mask[:, :1]], dim=1)
                     position = torch.full((batch, 1), width + step)
                     h = decoder(
-                        input_ids=token[:, None], attention_mask=mask, position_ids=position, past_key_values=cache
+                        input_ids=token[:, None],
+                        attention_mask=mask,
+                        position_ids=position,
+                        **cache_kwarg(decoder.forward, cache),
                     ).last_hidden_state  # [B, 1, H]
                     token = model.get_output_embeddings()(h[:, -1]).argmax(-1)  # [B]
                 seen[name].append((time.process_time() - t0) / steps)
