@@ -29,10 +29,15 @@ from hf_specdec.training.shards import load_distillation_data
 from hf_specdec.training.target_states import teacher_forced_states
 
 
+def float32_and_bfloat16_targets() -> dict:
+    """``{"float32": model, "bfloat16": model}``: the default model in each dtype, in eval mode."""
+    return {name: load_default_model(dtype=dtype)[0].eval() for name, dtype in
+            (("float32", torch.float32), ("bfloat16", torch.bfloat16))}  # fmt: skip
+
+
 def teacher_forcing_speed(rounds: int) -> dict:
     """Teacher-forced tokens per CPU-second, float32 and bfloat16 targets, 8 x 512 and 4 x 1024 random tokens."""
-    models = {name: load_default_model(dtype=dtype)[0].eval() for name, dtype in
-              (("float32", torch.float32), ("bfloat16", torch.bfloat16))}  # fmt: skip
+    models = float32_and_bfloat16_targets()
     gen = torch.Generator().manual_seed(0)
     seen: dict[str, list[float]] = {name: [] for name in models}
     for length, batch in ((512, 8), (1024, 4)):
@@ -51,8 +56,7 @@ def decoding_step_speed(rounds: int, batch: int = 32, steps: int = 4) -> dict:
     lm_head's arg-max) for ``batch`` rows whose cache holds 200 and 800 tokens, float32 and bfloat16 targets."""
     from transformers import DynamicCache
 
-    models = {name: load_default_model(dtype=dtype)[0].eval() for name, dtype in
-              (("float32", torch.float32), ("bfloat16", torch.bfloat16))}  # fmt: skip
+    models = float32_and_bfloat16_targets()
     gen = torch.Generator().manual_seed(0)
     out: dict[str, dict[str, float]] = {}
     for width in (200, 800):
