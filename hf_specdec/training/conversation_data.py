@@ -9,6 +9,7 @@
 
     folders = build_conversation_data(model, tok, "out/sharegpt", mode="fixed", num_conversations=4000)
     data = load_distillation_data(folders)
+    online = online_conversation_data(model, tok, num_conversations=4000)   # fixed, states computed while training
 
 Conversations are taken from the train split in an order shuffled by ``seed`` (a prefix of a larger build with the
 same seed is the same conversations). The held-out split is never built here: it is what `conversation_eval_data`
@@ -24,6 +25,7 @@ from pathlib import Path
 from .chat_template import chat_ids, templated_ids
 from .conversations import Conversation, ConversationSet, Turn, load_sharegpt
 from .distillation_data import build_distillation_data
+from .online_states import OnlineTeacherForcing
 from .shards import load_distillation_data
 from .teacher_forced import build_teacher_forced_data
 
@@ -129,6 +131,25 @@ def build_conversation_data(
     return folders
 
 
+def online_conversation_data(
+    model,
+    tokenizer,
+    *,
+    num_conversations: int | None = 2000,
+    seed: int = 0,
+    max_tokens: int = 1024,
+    aux_layers=(),
+    source: ConversationSet | None = None,
+) -> OnlineTeacherForcing:
+    """The ``"fixed"`` conversations of `build_conversation_data` (same choice, order and template), teacher-forced
+    by ``model`` while a head trains (`online_states`) instead of stored."""
+    source = source or load_sharegpt()
+    convs = pick_conversations(source, num_conversations, seed)
+    seqs = [s for s in (templated_ids(tokenizer, c, max_tokens) for c in convs) if s is not None]
+    recipe = _recipe(source, "fixed", len(convs), seed, "train", max_tokens=max_tokens, sequences=len(seqs))
+    return OnlineTeacherForcing.of(model, seqs, recipe=recipe, aux_layers=aux_layers)
+
+
 def _later_turn_messages(convs: list[Conversation], previous: Path, tokenizer, turn: int) -> list[list[dict] | None]:
     """Turn-``turn`` prompts: each conversation's user messages up to that turn, the target's own earlier answers
     (decoded from the ``previous`` turn's data, matched by prompt text) in place of the recorded ones."""
@@ -153,4 +174,4 @@ def _later_turn_messages(convs: list[Conversation], previous: Path, tokenizer, t
     return out
 
 
-__all__ = ["MODES", "build_conversation_data", "pick_conversations"]
+__all__ = ["MODES", "build_conversation_data", "online_conversation_data", "pick_conversations"]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +49,7 @@ from .labels import (
     window_positions,
     window_starts,
 )
+from .online_states import OnlineTeacherForcing
 from .run import (
     REPORT_NAME,
     HeldOutSplit,
@@ -61,6 +62,7 @@ from .run import (
 from .shards import DistillationData
 
 HEAD_DIR = "head"
+FEATURE_SAMPLE_SEQUENCES = 16  # online data: the sequences the input features' spread is measured on
 
 
 @dataclass
@@ -271,7 +273,7 @@ def evaluate_eagle(head: EagleHead, data: DistillationData, seq_ids: torch.Tenso
 # ---------------------------------------------------------------------------------------------------- training
 def train_eagle(
     model: torch.nn.Module,
-    data: DistillationData,
+    data: DistillationData | OnlineTeacherForcing,
     out_dir: str | Path,
     cfg: EagleTrainingConfig | None = None,
     *,
@@ -285,7 +287,8 @@ def train_eagle(
 
     Args:
         model: the target (frozen; only its embeddings and lm_head are read).
-        data: self-distillation data built for ``model`` (`load_distillation_data`).
+        data: self-distillation data built for ``model`` (`load_distillation_data`), or teacher-forced
+            conversations whose states the target computes at every step (`OnlineTeacherForcing`: nothing stored).
         out_dir: output folder: ``checkpoints/``, ``head/`` (`EagleHead.save_pretrained`), ``training_report.json``.
         cfg: hyper-parameters.
         resume: continue from the latest checkpoint in ``out_dir`` (same settings required).
@@ -298,6 +301,8 @@ def train_eagle(
         ``(head, report)``.
     """
     cfg = cfg or EagleTrainingConfig()
+    online = data if isinstance(data, OnlineTeacherForcing) else None
+    data = online.tokens if online is not None else data  # online: the ids and masks, states computed per step
     out, train_seqs, eval_seqs, lm_weight, device = start_head_training(model, data, out_dir, cfg, device)
     vocab_size = int(lm_weight.shape[0])
     if init_head is not None:
@@ -311,24 +316,28 @@ def train_eagle(
         else:
             vocab, coverage = None, 1.0
         head = EagleHead.for_model(model, version=cfg.version, draft_vocab=vocab).to(device).train()
-    features = data.features(head.feature_layers)  # [N, F]: refuses data without the head's layers
     for p in model.parameters():
         p.requires_grad_(False)
-    labels = token_targets(data, lm_weight, vocab if vocab is not None else torch.arange(vocab_size))
+    vocab_ids = vocab if vocab is not None else torch.arange(vocab_size)
+    sample = online.sequences_data(train_seqs[:FEATURE_SAMPLE_SEQUENCES]) if online is not None else data
+    features = sample.features(head.feature_layers)  # [N, F]: refuses data without the head's layers
+    feature_std = float(features[:: max(1, features.shape[0] // 4096)].float().std())
+    batch_of = _batches(data, online, lm_weight, vocab_ids, cfg.unroll + 1)
     starts = window_starts(data, train_seqs, cfg.window)
     split = HeldOutSplit(train_seqs, eval_seqs, starts, torch.zeros(0, dtype=torch.long))
     same = ("window", "draft_vocab", "seed", "version", "unroll", "soft_labels")
     run, total = TrainingRun.start(out, cfg, head, "head", starts.shape[0], resume, same)
-    feature_std = float(features[:: max(1, features.shape[0] // 4096)].float().std())
     gen = torch.Generator(device=device).manual_seed(cfg.seed + 17)
+    teacher_rows = lm_weight[vocab_ids].to(device, torch.float32)  # [V', H]
+    held_out, held_ids = data, eval_seqs
+    if online is not None and eval_seqs.numel():  # the held-out states, computed once
+        held_out, held_ids = online.sequences_data(eval_seqs), torch.arange(eval_seqs.numel())
 
-    teacher_rows = lm_weight[vocab if vocab is not None else slice(None)].to(device, torch.float32)  # [V', H]
-
-    def loss_of(batch: torch.Tensor) -> torch.Tensor:
-        return eagle_loss(head, data, labels, batch, cfg, feature_std, gen, teacher_rows)[0]
+    def loss_of(windows: torch.Tensor) -> torch.Tensor:
+        return eagle_loss(head, *batch_of(windows), cfg, feature_std, gen, teacher_rows)[0]
 
     def evaluate() -> dict:
-        return evaluate_eagle(head, data, eval_seqs, cfg.eval_positions) if eval_seqs.numel() else {}
+        return evaluate_eagle(head, held_out, held_ids, cfg.eval_positions) if eval_seqs.numel() else {}
 
     before, after = run.train(starts, total, loss_of, evaluate, desc="eagle head", metric="top1", progress=progress)
     head.to("cpu").eval()
@@ -340,6 +349,8 @@ def train_eagle(
         feature_std=round(feature_std, 4),
         train_windows=int(starts.shape[0]),
     )
+    if online is not None:
+        report.update(online=True, target_forward_tokens=online.computed_tokens)
     head.model_card = {
         "training_data": report["training_data"],
         "held_out_top1": (after or {}).get("top1"),
@@ -353,6 +364,29 @@ def train_eagle(
     head.save_pretrained(out / HEAD_DIR)
     (out / REPORT_NAME).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return head, report
+
+
+def _batches(
+    data: DistillationData,
+    online: OnlineTeacherForcing | None,
+    lm_weight: torch.Tensor,
+    vocab: torch.Tensor,
+    lookahead: int,
+) -> Callable[[torch.Tensor], tuple[DistillationData, torch.Tensor, torch.Tensor]]:
+    """``windows -> (data, labels, windows)``: what `eagle_loss` reads for a step's ``(start, end)`` windows `[B, 2]`.
+    Stored data: the data, their `token_targets` over the draft vocabulary ``vocab`` `[V']` (computed once) and the
+    windows as they are; ``online``: the prefixes the windows read with the target's states
+    (`OnlineTeacherForcing.window_data`, ``lookahead`` tokens past each window), their labels and the windows
+    re-indexed into them."""
+    if online is None:
+        labels = token_targets(data, lm_weight, vocab)  # [N]
+        return lambda windows: (data, labels, windows)
+
+    def computed(windows: torch.Tensor) -> tuple[DistillationData, torch.Tensor, torch.Tensor]:
+        part, moved = online.window_data(windows, lookahead)
+        return part, token_targets(part, lm_weight, vocab), moved
+
+    return computed
 
 
 def _continued(init_head: EagleHead, model: torch.nn.Module, cfg: EagleTrainingConfig):

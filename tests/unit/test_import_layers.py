@@ -117,7 +117,7 @@ DATA_CONCEPTS = {
     "prompts": (["chat_template", "template_prompts", "task_prompts"], {"sources", "storage", "prompts"}),
     "target": (["padding", "static_decoding", "target_states"], {"target"}),
     "builders": (
-        ["distillation_data", "default_data", "task_data", "conversation_data", "teacher_forced"],
+        ["distillation_data", "default_data", "task_data", "conversation_data", "teacher_forced", "online_states"],
         {"sources", "storage", "prompts", "target", "builders"},
     ),
 }
