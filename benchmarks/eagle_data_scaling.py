@@ -13,7 +13,9 @@ with the same schedule at every point (``--epochs`` passes, so compute grows wit
 Each point keeps its run folder under ``--work`` (``eagle-N-bf16/`` or ``-fp32/``: checkpoints, head, ``scaling_row.json``), so a
 rerun resumes a stopped run and reuses finished ones, and two processes can train different points side by side
 (build the held-out set first: ``--points`` left empty does only that). The JSON at ``--out`` lists every finished
-point of the work folder.
+point of the work folder. ``--online CONVERSATIONS`` trains each point online instead (`OnlineTeacherForcing`: the
+same conversations teacher-forced by a bfloat16 copy of the target at every step, nothing stored; run folders
+``eagle-N-bf16-online/``): equal data, so the two columns compare storing the states with computing them.
 
     python benchmarks/eagle_data_scaling.py --data DATA/fixed --work scaling --out docs/results/scaling.json \\
         --mixed-precision bf16 --points 500000 1000000 2000000 4000000
@@ -32,8 +34,9 @@ from hf_specdec.bench.head_eval import bench_answers_folder, build_bench_answers
 from hf_specdec.heads.hub import without_local_paths
 from hf_specdec.models import cache_root, load_default_model
 from hf_specdec.training.benchmark_questions import find_questions_file
-from hf_specdec.training.conversation_data import build_conversation_data
+from hf_specdec.training.conversation_data import build_conversation_data, online_conversation_data
 from hf_specdec.training.eagle import EagleTrainingConfig, evaluate_eagle, train_eagle
+from hf_specdec.training.online_states import OnlineTeacherForcing
 from hf_specdec.training.shards import load_distillation_data
 
 ROW_NAME = "scaling_row.json"
@@ -46,23 +49,27 @@ def held_out_set(model, tokenizer, work: Path, conversations: int) -> Path:
                                    num_conversations=conversations)[0]  # fmt: skip
 
 
-def run_name(tokens: int, mixed_precision: str) -> str:
-    """The run folder of a point: ``eagle-<tokens>-bf16`` or ``eagle-<tokens>-fp32``."""
-    return f"eagle-{tokens}-{'bf16' if mixed_precision == 'bf16' else 'fp32'}"
+def run_name(tokens: int, mixed_precision: str, online: bool = False) -> str:
+    """The run folder of a point: ``eagle-<tokens>-bf16`` or ``eagle-<tokens>-fp32``, ``-online`` appended for a
+    point trained online."""
+    return f"eagle-{tokens}-{'bf16' if mixed_precision == 'bf16' else 'fp32'}{'-online' if online else ''}"
 
 
-def train_point(model, data_dir: Path, tokens: int, work: Path, cfg: EagleTrainingConfig) -> tuple[object, dict]:
-    """``(head, training report)`` of the point ``tokens``, trained in ``work/eagle-<tokens>`` (resumed there)."""
+def train_point(model, data, tokens: int, work: Path, cfg: EagleTrainingConfig) -> tuple[object, dict]:
+    """``(head, training report)`` of the point ``tokens``, trained in ``work/eagle-<tokens>...`` (resumed there)
+    on the data folder ``data``, or online (``data`` an `OnlineTeacherForcing`)."""
     from hf_specdec.heads.eagle import EagleHead
 
-    out = work / run_name(tokens, cfg.mixed_precision)
+    online = isinstance(data, OnlineTeacherForcing)
+    out = work / run_name(tokens, cfg.mixed_precision, online)
     report_path = out / "training_report.json"
     if report_path.is_file() and (out / "head" / "config.json").is_file():
         head = EagleHead.from_pretrained(out / "head", dtype=torch.float32).bind(model)
         return head, json.loads(report_path.read_text())
-    wait_for_tokens(data_dir, tokens)
-    data = load_distillation_data(data_dir, with_aux=False, max_tokens=tokens)
-    return train_eagle(model, data, out, cfg, resume=True)
+    if online:
+        return train_eagle(model, data.first_tokens(tokens), out, cfg, resume=True)
+    wait_for_tokens(data, tokens)
+    return train_eagle(model, load_distillation_data(data, with_aux=False, max_tokens=tokens), out, cfg, resume=True)
 
 
 def wait_for_tokens(data_dir: Path, tokens: int, poll_s: float = 30.0) -> None:
@@ -88,6 +95,8 @@ def score_point(model, tokenizer, head, report: dict, held: Path, bench_seeds: l
         "train_windows": report["train_positions"],
         "steps": report["steps"],
         "training_time_s": report["training_time_s"],
+        "online": bool(report.get("online")),
+        "target_forward_tokens": report.get("target_forward_tokens"),
         "mixed_precision": report["config"].get("mixed_precision", "no"),
         "own_split_top1": (report.get("held_out") or {}).get("top1"),
         "held_out_top1": scores["top1"],
@@ -106,7 +115,15 @@ def score_point(model, tokenizer, head, report: dict, held: Path, bench_seeds: l
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True, help="the training data folder (built in order, e.g. ShareGPT)")
+    parser.add_argument("--data", default=None, help="the training data folder (built in order, e.g. ShareGPT)")
+    parser.add_argument(
+        "--online",
+        type=int,
+        default=None,
+        metavar="CONVERSATIONS",
+        help="instead of --data: the first CONVERSATIONS ShareGPT training conversations (seed 0, 1,024 tokens), "
+        "teacher-forced by a bfloat16 copy of the target while each point trains (nothing stored)",
+    )
     parser.add_argument("--work", required=True, help="folder of the runs and the held-out set")
     parser.add_argument("--out", default=None, help="write every finished point of --work here (JSON)")
     parser.add_argument("--points", nargs="*", type=int, default=[], help="training tokens of each point")
@@ -117,6 +134,8 @@ def main() -> None:
     parser.add_argument("--bench-seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    if (args.data is None) == (args.online is None):
+        parser.error("pass --data FOLDER or --online CONVERSATIONS")
     torch.set_num_threads(args.threads)
     work = Path(args.work)
     model, tokenizer = load_default_model()
@@ -124,21 +143,43 @@ def main() -> None:
     cfg = EagleTrainingConfig(window=512, positions_per_step=8, lr=1e-3, epochs=args.epochs, eval_every=0,
                               checkpoint_every=100, mixed_precision=args.mixed_precision,
                               eval_fraction=args.eval_fraction)  # fmt: skip
+    data = Path(args.data) if args.data else online_data(model, tokenizer, args.online)
     for tokens in args.points:
         t0 = time.perf_counter()
-        head, report = train_point(model, Path(args.data), tokens, work, cfg)
+        head, report = train_point(model, data, tokens, work, cfg)
         row = {"point": tokens, **score_point(model, tokenizer, head, report, held, args.bench_seeds)}
         row["wall_s"] = round(time.perf_counter() - t0, 1)
-        (work / run_name(tokens, args.mixed_precision) / ROW_NAME).write_text(json.dumps(row, indent=1) + "\n")
+        folder = work / run_name(tokens, args.mixed_precision, args.online is not None)
+        (folder / ROW_NAME).write_text(json.dumps(row, indent=1) + "\n")
         print(json.dumps(row), flush=True)
     if args.out:
         rows = [json.loads(p.read_text()) for p in work.glob(f"eagle-*/{ROW_NAME}")]
-        rows.sort(key=lambda r: (r["mixed_precision"], r["point"]))
-        manifest = json.loads((Path(args.data) / "manifest.json").read_text(encoding="utf-8"))
-        data = {key: manifest.get(key) for key in ("base_model", "prompt_recipe", "target_dtype", "hidden_dtype")}
-        data["base_model"] = without_local_paths(str(data["base_model"]))  # a results file is public
-        data["built_tokens"] = sum(shard["num_tokens"] for shard in manifest["shards"])
-        Path(args.out).write_text(json.dumps({"data": data, "epochs": args.epochs, "rows": rows}, indent=1) + "\n")
+        rows.sort(key=lambda r: (r.get("online", False), r["mixed_precision"], r["point"]))
+        Path(args.out).write_text(json.dumps({"data": data_entry(data), "epochs": args.epochs, "rows": rows},
+                                             indent=1) + "\n")  # fmt: skip
+
+
+def online_data(model, tokenizer, conversations: int) -> OnlineTeacherForcing:
+    """``--online``: the conversations the curve's data folders are built from (the first ``conversations`` in
+    seed-0 order, 1,024 tokens each), teacher-forced by a bfloat16 copy of ``model`` while training."""
+    import copy
+
+    builder = copy.deepcopy(model).to(torch.bfloat16).eval()
+    return online_conversation_data(builder, tokenizer, num_conversations=conversations, seed=0, max_tokens=1024)
+
+
+def data_entry(data) -> dict:
+    """The results file's description of the data: the data folder's manifest, or the online source's."""
+    if isinstance(data, OnlineTeacherForcing):
+        manifest = data.tokens.manifest
+        entry = {key: manifest.get(key) for key in ("base_model", "prompt_recipe", "target_dtype")}
+        entry.update(online=True, tokens=manifest["num_tokens"])
+    else:
+        manifest = json.loads((data / "manifest.json").read_text(encoding="utf-8"))
+        entry = {key: manifest.get(key) for key in ("base_model", "prompt_recipe", "target_dtype", "hidden_dtype")}
+        entry["built_tokens"] = sum(shard["num_tokens"] for shard in manifest["shards"])
+    entry["base_model"] = without_local_paths(str(entry["base_model"]))  # a results file is public
+    return entry
 
 
 if __name__ == "__main__":
