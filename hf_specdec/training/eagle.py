@@ -304,21 +304,11 @@ def train_eagle(
     online = data if isinstance(data, OnlineTeacherForcing) else None
     data = online.tokens if online is not None else data  # online: the ids and masks, states computed per step
     out, train_seqs, eval_seqs, lm_weight, device = start_head_training(model, data, out_dir, cfg, device)
-    vocab_size = int(lm_weight.shape[0])
-    if init_head is not None:
-        head, vocab = _continued(init_head, model, cfg)
-        labelled = data.next_tokens()[head_positions(data, train_seqs) + 1]
-        coverage = float(torch.isin(labelled, vocab).float().mean()) if vocab is not None else 1.0
-        head = head.to(device).train()
-    else:
-        if cfg.draft_vocab and cfg.draft_vocab < vocab_size:
-            vocab, coverage = draft_vocabulary(data, head_positions(data, train_seqs), cfg.draft_vocab)
-        else:
-            vocab, coverage = None, 1.0
-        head = EagleHead.for_model(model, version=cfg.version, draft_vocab=vocab).to(device).train()
+    head, vocab, coverage = _head_to_train(model, data, train_seqs, cfg, init_head)
+    head = head.to(device).train()
     for p in model.parameters():
         p.requires_grad_(False)
-    vocab_ids = vocab if vocab is not None else torch.arange(vocab_size)
+    vocab_ids = vocab if vocab is not None else torch.arange(int(lm_weight.shape[0]))
     sample = online.sequences_data(train_seqs[:FEATURE_SAMPLE_SEQUENCES]) if online is not None else data
     features = sample.features(head.feature_layers)  # [N, F]: refuses data without the head's layers
     feature_std = float(features[:: max(1, features.shape[0] // 4096)].float().std())
@@ -364,6 +354,27 @@ def train_eagle(
     head.save_pretrained(out / HEAD_DIR)
     (out / REPORT_NAME).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return head, report
+
+
+def _head_to_train(
+    model: torch.nn.Module,
+    data: DistillationData,
+    train_seqs: torch.Tensor,
+    cfg: EagleTrainingConfig,
+    init_head: EagleHead | None,
+) -> tuple[EagleHead, torch.Tensor | None, float]:
+    """``(head, draft vocabulary [V'] or None, the share of the training labels it covers)``: a trainable copy of
+    ``init_head``, or a fresh head whose draft vocabulary is the ``cfg.draft_vocab`` most frequent labels of the
+    training sequences ``train_seqs`` `[S]`."""
+    positions = head_positions(data, train_seqs)  # [P]
+    if init_head is not None:
+        head, vocab = _continued(init_head, model, cfg)
+        labelled = data.next_tokens()[positions + 1]
+        return head, vocab, float(torch.isin(labelled, vocab).float().mean()) if vocab is not None else 1.0
+    vocab, coverage = None, 1.0
+    if cfg.draft_vocab and cfg.draft_vocab < int(data.manifest["vocab_size"]):
+        vocab, coverage = draft_vocabulary(data, positions, cfg.draft_vocab)
+    return EagleHead.for_model(model, version=cfg.version, draft_vocab=vocab), vocab, coverage
 
 
 def _batches(
