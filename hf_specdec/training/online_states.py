@@ -39,7 +39,7 @@ class OnlineTeacherForcing:
     """Teacher-forced training data computed on demand (module docstring).
 
     Attributes:
-        model: the target that computes the states (e.g. a bfloat16 copy; frozen, eval mode).
+        model: the target that computes the states (e.g. a bfloat16 copy; frozen, in eval mode).
         tokens: `DistillationData` of every sequence's ids and assistant mask; ``hidden`` is `[N, 0]`.
         aux_layers: also compute these entries of transformers' ``hidden_states`` (EAGLE-3's feature layers).
         tokens_per_batch: padded tokens per target forward.
@@ -69,6 +69,8 @@ class OnlineTeacherForcing:
 
         if not sequences:
             raise ValueError("no sequences to teacher-force")
+        if model.training:  # dropout would make every step's states differ; the user's model is left as it is
+            raise ValueError("the target that computes the states must be in eval mode: call model.eval() first")
         lens = torch.tensor([len(s.ids) for s in sequences])  # [S]
         ends = lens.cumsum(0)
         starts = ends - lens
@@ -97,7 +99,7 @@ class OnlineTeacherForcing:
             manifest=manifest,
             answer_mask=torch.tensor([m for s in sequences for m in s.answer_mask], dtype=torch.bool),
         )
-        return cls(model.eval(), tokens, tuple(int(i) for i in aux_layers), int(tokens_per_batch))
+        return cls(model, tokens, tuple(int(i) for i in aux_layers), int(tokens_per_batch))
 
     def first_tokens(self, max_tokens: int) -> OnlineTeacherForcing:
         """The leading sequences that fit in ``max_tokens`` tokens (at least one), as `shards.first_sequences`."""
@@ -115,7 +117,8 @@ class OnlineTeacherForcing:
         each up to ``end + lookahead`` (within its sequence), with the target's states, and the windows `[B, 2]`
         re-indexed into it. ``lookahead``: tokens past a window's last pair that its loss reads (1 + the draft
         steps unrolled beyond the first)."""
-        seq = torch.searchsorted(self.tokens.seq_bounds[:, 2].contiguous(), windows[:, 0].contiguous(), right=True)  # [B] each window's sequence
+        ends = self.tokens.seq_bounds[:, 2].contiguous()  # [S]
+        seq = torch.searchsorted(ends, windows[:, 0].contiguous(), right=True)  # [B] each window's sequence
         begin = self.tokens.seq_bounds[seq, 0]  # [B]
         stop = torch.minimum(windows[:, 1] + 1 + lookahead, self.tokens.seq_bounds[seq, 2])  # [B]
         data = self._computed(list(zip(begin.tolist(), stop.tolist())))

@@ -125,6 +125,20 @@ def test_the_draft_vocabulary_counts_the_texts_answer_tokens(setup, tmp_path):
     assert torch.equal(nxt[:-1][answer & (nxt[:-1] >= 0)], online.tokens.input_ids[1:][answer & (nxt[:-1] >= 0)])
 
 
+def test_a_target_in_training_mode_is_refused_and_left_as_it_is(conversations):
+    model, tok, source = conversations
+    seqs = [templated_ids(tok, c) for c in source.train[:2]]
+    model.train()
+    try:
+        with pytest.raises(ValueError, match="eval mode"):
+            OnlineTeacherForcing.of(model, seqs)
+        assert model.training
+    finally:
+        model.eval()
+    with pytest.raises(ValueError, match="no sequences"):
+        OnlineTeacherForcing.of(model, [])
+
+
 def test_first_tokens_and_the_description(setup):
     _, seqs, _, online = setup
     budget = sum(len(s.ids) for s in seqs[:5])
