@@ -4,7 +4,8 @@ The data, in the order they are made: where text comes from (`benchmark_question
 out of every prompt; `conversations`: ShareGPT; `text_sources`: real text installed on this machine), how prompts are
 built from it (`chat_template`, `template_prompts`, `task_prompts`), the target answering them or read over fixed text
 (`target_states`), the folders that come out (`distillation_data`, `default_data`, `task_data`, `conversation_data`,
-`teacher_forced`), how they are stored and read (`shards`), and the labels the trainers read from them (`labels`).
+`teacher_forced`), how they are stored and read (`shards`), and the labels the trainers read from them (`labels`);
+`online_states` stores nothing and runs the target at every training step instead (EAGLE's online training).
 Then the trainers: `run` holds what every trainer shares (held-out split, schedule, checkpoints and resume, the step
 loop), `medusa` trains Medusa-1 heads with the base model frozen, `medusa_tree` picks their static tree from held-out
 acceptance and `step_cost` (what a step with an n-node tree costs on this machine). Every trainer's command line
@@ -31,6 +32,7 @@ from .medusa_tree import (
     tune_tree,
 )
 from .mlp_speculator import MLP_SPECULATOR_COMMAND
+from .online_states import OnlineTeacherForcing
 from .run import (
     HeldOutSplit,
     RunConfig,
@@ -57,6 +59,7 @@ __all__ = [
     "RunConfig",
     "TrainingRun",
     "MedusaTrainingConfig",
+    "OnlineTeacherForcing",
     "build_default_data",
     "build_distillation_data",
     "cpu_timer",
