@@ -109,8 +109,7 @@ def build_conversation_data(
     out = Path(out_dir)
     settings = {"max_tokens": max_tokens}
     if mode == "fixed":
-        seqs = [s for s in (templated_ids(tokenizer, c, max_tokens) for c in convs) if s is not None]
-        recipe = _recipe(source, mode, len(convs), seed, split, **settings, sequences=len(seqs))
+        seqs, recipe = _templated(source, convs, tokenizer, seed, split, max_tokens)
         build_teacher_forced_data(model, seqs, out / "fixed", recipe=recipe, aux_layers=aux_layers,
                                   progress=progress, **build_kwargs)  # fmt: skip
         return [out / "fixed"]
@@ -144,10 +143,16 @@ def online_conversation_data(
     """The ``"fixed"`` conversations of `build_conversation_data` (same choice, order and template), teacher-forced
     by ``model`` while a head trains (`online_states`) instead of stored."""
     source = source or load_sharegpt()
-    convs = pick_conversations(source, num_conversations, seed)
-    seqs = [s for s in (templated_ids(tokenizer, c, max_tokens) for c in convs) if s is not None]
-    recipe = _recipe(source, "fixed", len(convs), seed, "train", max_tokens=max_tokens, sequences=len(seqs))
+    seqs, recipe = _templated(source, pick_conversations(source, num_conversations, seed), tokenizer, seed, "train",
+                              max_tokens)  # fmt: skip
     return OnlineTeacherForcing.of(model, seqs, recipe=recipe, aux_layers=aux_layers)
+
+
+def _templated(source: ConversationSet, convs: list[Conversation], tokenizer, seed: int, split: str, max_tokens: int):
+    """``(sequences, recipe)``: ``convs`` whole through the chat template, cut at ``max_tokens`` (those with no
+    assistant token left out), and the recipe of the teacher-forced data made of them."""
+    seqs = [s for s in (templated_ids(tokenizer, c, max_tokens) for c in convs) if s is not None]
+    return seqs, _recipe(source, "fixed", len(convs), seed, split, max_tokens=max_tokens, sequences=len(seqs))
 
 
 def _later_turn_messages(convs: list[Conversation], previous: Path, tokenizer, turn: int) -> list[list[dict] | None]:
