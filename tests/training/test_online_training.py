@@ -10,9 +10,7 @@ import pytest
 import torch
 
 from hf_specdec.heads.eagle import eagle3_feature_layers
-from hf_specdec.testing import tiny_causal_lm, tiny_chat_tokenizer
 from hf_specdec.training.chat_template import templated_ids
-from hf_specdec.training.conversations import Conversation, ConversationSet, Turn
 from hf_specdec.training.eagle import EagleTrainingConfig, train_eagle
 from hf_specdec.training.labels import token_targets, window_positions, window_starts
 from hf_specdec.training.online_states import OnlineTeacherForcing
@@ -20,23 +18,12 @@ from hf_specdec.training.run import data_description
 from hf_specdec.training.shards import load_distillation_data
 from hf_specdec.training.teacher_forced import build_teacher_forced_data
 
-WORDS = "alpha beta gamma delta eps zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
-
 
 @pytest.fixture(scope="module")
-def conversations():
-    """A tiny target, its chat tokenizer and 24 two-turn conversations (a stand-in for ShareGPT)."""
-    model = tiny_causal_lm("llama", vocab_size=64, hidden_size=32, num_layers=3, seed=5)
-    tok = tiny_chat_tokenizer(WORDS + ["user", "assistant"], vocab_size=64)
-    gen = torch.Generator().manual_seed(0)
-
-    def text(n):
-        return " ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (n,), generator=gen).tolist())
-
-    convs = [Conversation(f"c{i}", (Turn("user", text(3 + i % 5)), Turn("assistant", text(6 + i % 7)),
-                                    Turn("user", text(2 + i % 3)), Turn("assistant", text(5 + i % 6))))
-             for i in range(24)]  # fmt: skip
-    return model, tok, ConversationSet(convs, [], {"records": len(convs)})
+def conversations(word_chat, word_conversations):
+    """The tiny target, its chat tokenizer and 24 two-turn conversations (a stand-in for ShareGPT)."""
+    model, tok = word_chat
+    return model, tok, word_conversations(24, ((3, 5), (6, 7), (2, 3), (5, 6)))
 
 
 @pytest.fixture(scope="module")

@@ -12,30 +12,17 @@ import pytest
 import torch
 
 import hf_specdec.training.teacher_forced as tf
-from hf_specdec.testing import tiny_causal_lm, tiny_chat_tokenizer
 from hf_specdec.training.chat_template import templated_ids
 from hf_specdec.training.conversation_data import build_conversation_data
-from hf_specdec.training.conversations import Conversation, ConversationSet, Turn
 from hf_specdec.training.labels import IGNORE, head_positions, medusa_labels, token_targets
 from hf_specdec.training.run import held_out_split
 from hf_specdec.training.shards import load_distillation_data
 
-WORDS = "alpha beta gamma delta eps zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
-
 
 @pytest.fixture(scope="module")
-def setup():
-    model = tiny_causal_lm("llama", vocab_size=64, hidden_size=32, num_layers=3, seed=5)
-    tok = tiny_chat_tokenizer(WORDS + ["user", "assistant"], vocab_size=64)
-    gen = torch.Generator().manual_seed(0)
-
-    def text(n):
-        return " ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (n,), generator=gen).tolist())
-
-    convs = [Conversation(f"c{i}", (Turn("user", text(3 + i % 4)), Turn("assistant", text(4 + i % 5)),
-                                    Turn("user", text(2 + i % 3)), Turn("assistant", text(3 + i % 6))))
-             for i in range(10)]  # fmt: skip
-    return model, tok, ConversationSet(convs, [], {"records": 10})
+def setup(word_chat, word_conversations):
+    model, tok = word_chat
+    return model, tok, word_conversations(10, ((3, 4), (4, 5), (2, 3), (3, 6)))
 
 
 def _build(model, seqs, folder, **kw):
