@@ -87,6 +87,8 @@ _ARCH_KWARGS = {
     ),
 }
 
+# The plain-attention architectures the core equality and cache tests run on every time (the fuzzer covers the rest).
+CORE_ARCHS = ("llama", "qwen3", "mistral", "gemma")
 HYBRIDS = ("lfm2", "qwen3_next", "bamba", "jamba")
 HYBRID_LAYERS = 2
 

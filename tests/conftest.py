@@ -4,19 +4,17 @@ import pytest
 import torch
 
 import hf_specdec  # noqa: F401  (registers the attention and the assistant= route)
-from hf_specdec.testing import tiny_causal_lm
+from hf_specdec.testing import CORE_ARCHS, tiny_causal_lm
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 # No test reads or writes a cost curve learnt by another run (a developer's cache, an earlier test): budgets and
 # their reports start from the prior; tests of the cache point HF_SPECDEC_COST_CACHE at a tmp_path themselves.
 os.environ["HF_SPECDEC_COST_CACHE"] = "0"
 
-ARCHS = ["llama", "qwen3", "mistral", "gemma"]
-
 
 @pytest.fixture(scope="session")
 def tiny_models():
-    return {arch: tiny_causal_lm(arch) for arch in ARCHS}
+    return {arch: tiny_causal_lm(arch) for arch in CORE_ARCHS}
 
 
 @pytest.fixture(scope="session")

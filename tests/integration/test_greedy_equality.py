@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from conftest import ARCHS
 
 import hf_specdec
 from hf_specdec import DraftModelAssistant
+from hf_specdec.testing import CORE_ARCHS as ARCHS
 from hf_specdec.testing import OracleProposer, RandomTreeProposer, assert_same_tokens, left_pad, tiny_causal_lm
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 5], [9, 9, 8, 7, 6, 5, 4], [12, 13, 12, 13, 12, 13, 12, 13, 12]]

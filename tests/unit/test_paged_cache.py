@@ -1,10 +1,10 @@
 import pytest
 import torch
-from conftest import ARCHS
 
 from hf_specdec import DraftTree, PagedCache
 from hf_specdec.attention.plan import build_plan
 from hf_specdec.cache.model_arg import cache_kwarg
+from hf_specdec.testing import CORE_ARCHS as ARCHS
 from hf_specdec.testing import assert_same_tokens, left_pad
 
 LAYOUTS = {"slot-major": False, "head-major": True}
