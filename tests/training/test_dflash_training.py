@@ -137,11 +137,32 @@ def test_cli_trains_a_dflash_head_on_a_data_folder(tiny_data, tmp_path, monkeypa
     monkeypatch.setattr(eagle_cli, "_target", lambda args: (model, None))  # the tiny target, no tokenizer needed
     out = tmp_path / "run"
     assert main(["train", "dflash", "--out", str(out), "--data", str(data.folder), "--block-size", "4", "--window",
-                 "32", "--max-steps", "2", "--draft-vocab", "40", "--anchors-per-window", "4", "--decay", "2"]) == 0  # fmt: skip
+                 "32", "--max-steps", "2", "--draft-vocab", "40", "--anchors-per-window", "4", "--decay", "2",
+                 "--init-layer", "-1"]) == 0  # fmt: skip
     report = json.loads((out / "training_report.json").read_text())
     assert report["steps"] == 2 and report["draft_vocab"] == 40
     cfg = report["config"]
     assert (cfg["block_size"], cfg["anchors_per_window"], cfg["decay"], cfg["soft_labels"]) == (4, 4, 2, True)
+    assert cfg["init_layer"] == -1
     head = DFlashHead.from_pretrained(out / "head", base_model=model)
     assert head.block_size == 4 and head.feature_layers == (1, 2, 3)
     assert f"DFlash head saved to {out / 'head'}" in capsys.readouterr().out
+
+
+def test_draft_layers_start_as_the_targets_layers(tiny_data):
+    """``init_layer`` copies the target's decoder layers into the draft layers (the Llama target has no q / k norms:
+    those stay ones), and a layer past the target's last, or a layer of another shape, is refused by name."""
+    model, _, _ = tiny_data
+    head = DFlashHead.for_model(model, num_layers=2, block_size=4)
+    assert head.copy_target_layers(model, -2) == [2, 3]
+    for draft, index in zip(head.layers, (2, 3)):
+        target = model.model.layers[index]
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                     "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm"):  # fmt: skip
+            assert torch.equal(draft.get_submodule(name).weight, target.get_submodule(name).weight), name
+        assert torch.equal(draft.self_attn.q_norm.weight, torch.ones_like(draft.self_attn.q_norm.weight))
+    with pytest.raises(ValueError, match="target layer 3: the target has 4 decoder layers"):
+        head.copy_target_layers(model, 3)
+    wider = tiny_causal_lm("llama", vocab_size=64, hidden_size=32, num_layers=4, seed=3, intermediate_size=96)
+    with pytest.raises(ValueError, match="mlp.gate_proj.weight"):
+        head.copy_target_layers(wider, 0)
