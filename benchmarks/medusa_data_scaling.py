@@ -43,18 +43,7 @@ def subset(data: DistillationData, seq_ids: torch.Tensor) -> DistillationData:
     bounds = data.seq_bounds[seq_ids]
     index = torch.cat([torch.arange(int(s), int(e)) for s, _, e in bounds.tolist()])
     lens, plens = bounds[:, 2] - bounds[:, 0], bounds[:, 1] - bounds[:, 0]
-    ends = lens.cumsum(0)
-    starts = ends - lens
-    return DistillationData(
-        input_ids=data.input_ids[index],
-        hidden=data.hidden[index],
-        seq_start=starts.repeat_interleave(lens),
-        seq_end=ends.repeat_interleave(lens),
-        answer_start=(starts + plens).repeat_interleave(lens),
-        seq_bounds=torch.stack([starts, starts + plens, ends], 1),
-        manifest=dict(data.manifest),
-        folder=None,
-    )
+    return DistillationData.from_lengths(data.input_ids[index], data.hidden[index], lens, plens, dict(data.manifest))
 
 
 def main() -> None:

@@ -72,9 +72,6 @@ class OnlineTeacherForcing:
         if model.training:  # dropout would make every step's states differ; the user's model is left as it is
             raise ValueError("the target that computes the states must be in eval mode: call model.eval() first")
         lens = torch.tensor([len(s.ids) for s in sequences])  # [S]
-        ends = lens.cumsum(0)
-        starts = ends - lens
-        bounds = torch.stack([starts, starts + torch.tensor([s.first_answer for s in sequences]), ends], dim=1)
         hidden_size, vocab_size = base_model_dims(model)
         manifest = {
             "base_model": base_model_name or loaded_name(model),
@@ -89,14 +86,12 @@ class OnlineTeacherForcing:
             "num_answer_tokens": sum(sum(s.answer_mask) for s in sequences),
             "num_prompts": (recipe or {}).get("num_conversations", len(sequences)),
         }
-        tokens = DistillationData(
-            input_ids=torch.tensor([t for s in sequences for t in s.ids], dtype=torch.long),
-            hidden=torch.zeros(int(lens.sum()), 0),
-            seq_start=starts.repeat_interleave(lens),
-            seq_end=ends.repeat_interleave(lens),
-            answer_start=bounds[:, 1].repeat_interleave(lens),
-            seq_bounds=bounds,
-            manifest=manifest,
+        tokens = DistillationData.from_lengths(
+            torch.tensor([t for s in sequences for t in s.ids], dtype=torch.long),
+            torch.zeros(int(lens.sum()), 0),
+            lens,
+            torch.tensor([s.first_answer for s in sequences]),
+            manifest,
             answer_mask=torch.tensor([m for s in sequences for m in s.answer_mask], dtype=torch.bool),
         )
         return cls(model, tokens, tuple(int(i) for i in aux_layers), int(tokens_per_batch))
@@ -140,19 +135,14 @@ class OnlineTeacherForcing:
         begin = torch.tensor([a for a, _ in spans])  # [S'] each span's sequence start in ``tokens``
         first_answer = self.tokens.answer_start[begin] - begin  # [S'] within the sequence
         lens = torch.tensor([len(s) for s in ids])  # [S']
-        ends = lens.cumsum(0)
-        starts = ends - lens
-        answer = starts + torch.minimum(first_answer, lens)
         hidden = torch.cat(states)  # [N', H * (1 + len(aux_layers))]
         h = int(self.tokens.manifest["hidden_size"])
-        return DistillationData(
-            input_ids=torch.cat([torch.tensor(s, dtype=torch.long) for s in ids]),
-            hidden=hidden[:, :h],
-            seq_start=starts.repeat_interleave(lens),
-            seq_end=ends.repeat_interleave(lens),
-            answer_start=answer.repeat_interleave(lens),
-            seq_bounds=torch.stack([starts, answer, ends], dim=1),
-            manifest=self.tokens.manifest,
+        return DistillationData.from_lengths(
+            torch.cat([torch.tensor(s, dtype=torch.long) for s in ids]),
+            hidden[:, :h],
+            lens,
+            torch.minimum(first_answer, lens),
+            self.tokens.manifest,
             aux_hidden=hidden[:, h:] if self.aux_layers else None,
             aux_layers=self.aux_layers or None,
             answer_mask=torch.cat([self.tokens.answer_mask[a:b] for a, b in spans]),

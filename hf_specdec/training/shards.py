@@ -177,6 +177,20 @@ class DistillationData:
     answer_mask: torch.Tensor | None = None
     target_next: torch.Tensor | None = None
 
+    @classmethod
+    def from_lengths(
+        cls, input_ids: torch.Tensor, hidden: torch.Tensor, lens: torch.Tensor, answer_offsets: torch.Tensor,
+        manifest: dict, **fields,
+    ) -> DistillationData:  # fmt: skip
+        """Sequences of ``lens`` `[S]` tokens laid end to end in ``input_ids`` `[N]` and ``hidden`` `[N, H]`, the
+        first answer token of each ``answer_offsets`` `[S]` tokens in; ``fields``: the other attributes."""
+        ends = lens.cumsum(0)
+        starts = ends - lens
+        answers = starts + answer_offsets
+        return cls(input_ids=input_ids, hidden=hidden, seq_start=starts.repeat_interleave(lens),
+                   seq_end=ends.repeat_interleave(lens), answer_start=answers.repeat_interleave(lens),
+                   seq_bounds=torch.stack([starts, answers, ends], dim=1), manifest=manifest, **fields)  # fmt: skip
+
     def __post_init__(self):
         if self.answer_mask is None:
             pos = torch.arange(self.input_ids.numel())
@@ -291,20 +305,14 @@ def load_distillation_data(
             if teacher_forced:
                 masks.append(f.get_tensor("answer_mask").bool())
                 nexts.append(f.get_tensor("target_next").long())
-    seq_lens, prompt_lens = torch.cat(lens), torch.cat(plens)
-    ends = seq_lens.cumsum(0)
-    starts = ends - seq_lens
-    bounds = torch.stack([starts, starts + prompt_lens, ends], dim=1)  # [S, 3]
     if max_tokens is not None:
         manifest = {**manifest, "shards": shards, "max_tokens": int(max_tokens)}
-    data = DistillationData(
-        input_ids=torch.cat(ids),
-        hidden=hidden,
-        seq_start=starts.repeat_interleave(seq_lens),
-        seq_end=ends.repeat_interleave(seq_lens),
-        answer_start=(starts + prompt_lens).repeat_interleave(seq_lens),
-        seq_bounds=bounds,
-        manifest=manifest,
+    data = DistillationData.from_lengths(
+        torch.cat(ids),
+        hidden,
+        torch.cat(lens),
+        torch.cat(plens),
+        manifest,
         folder=folder,
         aux_hidden=aux,
         aux_layers=aux_layers,
