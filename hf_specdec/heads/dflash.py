@@ -52,6 +52,7 @@ from .hub import (
     check_shapes,
     read_tensors,
 )
+from .target_layers import copy_target_layers
 
 # Qwen3 config fields the draft layers need (a speculators ``transformer_layer_config`` is a full transformers config)
 LAYER_FIELDS = (
@@ -70,6 +71,7 @@ LAYER_FIELDS = (
     "vocab_size",
 )
 DEFAULT_BLOCK_SIZE = 8
+QK_NORMS = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")  # Qwen3-style; a Llama target has none
 
 
 class DFlashHead(
@@ -206,29 +208,10 @@ class DFlashHead(
         return head.bind(model)
 
     def copy_target_layers(self, model: nn.Module, first: int) -> list[int]:
-        """Start draft layer i as the target's decoder layer ``first + i`` (negative ``first`` counts from the end):
-        its attention projections, MLP and both norms; a target without q / k norms leaves the head's at ones.
-
-        Returns the target layers copied. Raises ValueError naming the parameter when a layer does not exist or
-        its projections or MLP are shaped differently (or missing) in the target."""
-        layers = model.get_decoder().layers
-        start = first + len(layers) if first < 0 else first
-        ids = list(range(start, start + len(self.layers)))
-        if start < 0 or ids[-1] >= len(layers):
-            raise ValueError(f"DFlashHead: cannot start its {len(self.layers)} layer(s) from target layer {first}: "
-                             f"the target has {len(layers)} decoder layers")  # fmt: skip
-        for draft, index in zip(self.layers, ids):
-            source = layers[index].state_dict()
-            for name, param in draft.state_dict().items():
-                if name.endswith(("q_norm.weight", "k_norm.weight")) and name not in source:
-                    continue
-                if name not in source or source[name].shape != param.shape:
-                    got = tuple(source[name].shape) if name in source else "missing"
-                    raise ValueError(f"DFlashHead: target layer {index} has no {name} of shape "
-                                     f"{tuple(param.shape)} (got {got}): its layers cannot start the head's")  # fmt: skip
-                with torch.no_grad():
-                    param.copy_(dense_weight(source[name]).to(param.dtype))
-        return ids
+        """Start draft layer i as the target's decoder layer ``first + i`` (negative: counted from the end): its
+        attention projections, MLP and norms; a target without q / k norms leaves the head's at ones
+        (`target_layers.copy_target_layers`, which raises ValueError where the shapes differ). Returns the layers."""
+        return copy_target_layers(self.layers, model, first, "DFlashHead", QK_NORMS)
 
     # the same d2t / t2d buffers as EagleHead's: its vocabulary mapping serves both heads
     set_draft_vocab = EagleHead.set_draft_vocab

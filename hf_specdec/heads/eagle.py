@@ -41,6 +41,7 @@ from .formats.speculators import (
     speculators_eagle3_tensors,
 )
 from .hub import CONFIG_NAME, HeadSource, PretrainedHead, base_model_dims, base_model_name
+from .target_layers import copy_target_layers
 
 # Llama config fields the head's decoder layer needs (upstream EAGLE configs are full Llama configs).
 _LLAMA_FIELDS = (
@@ -156,6 +157,15 @@ class EagleHead(
     @property
     def layer(self) -> nn.Module:
         return self.layers[0] if self.version == 1 else self.midlayer
+
+    def copy_target_layers(self, model: nn.Module, first: int) -> list[int]:
+        """Start the EAGLE-1 layer as the target's decoder layer ``first`` (negative: from the end): its attention
+        projections, MLP and post-attention norm (`target_layers.copy_target_layers`, which raises ValueError where
+        the shapes differ); EAGLE-3's layer, twice as wide at its input, is refused. Returns ``[layer]``."""
+        if self.version != 1:
+            raise ValueError("EagleHead: only an EAGLE-1 layer can start as a target layer; EAGLE-3's reads the "
+                             "embeddings and features side by side")  # fmt: skip
+        return copy_target_layers(self.layers, model, first, "EagleHead")
 
     @property
     def head_dim(self) -> int:

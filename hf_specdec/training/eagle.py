@@ -82,6 +82,8 @@ class EagleTrainingConfig(RunConfig):
             step 1 on) beside the feature regression of step 0.
         soft_labels: the token loss is the cross-entropy against the target's distribution over the draft vocabulary
             (``softmax`` of its lm_head rows over ``f_{t+1}``, as EAGLE's own training) instead of its arg-max.
+        init_layer: None: a fresh head's layer starts at random; an index: as the target's decoder layer
+            ``init_layer`` (negative: from the end; EAGLE-1 only, `EagleHead.copy_target_layers`).
     """
 
     window: int = 256
@@ -92,6 +94,7 @@ class EagleTrainingConfig(RunConfig):
     version: int = 1
     unroll: int | None = None
     soft_labels: bool = False
+    init_layer: int | None = None
     positions_per_step: int = 4
     epochs: float = 3.0
     max_grad_norm: float = 0.5
@@ -112,6 +115,9 @@ class EagleTrainingConfig(RunConfig):
             self.unroll = 3 if self.version == 3 else 1
         if self.unroll < 1:
             raise ValueError(f"unroll must be >= 1, got {self.unroll}")
+        if self.init_layer is not None and self.version != 1:
+            raise ValueError("init_layer starts an EAGLE-1 head's layer as a target layer; EAGLE-3's layer reads the "
+                             "embeddings and features side by side (twice as wide): it cannot")  # fmt: skip
         if (self.version == 3 or self.unroll > 1) and self.token_weight == 0:
             raise ValueError("training-time test (EAGLE-3, or unroll > 1) trains on the token loss: token_weight > 0")
 
@@ -315,7 +321,7 @@ def train_eagle(
     batch_of = _batches(data, online, lm_weight, vocab_ids, cfg.unroll + 1)
     starts = window_starts(data, train_seqs, cfg.window)
     split = HeldOutSplit(train_seqs, eval_seqs, starts, torch.zeros(0, dtype=torch.long))
-    same = ("window", "draft_vocab", "seed", "version", "unroll", "soft_labels")
+    same = ("window", "draft_vocab", "seed", "version", "unroll", "soft_labels", "init_layer")
     run, total = TrainingRun.start(out, cfg, head, "head", starts.shape[0], resume, same)
     gen = torch.Generator(device=device).manual_seed(cfg.seed + 17)
     teacher_rows = lm_weight[vocab_ids].to(device, torch.float32)  # [V', H]
@@ -374,7 +380,10 @@ def _head_to_train(
     vocab, coverage = None, 1.0
     if cfg.draft_vocab and cfg.draft_vocab < int(data.manifest["vocab_size"]):
         vocab, coverage = draft_vocabulary(data, positions, cfg.draft_vocab)
-    return EagleHead.for_model(model, version=cfg.version, draft_vocab=vocab), vocab, coverage
+    head = EagleHead.for_model(model, version=cfg.version, draft_vocab=vocab)
+    if cfg.init_layer is not None:
+        head.copy_target_layers(model, cfg.init_layer)
+    return head, vocab, coverage
 
 
 def _batches(

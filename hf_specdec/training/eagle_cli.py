@@ -67,6 +67,17 @@ def _add_task_data_arguments(parser: argparse.ArgumentParser) -> None:
     add_data_source_arguments(parser)
 
 
+def _add_init_layer_argument(parser: argparse.ArgumentParser) -> None:
+    """``--init-layer``, which the EAGLE and the DFlash commands share (`target_layers.copy_target_layers`)."""
+    parser.add_argument(
+        "--init-layer",
+        type=int,
+        default=None,
+        help="start draft layer i as the target's decoder layer INIT_LAYER + i (negative: from the end, -1 = the "
+        "last; EAGLE: version 1 only); default: at random",
+    )
+
+
 def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``hf-specdec train eagle`` besides every trainer's."""
     _add_task_data_arguments(parser)
@@ -94,6 +105,7 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
         help="fine-tune this head (a saved EagleHead folder, or 'shipped': the package's head for the default model) "
         "instead of starting from a fresh one; its shape and draft vocabulary are kept",
     )
+    _add_init_layer_argument(parser)
     parser.add_argument(
         "--online",
         action="store_true",
@@ -114,13 +126,7 @@ def add_train_dflash_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=8, help="tokens one block drafts, the anchor included")
     parser.add_argument("--anchors-per-window", type=int, default=16, help="blocks trained per window")
     parser.add_argument("--decay", type=float, default=4.0, help="depth d's loss weight is exp(-(d - 1) / decay)")
-    parser.add_argument(
-        "--init-layer",
-        type=int,
-        default=None,
-        help="start draft layer i as the target's decoder layer INIT_LAYER + i (negative: from the end, -1 = the "
-        "last); default: at random",
-    )
+    _add_init_layer_argument(parser)
     parser.add_argument(
         "--soft-labels",
         action=argparse.BooleanOptionalAction,
@@ -204,7 +210,7 @@ def train_eagle_main(args: argparse.Namespace) -> int:
             print(f"data built in {', '.join(map(str, folders))}")
             return 0
         data = load_distillation_data(folders, with_aux=args.version == 3, max_tokens=args.data_tokens)
-    cfg = EagleTrainingConfig(version=args.version, unroll=args.unroll, **_schedule(args))
+    cfg = EagleTrainingConfig(version=args.version, unroll=args.unroll, init_layer=args.init_layer, **_schedule(args))
     init = _init_head(args.init_head)
     head, report = train_eagle(model, data, out, cfg, resume=args.resume, device=args.device, init_head=init)
     if not args.no_tune_tree:
@@ -252,7 +258,8 @@ def train_dflash_main(args: argparse.Namespace) -> int:
 
 
 def check_train_eagle_arguments(args: argparse.Namespace) -> None:
-    """``--online`` needs ``--data sharegpt`` teacher-forced; ``--init-head``: ``shipped`` becomes the package's
+    """``--online`` needs ``--data sharegpt`` teacher-forced; ``--init-layer`` a fresh EAGLE-1 head; ``--init-head``:
+    ``shipped`` becomes the package's
     EAGLE head folder, any other value must hold a saved EagleHead (config.json). Raises `UsageError` before any
     model is loaded."""
     if args.online and (args.data != ["sharegpt"] or args.data_mode != "fixed" or args.extra_data or args.data_only):
@@ -260,6 +267,9 @@ def check_train_eagle_arguments(args: argparse.Namespace) -> None:
             "--online trains on ShareGPT conversations teacher-forced while training: it takes --data sharegpt with "
             "--data-mode fixed, and no --extra-data or --data-only (nothing is built to keep)"
         )
+    if args.init_layer is not None and (args.init_head is not None or args.version != 1):
+        raise UsageError("--init-layer starts a fresh EAGLE-1 head's layer as a target layer: it takes no "
+                         "--init-head, and no --version 3 (that layer reads embeddings and features side by side)")
     if args.init_head == "shipped":
         args.init_head = str(SHIPPED_HEAD_DIRS["eagle"])
     elif args.init_head is not None and not (Path(args.init_head) / "config.json").is_file():

@@ -283,3 +283,21 @@ def test_cli_trains_on_the_first_tokens_in_bf16(tiny_data, tmp_path, monkeypatch
                                           build_dtype])  # fmt: skip
         assert eagle_cli.training_data(args, model, None, ()) == [data.folder]
         assert built[-1] == expected and model.dtype == torch.float32
+
+
+def test_init_layer_starts_the_eagle1_layer_as_the_targets(tiny_data, tmp_path):
+    """``init_layer`` starts a fresh EAGLE-1 head's layer as the target's decoder layer (the target's input norm,
+    which the EAGLE-1 layer lacks, left out) and trains from there; EAGLE-3's wider layer is refused."""
+    model, data, _ = tiny_data
+    head = EagleHead.for_model(model)
+    assert head.copy_target_layers(model, -1) == [1]
+    target = model.model.layers[1]
+    for name, param in head.layers[0].named_parameters():
+        assert torch.equal(param, target.get_parameter(name)), name
+    cfg = EagleTrainingConfig(window=32, positions_per_step=8, max_steps=2, eval_every=0, draft_vocab=0, init_layer=0)
+    trained, report = train_eagle(model, data, tmp_path / "run", cfg, progress=False)
+    assert report["config"]["init_layer"] == 0 and report["steps"] == 2
+    with pytest.raises(ValueError, match="EAGLE-3"):
+        EagleTrainingConfig(version=3, init_layer=-1)
+    with pytest.raises(ValueError, match="only an EAGLE-1 layer"):
+        EagleHead.for_model(model, version=3).copy_target_layers(model, -1)

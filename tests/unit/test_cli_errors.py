@@ -45,6 +45,8 @@ CASES = [
     (["train", "medusa", "--out", "x", "--lr", "0"], ["--lr", "greater than 0"]),
     (["train", "eagle", "--out", "x", "--init-head", "no/such/head"], ["--init-head", "no/such/head", "EagleHead"]),
     (["train", "eagle", "--out", "x", "--online"], ["--online", "--data sharegpt"]),
+    (["train", "eagle", "--out", "x", "--init-layer", "-1", "--version", "3"], ["--init-layer", "EAGLE-1", "--version 3"]),
+    (["train", "eagle", "--out", "x", "--init-layer", "-1", "--init-head", "shipped"], ["--init-layer", "--init-head"]),
     (["train", "eagle", "--out", "x", "--online", "--data", "sharegpt", "--data-mode", "self"], ["--online", "fixed"]),
     # an --out that cannot be made or written (a file in the way, a path under a file, /proc) fails before loading
     (["train", "medusa", "--out", "/dev/null"], ["--out", "/dev/null", "a file is there"]),
