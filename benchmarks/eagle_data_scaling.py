@@ -49,10 +49,11 @@ def held_out_set(model, tokenizer, work: Path, conversations: int) -> Path:
                                    num_conversations=conversations)[0]  # fmt: skip
 
 
-def run_name(tokens: int, mixed_precision: str, online: bool = False) -> str:
+def run_name(tokens: int, mixed_precision: str, online: bool = False, init_layer: int | None = None) -> str:
     """The run folder of a point: ``eagle-<tokens>-bf16`` or ``eagle-<tokens>-fp32``, ``-online`` appended for a
-    point trained online."""
-    return f"eagle-{tokens}-{'bf16' if mixed_precision == 'bf16' else 'fp32'}{'-online' if online else ''}"
+    point trained online, ``-init<L>`` for a head whose layer started as target layer L."""
+    suffix = ("-online" if online else "") + ("" if init_layer is None else f"-init{init_layer}")
+    return f"eagle-{tokens}-{'bf16' if mixed_precision == 'bf16' else 'fp32'}{suffix}"
 
 
 def train_point(model, data, tokens: int, work: Path, cfg: EagleTrainingConfig) -> tuple[object, dict]:
@@ -61,7 +62,7 @@ def train_point(model, data, tokens: int, work: Path, cfg: EagleTrainingConfig) 
     from hf_specdec.heads.eagle import EagleHead
 
     online = isinstance(data, OnlineTeacherForcing)
-    out = work / run_name(tokens, cfg.mixed_precision, online)
+    out = work / run_name(tokens, cfg.mixed_precision, online, cfg.init_layer)
     report_path = out / "training_report.json"
     if report_path.is_file() and (out / "head" / "config.json").is_file():
         head = EagleHead.from_pretrained(out / "head", dtype=torch.float32).bind(model)
@@ -98,6 +99,7 @@ def score_point(model, tokenizer, head, report: dict, held: Path, bench_seeds: l
         "online": bool(report.get("online")),
         "target_forward_tokens": report.get("target_forward_tokens"),
         "mixed_precision": report["config"].get("mixed_precision", "no"),
+        "init_layer": report["config"].get("init_layer"),
         "own_split_top1": (report.get("held_out") or {}).get("top1"),
         "held_out_top1": scores["top1"],
         "held_out_top4": scores["top4"],
@@ -133,6 +135,12 @@ def main() -> None:
     parser.add_argument("--eval-fraction", type=float, default=0.02, help="of the sequences, held out by the trainer")
     parser.add_argument("--bench-seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--init-layer",
+        type=int,
+        default=None,
+        help="start each head's layer as this target layer (run folders eagle-N-...-init<L>)",
+    )
     args = parser.parse_args()
     if (args.data is None) == (args.online is None):
         parser.error("pass --data FOLDER or --online CONVERSATIONS")
@@ -142,19 +150,20 @@ def main() -> None:
     held = held_out_set(model, tokenizer, work, args.held_out_conversations)
     cfg = EagleTrainingConfig(window=512, positions_per_step=8, lr=1e-3, epochs=args.epochs, eval_every=0,
                               checkpoint_every=100, mixed_precision=args.mixed_precision,
-                              eval_fraction=args.eval_fraction)  # fmt: skip
+                              eval_fraction=args.eval_fraction, init_layer=args.init_layer)  # fmt: skip
     data = Path(args.data) if args.data else online_data(model, tokenizer, args.online)
     for tokens in args.points:
         t0 = time.perf_counter()
         head, report = train_point(model, data, tokens, work, cfg)
         row = {"point": tokens, **score_point(model, tokenizer, head, report, held, args.bench_seeds)}
         row["wall_s"] = round(time.perf_counter() - t0, 1)
-        folder = work / run_name(tokens, args.mixed_precision, args.online is not None)
+        folder = work / run_name(tokens, args.mixed_precision, args.online is not None, args.init_layer)
         (folder / ROW_NAME).write_text(json.dumps(row, indent=1) + "\n")
         print(json.dumps(row), flush=True)
     if args.out:
         rows = [json.loads(p.read_text()) for p in work.glob(f"eagle-*/{ROW_NAME}")]
-        rows.sort(key=lambda r: (r.get("online", False), r["mixed_precision"], r["point"]))
+        rows.sort(key=lambda r: (r.get("online", False), r.get("init_layer") is not None, r["mixed_precision"],
+                                 r["point"]))  # fmt: skip
         Path(args.out).write_text(json.dumps({"data": data_entry(data), "epochs": args.epochs, "rows": rows},
                                              indent=1) + "\n")  # fmt: skip
 
