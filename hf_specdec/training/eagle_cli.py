@@ -74,7 +74,8 @@ def _add_init_layer_argument(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="start draft layer i as the target's decoder layer INIT_LAYER + i (negative: from the end, -1 = the "
-        "last; EAGLE: version 1 only); default: at random",
+        "last; EAGLE: version 1 only); default: at random. Measured on the default model: no gain for DFlash, far "
+        "worse for EAGLE-1 (docs/heads_training.md)",
     )
 
 
