@@ -307,6 +307,9 @@ def train_eagle(
         ``(head, report)``.
     """
     cfg = cfg or EagleTrainingConfig()
+    if init_head is not None and cfg.init_layer is not None:  # before anything is written: the CLI refuses it too
+        raise ValueError("init_layer starts a fresh head's layer as a target layer; a head passed as init_head is "
+                         "continued as it is: pass one or the other")  # fmt: skip
     online = data if isinstance(data, OnlineTeacherForcing) else None
     data = online.tokens if online is not None else data  # online: the ids and masks, states computed per step
     out, train_seqs, eval_seqs, lm_weight, device = start_head_training(model, data, out_dir, cfg, device)

@@ -299,5 +299,8 @@ def test_init_layer_starts_the_eagle1_layer_as_the_targets(tiny_data, tmp_path):
     assert report["config"]["init_layer"] == 0 and report["steps"] == 2
     with pytest.raises(ValueError, match="EAGLE-3"):
         EagleTrainingConfig(version=3, init_layer=-1)
+    with pytest.raises(ValueError, match="init_layer .* init_head"):
+        train_eagle(model, data, tmp_path / "both", cfg, progress=False, init_head=trained)
+    assert not (tmp_path / "both").exists()
     with pytest.raises(ValueError, match="only an EAGLE-1 layer"):
         EagleHead.for_model(model, version=3).copy_target_layers(model, -1)
