@@ -12,8 +12,11 @@ a shorter `available_assistants()` instead of failing later.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,10 +143,54 @@ class ShippedHead:
         return (self.folder / "config.json").is_file()
 
     def load(self) -> PretrainedHead:
-        """The head (the same object on every call)."""
+        """The head (the same object on every call); inside `heads_from_folders`, the one saved in the folder it
+        names for this kind instead."""
+        replacement = _REPLACED_HEADS.get(self.head_class.head_type)
+        if replacement is not None:
+            return _load_once(self.head_class, replacement)
         if not self.ships():
             raise FileNotFoundError(f"the shipped {self.what} are missing from {self.folder} (broken install?)")
         return _load_once(self.head_class, self.folder)
+
+
+_REPLACED_HEADS: dict[str, Path] = {}  # head_type -> folder, while `heads_from_folders` is active
+
+
+@contextlib.contextmanager
+def heads_from_folders(folders: Mapping[str, str | os.PathLike]) -> Iterator[None]:
+    """Within the block, the ready-made assistants built on a head of the kinds named load it from the folder given
+    instead of the shipped one: a candidate head benched (``hf-specdec bench --head-dir eagle=FOLDER``) in every
+    method that uses that kind (``eagle``, ``ngram+eagle``, ``suffix+eagle``) before it ships. Not thread-safe:
+    one block at a time, in one thread.
+
+    Args:
+        folders: head kind (``eagle``, ``medusa``, ``mlp_speculator``, ``dflash``) -> a folder with a head saved by
+            ``save_pretrained`` (its ``config.json`` must name that kind).
+    Raises:
+        ValueError: an unknown kind, a folder without ``config.json``, or a head of another kind in it.
+    """
+    checked = {kind: _checked_head_folder(kind, Path(folder)) for kind, folder in folders.items()}
+    saved = dict(_REPLACED_HEADS)
+    _REPLACED_HEADS.update(checked)
+    try:
+        yield
+    finally:
+        _REPLACED_HEADS.clear()
+        _REPLACED_HEADS.update(saved)
+
+
+def _checked_head_folder(kind: str, folder: Path) -> Path:
+    """``folder`` resolved, once its ``config.json`` says it holds a head of ``kind`` (ValueError naming both)."""
+    kinds = [shipped.head_class.head_type for shipped in (MEDUSA, EAGLE, MLP_SPECULATOR, DFLASH)]
+    if kind not in kinds:
+        raise ValueError(f"unknown head kind {kind!r}; expected one of {', '.join(kinds)}")
+    config = folder / "config.json"
+    if not config.is_file():
+        raise ValueError(f"{folder} holds no saved head (no config.json); expected a folder save_pretrained wrote")
+    found = json.loads(config.read_text(encoding="utf-8")).get("head_type")
+    if found != kind:
+        raise ValueError(f"{folder} holds a {found!r} head, not a {kind!r} head")
+    return folder.resolve()
 
 
 @functools.cache

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..assistants import heads_from_folders
 from ..cli_args import (
     UsageError,
     add_device_argument,
@@ -443,6 +444,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="question sampling and generation seed (default 0)")
     parser.add_argument("--quiet", action="store_true", help="no per-prompt progress lines on stderr")
     parser.add_argument(
+        "--head-dir",
+        action="append",
+        default=[],
+        metavar="KIND=FOLDER",
+        help="bench a saved head instead of the shipped one of its kind (eagle, medusa, mlp_speculator, dflash) in "
+        "every method built on it, e.g. eagle=runs/eagle/head for eagle and ngram+eagle (repeatable)",
+    )
+    parser.add_argument(
         "--cpu-time",
         action="store_true",
         help="time each call by this process's CPU seconds instead of wall time (a machine shared with other work; "
@@ -487,7 +496,24 @@ def _checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Set
     if args.out:
         check_out_folder(args.out, holds="results.md, results.json, results.png")
     check_device_argument(args.device)
+    args.head_folders = _head_folders(args.head_dir)
     return methods, settings, path, questions
+
+
+def _head_folders(specs: Sequence[str]) -> dict[str, str]:
+    """``--head-dir KIND=FOLDER`` values as ``{kind: folder}``, each checked (`heads_from_folders`)."""
+    folders = {}
+    for spec in specs:
+        kind, sep, folder = spec.partition("=")
+        if not sep or not kind or not folder:
+            raise UsageError(f"--head-dir {spec!r}: expected KIND=FOLDER, e.g. eagle=runs/eagle/head")
+        try:
+            with heads_from_folders({kind: folder}):
+                pass
+        except ValueError as err:
+            raise UsageError(f"--head-dir {spec}: {err}") from err
+        folders[kind] = folder
+    return folders
 
 
 class _Terminated(KeyboardInterrupt):
@@ -567,8 +593,9 @@ def main(args: argparse.Namespace) -> int:
         if args.out:  # written after every prompt, so that Ctrl-C or a timeout loses nothing (plot at the end)
             write_results(args.out, so_far, meta(done=False), plot=False)
 
-    try:  # steady state, as the warm-up intends: CPU packed weights made once and kept for the whole run
-        with _sigterm_as_interrupt(), packed_weights(model):  # (they serve speculative forwards only)
+    try:  # steady state, as the warm-up intends: CPU packed weights made once and kept for the whole run (they serve
+        # speculative forwards only); --head-dir's heads in place of the shipped ones
+        with _sigterm_as_interrupt(), packed_weights(model), heads_from_folders(args.head_folders):
             records = run_bench(
                 model,
                 prompts,
@@ -629,6 +656,7 @@ def _meta(args, model_name, methods, draft_layers, total_layers, path, num_promp
         "clock": "CPU time of the process" if getattr(args, "cpu_time", False) else "wall time",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "methods": {m.name: m.description for m in methods},
+        "heads_from": getattr(args, "head_folders", None) or None,  # --head-dir: heads benched instead of shipped
         "transformers": _version("transformers"),
         "hf_specdec": _version("hf_specdec"),
         "wall_s": time.perf_counter() - t0,

@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 import hf_specdec
 from hf_specdec import assistants
@@ -109,3 +110,40 @@ def test_shipped_medusa_heads_refuse_another_model_and_leave_it_usable():
         model.generate(ids, max_new_tokens=4, assistant=hf_specdec.load_default_assistant("medusa"))
     assert model.config._attn_implementation == "sdpa"
     assert model.generate(ids, max_new_tokens=4, do_sample=False).shape == (1, 7)
+
+
+def test_heads_from_folders_benches_a_saved_head_in_every_method_of_its_kind_then_restores_the_shipped_one(tmp_path):
+    from hf_specdec.assistants import EAGLE, heads_from_folders
+
+    shipped = EAGLE.load()
+    candidate = type(shipped).from_pretrained(EAGLE.folder)
+    with torch.no_grad():
+        next(candidate.parameters()).add_(1.0)  # weights the shipped head does not have
+    candidate.save_pretrained(tmp_path / "candidate")
+    with heads_from_folders({"eagle": tmp_path / "candidate"}):
+        alone = hf_specdec.load_default_assistant("eagle").head
+        behind_ngram = hf_specdec.load_default_assistant("ngram+eagle").assistants[1].head
+        assert alone is behind_ngram and alone is not shipped
+        assert torch.equal(next(alone.parameters()), next(candidate.parameters()))
+        assert hf_specdec.load_default_assistant("medusa").heads is assistants.MEDUSA.load()  # other kinds: shipped
+    assert hf_specdec.load_default_assistant("eagle").head is shipped
+    with pytest.raises(RuntimeError, match="inside"), heads_from_folders({"eagle": tmp_path / "candidate"}):
+        raise RuntimeError("inside")
+    assert hf_specdec.load_default_assistant("eagle").head is shipped  # restored after an exception too
+
+
+@pytest.mark.parametrize(
+    "kind, folder, words",
+    [
+        ("beam", "eagle", "unknown head kind 'beam'"),
+        ("eagle", "nowhere", "no saved head"),
+        ("medusa", "eagle", "holds a 'eagle' head, not a 'medusa' head"),
+    ],
+)
+def test_heads_from_folders_refuses_a_wrong_kind_or_folder_and_changes_nothing(kind, folder, words):
+    from hf_specdec.assistants import EAGLE, heads_from_folders
+
+    path = EAGLE.folder if folder == "eagle" else EAGLE.folder / folder
+    with pytest.raises(ValueError, match=words), heads_from_folders({kind: path}):
+        pass
+    assert hf_specdec.load_default_assistant("eagle").head is EAGLE.load()

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from hf_specdec.cli import main
+from hf_specdec.models import SHIPPED_HEAD_DIRS
 
 # one row per case: the command line, and the words its one error line must contain (the option, the value, what is
 # expected). Every case is refused before any model is loaded.
@@ -38,6 +39,10 @@ CASES = [
     (["bench", "--questions", "/nonexistent.jsonl"], ["--questions", "/nonexistent.jsonl", "does not exist"]),
     (["bench", "--no-greedy"], ["--no-greedy", "--do-sample"]),
     (["bench", "--out", "/dev/null"], ["--out", "/dev/null", "a file is there"]),
+    (["bench", "--head-dir", "eagle"], ["--head-dir", "'eagle'", "KIND=FOLDER"]),
+    (["bench", "--head-dir", "eagle=/nonexistent"], ["--head-dir", "/nonexistent", "no saved head"]),
+    (["bench", "--head-dir", f"medusa={SHIPPED_HEAD_DIRS['eagle']}"], ["--head-dir", "'eagle' head, not a 'medusa'"]),
+    (["bench", "--head-dir", "beam=/tmp"], ["--head-dir", "unknown head kind 'beam'", "eagle"]),
     (["train", "medusa", "--out", "x", "--threads", "0"], ["--threads", "at least 1"]),
     (["train", "medusa", "--out", "x", "--epochs", "0"], ["--epochs", "greater than 0"]),
     (["train", "medusa", "--out", "x", "--num-heads", "-1"], ["--num-heads", "at least 1", "-1"]),
@@ -45,7 +50,10 @@ CASES = [
     (["train", "medusa", "--out", "x", "--lr", "0"], ["--lr", "greater than 0"]),
     (["train", "eagle", "--out", "x", "--init-head", "no/such/head"], ["--init-head", "no/such/head", "EagleHead"]),
     (["train", "eagle", "--out", "x", "--online"], ["--online", "--data sharegpt"]),
-    (["train", "eagle", "--out", "x", "--init-layer", "-1", "--version", "3"], ["--init-layer", "EAGLE-1", "--version 3"]),
+    (
+        ["train", "eagle", "--out", "x", "--init-layer", "-1", "--version", "3"],
+        ["--init-layer", "EAGLE-1", "--version 3"],
+    ),
     (["train", "eagle", "--out", "x", "--init-layer", "-1", "--init-head", "shipped"], ["--init-layer", "--init-head"]),
     (["train", "eagle", "--out", "x", "--online", "--data", "sharegpt", "--data-mode", "self"], ["--online", "fixed"]),
     # an --out that cannot be made or written (a file in the way, a path under a file, /proc) fails before loading
