@@ -27,10 +27,13 @@ def copy_target_layers(
     end); returns the target layers copied.
 
     Raises:
-        ValueError: naming ``owner`` and the parameter, when a layer does not exist in the target, or a draft
-            parameter (but ``may_lack``'s) is missing from the target layer or shaped differently there.
+        ValueError: naming ``owner`` and the parameter, when the target keeps no ``layers`` list, a layer does not
+            exist in the target, or a draft parameter (but ``may_lack``'s) is missing from the target layer or shaped differently there.
     """
-    layers = model.get_decoder().layers
+    layers = getattr(model.get_decoder(), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ValueError(f"{owner}: {type(model).__name__} keeps no list of decoder layers at get_decoder().layers, "
+                         "so its layers cannot start the draft layers; train without init_layer")  # fmt: skip
     start = first + len(layers) if first < 0 else first
     ids = list(range(start, start + len(draft_layers)))
     if start < 0 or ids[-1] >= len(layers):

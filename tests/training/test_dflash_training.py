@@ -166,3 +166,10 @@ def test_draft_layers_start_as_the_targets_layers(tiny_data):
     wider = tiny_causal_lm("llama", vocab_size=64, hidden_size=32, num_layers=4, seed=3, intermediate_size=96)
     with pytest.raises(ValueError, match="mlp.gate_proj.weight"):
         head.copy_target_layers(wider, 0)
+    before = {k: v.clone() for k, v in head.state_dict().items()}
+    renamed = tiny_causal_lm("llama", vocab_size=64, hidden_size=32, num_layers=4, seed=4)
+    renamed.model.blocks = renamed.model.layers  # a decoder that keeps its layers under another name
+    del renamed.model.layers
+    with pytest.raises(ValueError, match=r"keeps no list of decoder layers at get_decoder\(\)\.layers"):
+        head.copy_target_layers(renamed, 0)
+    assert all(torch.equal(v, head.state_dict()[k]) for k, v in before.items())  # nothing copied
