@@ -256,6 +256,7 @@ def markdown_report(summary: Sequence[dict], meta: dict, records: Sequence[dict]
         "draft_dtype",
         "questions",
         "clock",
+        "heads_from",
         "transformers",
         "hf_specdec",
     )
