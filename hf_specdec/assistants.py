@@ -167,9 +167,9 @@ def heads_from_folders(folders: Mapping[str, str | os.PathLike]) -> Iterator[Non
         folders: head kind (``eagle``, ``medusa``, ``mlp_speculator``, ``dflash``) -> a folder with a head saved by
             ``save_pretrained`` (its ``config.json`` must name that kind).
     Raises:
-        ValueError: an unknown kind, a folder without ``config.json``, or a head of another kind in it.
+        ValueError: as `check_head_folders`, before anything changes.
     """
-    checked = {kind: _checked_head_folder(kind, Path(folder)) for kind, folder in folders.items()}
+    checked = check_head_folders(folders)
     saved = dict(_REPLACED_HEADS)
     _REPLACED_HEADS.update(checked)
     try:
@@ -179,18 +179,29 @@ def heads_from_folders(folders: Mapping[str, str | os.PathLike]) -> Iterator[Non
         _REPLACED_HEADS.update(saved)
 
 
-def _checked_head_folder(kind: str, folder: Path) -> Path:
-    """``folder`` resolved, once its ``config.json`` says it holds a head of ``kind`` (ValueError naming both)."""
-    kinds = [shipped.head_class.head_type for shipped in (MEDUSA, EAGLE, MLP_SPECULATOR, DFLASH)]
-    if kind not in kinds:
-        raise ValueError(f"unknown head kind {kind!r}; expected one of {', '.join(kinds)}")
+def check_head_folders(folders: Mapping[str, str | os.PathLike]) -> dict[str, Path]:
+    """``{kind: folder resolved}`` once each folder holds a saved head of its kind.
+
+    Raises:
+        ValueError: an unknown kind, a folder without ``config.json``, or a head of another kind in it.
+    """
+    checked = {}
+    for kind, folder in folders.items():
+        if kind not in SHIPPED_HEADS:
+            raise ValueError(f"unknown head kind {kind!r}; expected one of {', '.join(SHIPPED_HEADS)}")
+        found = saved_head_type(Path(folder))
+        if found != kind:
+            raise ValueError(f"{folder} holds a {found!r} head, not a {kind!r} head")
+        checked[kind] = Path(folder).resolve()
+    return checked
+
+
+def saved_head_type(folder: Path) -> str | None:
+    """The ``head_type`` a saved head's ``config.json`` names (ValueError when ``folder`` has no ``config.json``)."""
     config = folder / "config.json"
     if not config.is_file():
         raise ValueError(f"{folder} holds no saved head (no config.json); expected a folder save_pretrained wrote")
-    found = json.loads(config.read_text(encoding="utf-8")).get("head_type")
-    if found != kind:
-        raise ValueError(f"{folder} holds a {found!r} head, not a {kind!r} head")
-    return folder.resolve()
+    return json.loads(config.read_text(encoding="utf-8")).get("head_type")
 
 
 @functools.cache
@@ -203,6 +214,7 @@ EAGLE = ShippedHead("EAGLE head", SHIPPED_HEAD_DIRS["eagle"], EagleHead)
 MLP_SPECULATOR = ShippedHead("MLP speculator", SHIPPED_HEAD_DIRS["mlp_speculator"], MLPSpeculator)
 DFLASH = ShippedHead("DFlash head", SHIPPED_HEAD_DIRS["dflash"], DFlashHead)
 DEFAULT_EAGLE_DIR, DEFAULT_MLP_SPECULATOR_DIR = EAGLE.folder, MLP_SPECULATOR.folder
+SHIPPED_HEADS = {shipped.head_class.head_type: shipped for shipped in (EAGLE, MEDUSA, MLP_SPECULATOR, DFLASH)}
 
 
 def _with_ngram(assistant: Callable[[], Proposer]) -> Callable[[], Proposer]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..assistants import DFLASH, EAGLE, MEDUSA, MLP_SPECULATOR
+from ..assistants import SHIPPED_HEADS, saved_head_type
 from ..generation.proposers.ngram import prompt_lookup_predictions
 from ..heads.dflash import DFlashHead
 from ..heads.eagle import EagleHead
@@ -272,7 +272,7 @@ def load_bench_answers(folder: str | Path) -> tuple[DistillationData, list[str]]
 
 
 # ---------------------------------------------------------------------------------------------------- command line
-SHIPPED = {shipped.head_class.head_type: shipped for shipped in (EAGLE, MEDUSA, MLP_SPECULATOR, DFLASH)}
+SHIPPED = SHIPPED_HEADS  # head_type -> the shipped head of that kind
 HEAD_CLASSES = {name: shipped.head_class for name, shipped in SHIPPED.items()}  # config.json's head_type -> class
 
 
@@ -306,7 +306,7 @@ def _heads(args: argparse.Namespace) -> dict[str, torch.nn.Module]:
         name, sep, folder = spec.partition("=")
         if not sep or not Path(folder, "config.json").is_file():
             raise UsageError(f"--head-dir {spec!r}: expected NAME=FOLDER with a saved head's config.json")
-        head_type = json.loads(Path(folder, "config.json").read_text(encoding="utf-8")).get("head_type")
+        head_type = saved_head_type(Path(folder))
         cls = HEAD_CLASSES.get(head_type)
         if cls is None:
             raise UsageError(f"--head-dir {folder}: unknown head_type {head_type!r}")

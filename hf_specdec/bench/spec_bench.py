@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..assistants import heads_from_folders
+from ..assistants import check_head_folders, heads_from_folders
 from ..cli_args import (
     UsageError,
     add_device_argument,
@@ -501,15 +501,14 @@ def _checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Set
 
 
 def _head_folders(specs: Sequence[str]) -> dict[str, str]:
-    """``--head-dir KIND=FOLDER`` values as ``{kind: folder}``, each checked (`heads_from_folders`)."""
+    """``--head-dir KIND=FOLDER`` values as ``{kind: folder}``, each checked (`check_head_folders`)."""
     folders = {}
     for spec in specs:
         kind, sep, folder = spec.partition("=")
         if not sep or not kind or not folder:
             raise UsageError(f"--head-dir {spec!r}: expected KIND=FOLDER, e.g. eagle=runs/eagle/head")
         try:
-            with heads_from_folders({kind: folder}):
-                pass
+            check_head_folders({kind: folder})
         except ValueError as err:
             raise UsageError(f"--head-dir {spec}: {err}") from err
         folders[kind] = folder

@@ -28,7 +28,8 @@ def copy_target_layers(
 
     Raises:
         ValueError: naming ``owner`` and the parameter, when the target keeps no ``layers`` list, a layer does not
-            exist in the target, or a draft parameter (but ``may_lack``'s) is missing from the target layer or shaped differently there.
+            exist in the target, or a draft parameter (but ``may_lack``'s) is missing from the target layer or
+            shaped differently there.
     """
     layers = getattr(model.get_decoder(), "layers", None)
     if not isinstance(layers, nn.ModuleList):
