@@ -9,7 +9,9 @@ model's final normed hidden states, what its lm_head sees; ``hidden[t]`` maps to
 also hold ``target_next`` `[N]` int32 (the target's arg-max next token at each position, over its whole vocabulary)
 and ``answer_mask`` `[N]` uint8 (the tokens an assistant wrote; several turns per sequence). A builder records each
 shard in the manifest as soon as it is written (`record_shard`), so a rerun skips the shards the manifest already
-lists (resumable); a manifest written for other prompts or settings is refused (`open_manifest`).
+lists (resumable); a manifest written for other prompts or settings is refused (`open_manifest`), except that a
+build whose sequences extend a smaller build's in the same folder keeps that build's full shards (`grown_shards`:
+``--conversations 14803`` over a 10240-conversation ShareGPT build only teacher-forces the new conversations).
 
     data = load_distillation_data("out/data")                    # flat ids / hidden states / sequence bounds
 """
@@ -21,7 +23,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,18 +62,42 @@ def target_dtype_setting(model) -> dict:
     return {} if dtype == torch.float32 else {"target_dtype": str(dtype).removeprefix("torch.")}
 
 
-def open_manifest(out: Path, model, prompt_ids, settings: dict, recipe, base_model_name) -> dict:
-    """The folder's manifest (refused when written for other prompts or settings), or a fresh one."""
-    fingerprint = _fingerprint(prompt_ids, settings)
+def open_manifest(
+    out: Path,
+    model,
+    prompt_ids,
+    settings: dict,
+    recipe,
+    base_model_name,
+    same_shard: Callable[[dict], bool] | None = None,
+) -> dict:
+    """The folder's manifest (refused when written for other prompts or settings), or a fresh one.
+
+    ``same_shard`` (builders whose sequences are known before the build, e.g. teacher forcing) lets a build grow: when
+    the folder holds a smaller build with the same settings, each of whose full shards ``same_shard(entry)`` finds
+    identical to what this build writes at that place, the fresh manifest keeps those shards (`grown_shards`)."""
+    fresh = _fresh_manifest(_fingerprint(prompt_ids, settings), model, len(prompt_ids), settings, recipe,
+                            base_model_name)  # fmt: skip
     path = out / MANIFEST_NAME
-    if path.is_file():
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-        if manifest.get("fingerprint") != fingerprint:
-            raise ValueError(
-                f"{out} already holds distillation data for other prompts or generation settings "
-                f"(fingerprint {manifest.get('fingerprint')} vs {fingerprint}); use another folder or delete it"
-            )
+    if not path.is_file():
+        return fresh
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    if manifest.get("fingerprint") == fresh["fingerprint"]:
         return manifest
+    kept = grown_shards(manifest, fresh, same_shard) if same_shard else None
+    if kept is None:
+        raise ValueError(
+            f"{out} already holds distillation data for other prompts or generation settings "
+            f"(fingerprint {manifest.get('fingerprint')} vs {fresh['fingerprint']}); use another folder or delete it"
+        )
+    fresh["grown_from"] = {"fingerprint": manifest["fingerprint"], "num_prompts": manifest["num_prompts"],
+                           "shards_kept": len(kept)}  # fmt: skip
+    fresh["shards"] = kept
+    write_json(path, fresh)
+    return fresh
+
+
+def _fresh_manifest(fingerprint: str, model, num_prompts: int, settings: dict, recipe, base_model_name) -> dict:
     hidden_size, vocab_size = base_model_dims(model)
     return {
         "format_version": DATA_FORMAT_VERSION,
@@ -80,11 +106,33 @@ def open_manifest(out: Path, model, prompt_ids, settings: dict, recipe, base_mod
         "hidden_size": hidden_size,
         "vocab_size": vocab_size,
         "prompt_recipe": recipe,
-        "num_prompts": len(prompt_ids),
+        "num_prompts": num_prompts,
         **settings,
         "shards": [],
         "complete": False,
     }
+
+
+# what a smaller build must share with a larger one for the larger to keep its shards (`grown_shards`): every key of
+# a manifest but these (the recipe, the shards and counts, and settings that hash the whole sequence list)
+PER_BUILD_KEYS = frozenset({"fingerprint", "prompt_recipe", "num_prompts", "shards", "complete", "grown_from",
+                            "num_sequences", "num_tokens", "num_answer_tokens", "answer_mask_sha256"})  # fmt: skip
+
+
+def grown_shards(manifest: dict, fresh: dict, same_shard: Callable[[dict], bool]) -> list[dict] | None:
+    """The shards of ``manifest`` (an earlier, smaller build) that the build of ``fresh`` (its new manifest) keeps,
+    or None when that build is not a prefix of this one: fewer sequences, the same model and settings (every key of
+    ``fresh`` but `PER_BUILD_KEYS`, and no setting ``fresh`` lacks), and every full shard identical to this build's
+    at its place (``same_shard(entry)``). A last, partial shard is not kept: this build fills it."""
+    if fresh["num_prompts"] <= manifest.get("num_prompts", fresh["num_prompts"]):
+        return None
+    keys = (set(fresh) | set(manifest)) - PER_BUILD_KEYS
+    if any(manifest.get(k) != fresh.get(k) for k in keys):
+        return None
+    full = [e for e in manifest["shards"] if e["num_sequences"] == fresh["shard_size"]]
+    if not all(same_shard(e) for e in full):
+        return None
+    return full
 
 
 def write_shard(
@@ -426,6 +474,7 @@ __all__ = [
     "first_sequences",
     "target_dtype_setting",
     "load_distillation_data",
+    "grown_shards",
     "open_manifest",
     "record_shard",
     "write_json",

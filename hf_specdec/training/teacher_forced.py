@@ -14,7 +14,9 @@ Greedy self-distilled data are the special case where the two coincide.
 The states come from `target_states.teacher_forced_states`. Each shard is a `build_distillation_data` shard plus
 ``target_next`` `[N]` int32 and ``answer_mask`` `[N]` uint8 (the tokens of assistant turns, which the heads are
 evaluated on); ``prompt_lens`` is each sequence's first assistant token. Resumable and fingerprinted like the
-self-distilled data (`shards`).
+self-distilled data (`shards`); and growable: a build over more conversations (the same ones first, as
+`conversation_data.pick_conversations` takes them) in a folder holding a smaller build keeps its full shards and
+teacher-forces only the rest.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from .chat_template import TemplatedConversation
 from .shards import finish_manifest, open_manifest, record_shard, target_dtype_setting, write_shard
@@ -64,7 +67,8 @@ def build_teacher_forced_data(
     Args:
         model: the target (a transformers causal LM), in eval mode.
         sequences: templated conversations (`chat_template.templated_ids`).
-        out_dir: the data folder (created; a rerun resumes, other sequences or settings are refused).
+        out_dir: the data folder (created; a rerun resumes, a build extending the folder's sequences keeps its full
+            shards, other sequences or settings are refused).
         recipe: how the sequences were made, recorded in the manifest.
         shard_size: sequences per shard.
         tokens_per_batch: padded tokens per forward.
@@ -91,7 +95,15 @@ def build_teacher_forced_data(
     if aux_layers:
         settings["aux_layers"] = [int(i) for i in aux_layers]
     settings.update(target_dtype_setting(model))
-    manifest = open_manifest(out, model, [s.ids for s in sequences], settings, recipe, base_model_name)
+    manifest = open_manifest(
+        out,
+        model,
+        [s.ids for s in sequences],
+        settings,
+        recipe,
+        base_model_name,
+        same_shard=lambda entry: _holds(out / entry["file"], sequences, entry["first_prompt"]),
+    )
     done = {s["file"] for s in manifest["shards"] if (out / s["file"]).is_file()}
     manifest["shards"] = [s for s in manifest["shards"] if s["file"] in done]
     total = sum(len(s.ids) for s in sequences)
@@ -121,6 +133,21 @@ def build_teacher_forced_data(
         record_shard(out, manifest, name, start, entry, t0)
     bar.close()
     return finish_manifest(out, manifest)
+
+
+def _holds(path: Path, sequences: Sequence[TemplatedConversation], start: int) -> bool:
+    """Whether the shard at ``path`` (of an earlier build) holds exactly ``sequences[start:]``'s first shard's worth:
+    the same ids, lengths and assistant masks, so a larger build over the same conversations can keep it."""
+    if not path.is_file():
+        return False
+    with safe_open(str(path), framework="pt") as f:
+        lens, ids, mask = (f.get_tensor(k) for k in ("seq_lens", "input_ids", "answer_mask"))
+    chunk = sequences[start : start + lens.numel()]
+    return (
+        [len(s.ids) for s in chunk] == lens.tolist()
+        and [t for s in chunk for t in s.ids] == ids.tolist()
+        and [m for s in chunk for m in s.answer_mask] == mask.tolist()
+    )
 
 
 __all__ = ["build_teacher_forced_data", "token_batches"]

@@ -155,3 +155,44 @@ def test_a_bf16_build_is_other_data_and_an_fp32_one_keeps_its_fingerprint(setup,
         _build(model, seqs, tmp_path / "bf16")
     data = load_distillation_data(tmp_path / "bf16")
     assert torch.equal(data.input_ids, load_distillation_data(tmp_path / "fp32").input_ids)
+
+
+def test_a_larger_build_keeps_the_smaller_builds_full_shards(setup, tmp_path, monkeypatch):
+    """More conversations over a folder holding a build of their first ones (``--conversations`` raised) keep that
+    build's full shards and teacher-force only the rest (its last, partial shard is rebuilt full); the result is
+    the larger build made from scratch. A build of other conversations or settings is still refused."""
+    model, tok, source = setup
+    seqs = [templated_ids(tok, c) for c in source.train]
+    assert len(seqs) > 6
+    fresh = _build(model, seqs, tmp_path / "fresh")
+    small = _build(model, seqs[:6], tmp_path / "grown")  # shards of 4 and 2
+    first_shard = tmp_path / "grown" / small["shards"][0]["file"]
+    written = first_shard.stat().st_mtime_ns
+    forced = []
+    real = tf.teacher_forced_states
+
+    def counting(model, batch, aux_layers=()):
+        forced.extend(batch)
+        return real(model, batch, aux_layers)
+
+    monkeypatch.setattr(tf, "teacher_forced_states", counting)
+    grown = _build(model, seqs, tmp_path / "grown")
+    assert sorted(map(tuple, forced)) == sorted(tuple(s.ids) for s in seqs[4:])  # the kept shard's 4 are not redone
+    assert first_shard.stat().st_mtime_ns == written
+    assert grown["fingerprint"] == fresh["fingerprint"] and grown["complete"]
+    assert grown["grown_from"] == {"fingerprint": small["fingerprint"], "num_prompts": 6, "shards_kept": 1}
+    a, b = load_distillation_data(tmp_path / "fresh"), load_distillation_data(tmp_path / "grown")
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.target_next, b.target_next)
+    assert torch.equal(a.answer_mask, b.answer_mask) and torch.equal(a.seq_bounds, b.seq_bounds)
+    torch.testing.assert_close(a.hidden, b.hidden)
+    refused = [
+        (model, seqs[1:7], {}),  # other conversations first
+        (model, seqs, {"hidden_dtype": torch.float16}),  # other settings
+        (copy.deepcopy(model).to(torch.bfloat16), seqs, {}),  # another target dtype
+    ]
+    for i, (target, more, kw) in enumerate(refused):
+        folder = tmp_path / f"refused{i}"
+        _build(model, seqs[:6] if i else seqs[:5], folder)
+        with pytest.raises(ValueError, match="other prompts or generation settings"):
+            tf.build_teacher_forced_data(target, more, folder, shard_size=4, tokens_per_batch=64, progress=False,
+                                         **{"hidden_dtype": torch.float32, **kw})  # fmt: skip
