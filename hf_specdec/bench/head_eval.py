@@ -272,13 +272,12 @@ def load_bench_answers(folder: str | Path) -> tuple[DistillationData, list[str]]
 
 
 # ---------------------------------------------------------------------------------------------------- command line
-SHIPPED = SHIPPED_HEADS  # head_type -> the shipped head of that kind
-HEAD_CLASSES = {name: shipped.head_class for name, shipped in SHIPPED.items()}  # config.json's head_type -> class
+HEAD_CLASSES = {name: shipped.head_class for name, shipped in SHIPPED_HEADS.items()}  # config.json's head_type -> class
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``hf-specdec eval-heads``."""
-    shipped = ",".join(name for name, head in SHIPPED.items() if head.ships())
+    shipped = ",".join(name for name, head in SHIPPED_HEADS.items() if head.ships())
     parser.add_argument("--heads", default=shipped, help=f"comma-separated shipped heads (default: {shipped})")
     parser.add_argument(
         "--head-dir", action="append", default=[], metavar="NAME=FOLDER", help="also a head saved in FOLDER"
@@ -299,9 +298,9 @@ def _heads(args: argparse.Namespace) -> dict[str, torch.nn.Module]:
 
     heads = {}
     for name in filter(None, args.heads.split(",")):
-        if name not in SHIPPED:
-            raise UsageError(f"--heads: unknown head {name!r}; expected some of {', '.join(SHIPPED)}")
-        heads[name] = SHIPPED[name].load()
+        if name not in SHIPPED_HEADS:
+            raise UsageError(f"--heads: unknown head {name!r}; expected some of {', '.join(SHIPPED_HEADS)}")
+        heads[name] = SHIPPED_HEADS[name].load()
     for spec in args.head_dir:
         name, sep, folder = spec.partition("=")
         if not sep or not Path(folder, "config.json").is_file():
