@@ -260,6 +260,32 @@ def test_paused_row_probes_again_and_resumes_when_drafts_pay():
     assert budgeter.summary()["probes"] >= 1
 
 
+def test_a_row_confident_on_every_third_token_keeps_proposing_between_them():
+    """Pausing is decided on the running mean of a row's net value of proposing, not on one step: a head sure of
+    every third token (and of nothing in between) pays for its passes on the other two, so it is never paused and
+    drafts on its confident steps; a head sure of nothing is paused within a few steps."""
+    cost = measured(cpu_curve)
+
+    def run(confident):
+        budgeter = TreeBudgeter(cost, explore_every=10**9)
+        budgeter.propose_seconds = 0.001  # 5% of a plain step: pausing can pay
+        drafted = []
+        for step in range(60):
+            cap = budgeter.depth_cap(0, 1)
+            sure = confident(step)
+            tree, scores = chain(0.95 if sure else 0.01, cap)
+            k = budgeter.cut([RowCandidates(0, tree, scores if cap else None)])[0].num_nodes
+            drafted.append((sure, cap, k))
+            budgeter.record_verdicts([list(range(k)) if sure else []])
+        return budgeter, drafted
+
+    budgeter, drafted = run(lambda step: step % 3 == 0)
+    assert budgeter.summary()["paused"] == 0, drafted
+    assert sum(k > 0 for sure, _, k in drafted if sure) == 20, drafted
+    budgeter, drafted = run(lambda step: False)
+    assert [cap for _, cap, _ in drafted[10:]].count(0) >= 40, f"a row whose drafts never pay must pause: {drafted}"
+
+
 def test_a_paying_row_grows_its_depth_one_level_per_step_when_proposing_costs():
     """A costly assistant is asked for one level more than the deepest node the budget kept last step: levels the
     budget cuts away are not expanded, and a row whose deep nodes pay reaches the full depth level by level."""
