@@ -11,7 +11,8 @@ never scores below its child). The budgeter
 3. predicts each ``K``'s step time from the measured cost curve (`StepCostModel`: verify forward of ``B + K`` packed
    tokens, the assistant's proposing time, the loop's bookkeeping) and keeps the ``K`` with the best
    ``E(K) / time(K)``. ``K = 0`` — drafting nothing, a plain decoding step through the same loop — is always an
-   option and wins unless drafting is predicted to be faster by ``margin``,
+   option and wins unless drafting is predicted to be faster by ``margin``. The proposing time is spent by the time
+   of the cut, so it counts for every ``K``, ``0`` included: whether proposing pays at all is item 5's question,
 4. now and then verifies the next larger size the cost curve has not measured yet, if it is predicted to lose at
    most ``1 - explore_tolerance`` of the best rate, so that a machine where big trees are cheap (a GPU) finds out;
    the next size above the best is verified whatever its prediction when it was measured too few times, long ago
@@ -509,7 +510,9 @@ class TreeBudgeter:
         merged = sorted(((probs[b][i], b) for b, o in enumerate(order) for i in o), key=itemgetter(0), reverse=True)
         merged = [m for m in merged if m[0] > 0.0]
         gains = [p for p, _ in merged]
-        rate = self.predicted_rates(rows, gains, stop_below=0.75 * self.explore_tolerance, fixed=fixed)
+        # the proposing time is spent by now: the cut weighs the nodes' verify cost alone (`_net_values` prices
+        # the proposing, and pauses a row whose proposals do not pay for themselves)
+        rate = self.predicted_rates(rows, gains, stop_below=0.75 * self.explore_tolerance, fixed=fixed, sunk=True)
         best = max(range(len(rate)), key=lambda k: (rate[k], -k))
         if best and rate[best] < rate[0] * (1.0 + self.margin):
             best = 0
@@ -544,16 +547,17 @@ class TreeBudgeter:
         return values
 
     def predicted_rates(
-        self, rows: int, gains: Sequence[float], stop_below: float = 0.0, fixed: int = 0
+        self, rows: int, gains: Sequence[float], stop_below: float = 0.0, fixed: int = 0, sunk: bool = False
     ) -> list[float]:
         """``rate[K]``: predicted tokens per second when the ``K`` nodes with acceptance probabilities ``gains[:K]``
-        are verified together with ``rows`` roots (``rate[0]`` = drafting nothing, no proposing time). With
-        ``stop_below`` > 0 the list ends once the rate falls below that fraction of the best so far (``gains`` are
-        non-increasing and the cost grows, so larger ``K`` only lose more). ``fixed`` nodes are verified anyway."""
+        are verified together with ``rows`` roots (``rate[0]`` = drafting nothing, no proposing time unless
+        ``sunk``: the step's trees are drafted already, so drafting nothing pays for them too). With ``stop_below``
+        > 0 the list ends once the rate falls below that fraction of the best so far (``gains`` are non-increasing
+        and the cost grows, so larger ``K`` only lose more). ``fixed`` nodes are verified anyway."""
         curve = self.cost.curve()
         other = self.cost.other_seconds(rows)
         propose = self.propose_seconds or 0.0
-        rates = [rows / (curve(rows + fixed) + other + (propose if fixed else 0.0))]
+        rates = [rows / (curve(rows + fixed) + other + (propose if fixed or sunk else 0.0))]
         best, expected = rates[0], float(rows)
         for k, g in enumerate(gains, start=1):
             expected += g
