@@ -131,7 +131,8 @@ def machine(run: Run) -> str:
     device = str(meta.get("device", "an unknown device"))
     parts = ["a CPU " + device[4:] if device.startswith("cpu (") else device]
     if meta.get("threads"):
-        parts.append(f"{meta['threads']} torch threads")
+        threads = int(meta["threads"])
+        parts.append(f"{threads} torch thread{'' if threads == 1 else 's'}")
     if meta.get("transformers"):
         parts.append(f"transformers {meta['transformers']}")
     return ", ".join(parts)
