@@ -27,8 +27,9 @@ never scores below its child). The budgeter
    proposing) would have produced in plain steps; a row is paused once the running mean of that value turns
    negative. A head confident on every other token thus keeps proposing through the steps it drafts nothing
    (pausing at the first such step lost the confident steps after it: on the 2-core CPU the EAGLE head drafted
-   nothing on 74% of steps, τ 1.15, against 51%, τ 1.34, without pauses). A row of a free proposer (prompt lookup) keeps proposing and is probed on the same schedule while it drafts nothing:
-   calibration learns only from verified nodes, so without probes a few early rejections would stop it for good,
+   nothing on 74% of steps, τ 1.15, against 51%, τ 1.34, without pauses). A row of a free proposer (prompt
+   lookup) keeps proposing and is probed on the same schedule while it drafts nothing: calibration learns only
+   from verified nodes, so without probes a few early rejections would stop it for good,
 6. while proposing costs something, lets a row draft one level deeper than the deepest node of its last cut
    (`depth_cap`), so an assistant that pays per level (EAGLE's head passes, a draft model's forwards) does not
    expand levels the budget keeps cutting away; the depth grows by one per step while the deepest nodes are kept.
