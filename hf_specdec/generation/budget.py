@@ -593,7 +593,7 @@ class TreeBudgeter:
             neighbour = False
         return best
 
-    def _gate(self, row: int, k: int, has_candidates: bool, value: float = 0.0) -> int:
+    def _gate(self, row: int, k: int, has_candidates: bool, value: float) -> int:
         """Pause / resume ``row`` after its decision ``k`` and its net value of proposing this step (`_net_values`);
         a probing row verifies at least its best node."""
         gate = self._gates.setdefault(row, _RowGate())
@@ -608,7 +608,7 @@ class TreeBudgeter:
         if gate.paused and gate.value >= 0.0:  # proposing pays on average again
             gate.paused, gate.idle, gate.interval = False, 0, 0
             return k
-        if k > 0:  # a paused row's best nodes pay this step: verified, and it is asked again soon
+        if k > 0:  # verified; a row still paused (its mean below zero) is asked again soon
             gate.idle, gate.interval = 0, self.probe_every if gate.paused else 0
             return k
         if probing:
