@@ -158,7 +158,7 @@ def _key_or_none(model: torch.nn.Module) -> dict | None:
         return None
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
     """``text`` into ``path`` through a temporary file in the same folder and `os.replace` (readers never see half)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -172,13 +172,14 @@ def _write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def _warn_once(folder: Path, err: OSError) -> None:
+def warn_unwritable(folder: Path, err: OSError) -> None:
+    """Log, once per process and folder, that the cache cannot be written there (what is learnt stays in memory)."""
     if str(folder) in _WARNED:
         return
     _WARNED.add(str(folder))
     logger.warning(
-        "hf_specdec: cannot write the tree budget's cost curve to %s (%s); it is kept in memory for this process "
-        "only. Set %s to a writable folder, or to 0 to turn the cache off.",
+        "hf_specdec: cannot write what the tree budget learnt (cost curves, GEMM forms) to %s (%s); it is kept in "
+        "memory for this process only. Set %s to a writable folder, or to 0 to turn the cache off.",
         folder, err, ENV_VAR,
     )  # fmt: skip
 
@@ -228,9 +229,9 @@ class CurveFile:
                 return False
             payload = {"key": self.key, "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "state": cost.state()}
             try:
-                _write_atomically(self.path, json.dumps(payload))
+                write_atomically(self.path, json.dumps(payload))
             except OSError as err:
-                _warn_once(self.path.parent, err)
+                warn_unwritable(self.path.parent, err)
                 return False
             return True
 

@@ -30,6 +30,7 @@ from transformers.generation import (
 
 from .budget import TreeBudgeter, carried_calibration, keep_calibration
 from .cost_model import cost_model_for, save_learnt_curve
+from .gemm_cache import load_gemm_choices, save_gemm_choices
 from .inputs import check_generator, prompt_starts, validate_call
 from .logits import NodeScorer
 from .proposers import as_proposer
@@ -231,6 +232,7 @@ def _run(
     returns = bool(generation_config.return_dict_in_generate)
     if hf_specdec_streamer is not None:
         hf_specdec_streamer.put(input_ids.cpu())
+    load_gemm_choices()  # the GEMM forms an earlier process measured here (read once per process)
     with PlannedModel(model, keep_packed=keep_packed) as target:
         call = _Call(
             model=model,
@@ -258,6 +260,7 @@ def _run(
             _cut_to_vanilla_length(rows)
             call.stats.packed_weight_bytes = target.packed_bytes()
             save_learnt_curve(call.budget.cost)  # for the next process on this machine (throttled; never raises)
+            save_gemm_choices()  # likewise
             if tree_budget is True:
                 keep_calibration(model, call.budget.calibration)
         finally:

@@ -163,8 +163,9 @@ def _packed_forward(module: nn.Linear, model: nn.Module):
 
 # The GEMM forms of a linear layer over a few rows, and which one is fastest here, measured per
 # (out, in, rows, bias, threads, packing allowed): the first `TUNE_TRIALS` calls of each form are timed, then the
-# one with the lowest median is kept for the process. On a 2-core AMD EPYC VM, `W @ x.T` ran SmolLM2's lm_head
-# (49152 x 576) over 2-4 rows in 6-8 ms against 21-38 ms for `F.linear`; on other CPUs the packed GEMM wins.
+# one with the lowest median is kept for the process, and saved for later processes on this machine (`gemm_cache`).
+# On a 2-core AMD EPYC VM, `W @ x.T` ran SmolLM2's lm_head (49152 x 576) over 2-4 rows in 6-8 ms against 21-38 ms
+# for `F.linear`; on other CPUs the packed GEMM wins.
 TUNE_TRIALS = 3
 TUNE_MAX_ROWS = 64  # verify forwards of draft trees; above, MKL-packed when allowed, else F.linear
 _GEMM_CHOICE: dict[tuple, str] = {}
@@ -202,6 +203,33 @@ def _fastest_gemm(x2: torch.Tensor, weight: torch.Tensor, bias, can_pack: bool) 
         _GEMM_CHOICE[key] = min(forms, key=lambda f: statistics.median(trials[f]))
         _GEMM_TRIALS.pop(key, None)
     return out
+
+
+def measured_gemm_forms() -> dict[tuple, str]:
+    """The forms chosen so far, keyed ``(out, in, rows, bias, threads, packing allowed)`` (what `gemm_cache` saves)."""
+    return dict(_GEMM_CHOICE)
+
+
+def adopt_gemm_forms(forms: dict[tuple, str]) -> int:
+    """Take choices measured earlier on this machine (`gemm_cache`: another process) for the keys this process has
+    not chosen yet, so that their forms are not timed again; an entry that is no valid key and form is skipped.
+    Returns how many were taken."""
+    taken = 0
+    for key, form in forms.items():
+        if not _valid_choice(key, form) or key in _GEMM_CHOICE:
+            continue
+        _GEMM_CHOICE[key] = form
+        _GEMM_TRIALS.pop(key, None)
+        taken += 1
+    return taken
+
+
+def _valid_choice(key, form) -> bool:
+    if not (isinstance(key, tuple) and len(key) == 6 and isinstance(form, str) and form in GEMM_FORMS):
+        return False
+    out, inp, rows, has_bias, threads, can_pack = key
+    ints = all(type(v) is int and v > 0 for v in (out, inp, rows, threads))
+    return ints and type(has_bias) is bool and type(can_pack) is bool and (can_pack or form != "packed")
 
 
 def gemm_choices() -> dict[str, str]:
