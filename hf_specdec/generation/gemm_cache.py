@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from .cost_cache import SAVE_EVERY_S, cache_folder, machine_key, warn_unwritable, write_atomically
-from .packed_linears import adopt_gemm_forms, measured_gemm_forms
+from .packed_linears import adopt_gemm_forms, is_gemm_choice, measured_gemm_forms
 
 FORMAT = 1  # bump when the file's layout or the meaning of a choice changes
 _LOCK = threading.Lock()
@@ -56,7 +56,7 @@ def choices_file() -> Path | None:
 
 
 def _read(path: Path) -> dict[tuple, str]:
-    """The choices in ``path`` when it exists, parses and holds this machine's key; else none."""
+    """The valid choices in ``path`` when it exists, parses and holds this machine's key; else none."""
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -65,7 +65,7 @@ def _read(path: Path) -> dict[tuple, str]:
         return {}
     forms = {}
     for entry in payload["forms"]:
-        if isinstance(entry, list) and len(entry) == 7:
+        if isinstance(entry, list) and len(entry) == 7 and is_gemm_choice(tuple(entry[:6]), entry[6]):
             forms[tuple(entry[:6])] = entry[6]
     return forms
 

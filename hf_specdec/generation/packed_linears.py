@@ -216,7 +216,7 @@ def adopt_gemm_forms(forms: dict[tuple, str]) -> int:
     Returns how many were taken."""
     taken = 0
     for key, form in forms.items():
-        if not _valid_choice(key, form) or key in _GEMM_CHOICE:
+        if not is_gemm_choice(key, form) or key in _GEMM_CHOICE:
             continue
         _GEMM_CHOICE[key] = form
         _GEMM_TRIALS.pop(key, None)
@@ -224,7 +224,9 @@ def adopt_gemm_forms(forms: dict[tuple, str]) -> int:
     return taken
 
 
-def _valid_choice(key, form) -> bool:
+def is_gemm_choice(key, form) -> bool:
+    """Whether ``key``, ``form`` is a choice `_fastest_gemm` could have made: ``(out, in, rows, bias, threads,
+    packing allowed)`` with positive ints and bools, and a form of `GEMM_FORMS` ("packed" only where allowed)."""
     if not (isinstance(key, tuple) and len(key) == 6 and isinstance(form, str) and form in GEMM_FORMS):
         return False
     out, inp, rows, has_bias, threads, can_pack = key

@@ -78,6 +78,12 @@ def test_a_file_of_another_machine_or_invalid_entries_are_not_used(cache, monkey
     new_process(monkeypatch)
     assert gemm_cache.load_gemm_choices() == 1
     assert cpu_linear.measured_gemm_forms() == {KEY_PACKED: "packed"}
+    cpu_linear._GEMM_CHOICE[KEY_STOCK] = "linear"
+    assert gemm_cache.save_gemm_choices(force=True), "a file with invalid entries is rewritten with the valid ones"
+    assert sorted(map(tuple, json.loads(path.read_text())["forms"])) == [
+        (*KEY_STOCK, "linear"),
+        (*KEY_PACKED, "packed"),
+    ]
 
     payload["key"]["machine"]["cpu"] = "another CPU"
     path.write_text(json.dumps(payload))
