@@ -8,7 +8,8 @@ model (2-core Xeon, fp32) that makes a 4-row forward cost ~1.5x a 1-row forward 
 negligible; it is what kept trees on this machine at one or two nodes (docs/results.md).
 
 `packed_linears(model)` removes that cost: inside the block, every plain `nn.Linear` of the model whose input has
-2 to `TUNE_MAX_ROWS` rows runs the GEMM form measured fastest on this machine for its shape and row count
+2 to `TUNE_MAX_ROWS` rows runs the GEMM form measured fastest on this machine for its shape and row count (above 8
+rows, for its bucket of row counts: `tuning_rows`)
 (`_fastest_gemm`: `F.linear`, weight-major ``W @ x.T``, or, from `MIN_ROWS` rows, ``torch.ops.mkl._mkl_linear`` on a
 copy of its weight packed once with MKL's ``cblas_sgemm_pack``, kept per weight tensor and version until the weight
 is freed or changed). One row keeps `F.linear`, so single-token decoding runs exactly the kernels of stock
@@ -162,7 +163,7 @@ def _packed_forward(module: nn.Linear, model: nn.Module):
 
 
 # The GEMM forms of a linear layer over a few rows, and which one is fastest here, measured per
-# (out, in, rows, bias, threads, packing allowed): the first `TUNE_TRIALS` calls of each form are timed, then the
+# (out, in, rows (`tuning_rows`), bias, threads, packing allowed): the first `TUNE_TRIALS` calls of each form are timed, then the
 # one with the lowest median is kept for the process, and saved for later processes on this machine (`gemm_cache`).
 # On a 2-core AMD EPYC VM, `W @ x.T` ran SmolLM2's lm_head (49152 x 576) over 2-4 rows in 6-8 ms against 21-38 ms
 # for `F.linear`; on other CPUs the packed GEMM wins.
@@ -171,6 +172,17 @@ TUNE_MAX_ROWS = 64  # verify forwards of draft trees; above, MKL-packed when all
 _GEMM_CHOICE: dict[tuple, str] = {}
 _GEMM_TRIALS: dict[tuple, dict[str, list[float]]] = {}
 _TUNING_CALLS = [0]  # GEMMs run as timed trials so far (a forward that ran one is not a fair sample of its cost)
+
+
+def tuning_rows(rows: int) -> int:
+    """The row count whose measured choice serves a GEMM over ``rows`` rows: ``rows`` itself up to 8, then the next
+    of four steps per doubling (10, 12, ..., 16, 20, ..., 32, 40, ..., 64, 80, ...). The forms' relative speeds change
+    smoothly with the rows, and a tree budget meets most counts up to 64: timing each one's forms ran in up to half
+    the verify steps of a batch of four's first calls (benchmarks/batch_rows_steps.py)."""
+    if rows <= 8:
+        return rows
+    step = 1 << (rows.bit_length() - 3)  # 9-16: 2, 17-32: 4, 33-64: 8, ... (a power of two is its bucket's top)
+    return -(-rows // step) * step
 
 
 def tuning_calls() -> int:
@@ -189,7 +201,8 @@ def _fastest_gemm(x2: torch.Tensor, weight: torch.Tensor, bias, can_pack: bool) 
     """`[rows, out]` ``F.linear(x2, weight, bias)`` of `[rows, in]` ``x2`` through the form measured fastest for this
     shape and row count (see above)."""
     forms = GEMM_FORMS if can_pack else tuple(f for f in GEMM_FORMS if f != "packed")
-    key = (weight.shape[0], weight.shape[1], x2.shape[0], bias is not None, torch.get_num_threads(), can_pack)
+    rows = tuning_rows(x2.shape[0])  # the choice measured for nearby row counts serves this one
+    key = (weight.shape[0], weight.shape[1], rows, bias is not None, torch.get_num_threads(), can_pack)
     form = _GEMM_CHOICE.get(key)
     if form is not None:
         return _gemm(form, x2, weight, bias)

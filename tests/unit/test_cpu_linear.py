@@ -251,3 +251,21 @@ def test_planned_forwards_say_when_the_gemm_tuner_ran_inside_them():
             target.commit_trees([row], [torch.tensor([0])])
             flags.append(out.tuned)
     assert flags[0] and not flags[-1] and flags == sorted(flags, reverse=True), flags
+
+
+def test_row_counts_above_eight_share_a_choice_per_bucket():
+    """Up to 8 rows each count is timed on its own; above, nearby counts share one measured choice (four buckets per
+    doubling), so a tree budget that meets every count from 2 to 64 times 19 of them, not 63."""
+    assert [cpu_linear.tuning_rows(r) for r in (2, 8, 9, 10, 11, 16, 17, 20, 21, 33, 64)] == [
+        2, 8, 10, 10, 12, 16, 20, 20, 24, 40, 64,
+    ]  # fmt: skip
+    assert len({cpu_linear.tuning_rows(r) for r in range(2, cpu_linear.TUNE_MAX_ROWS + 1)}) == 19
+    net = _net()
+    x9, x10 = torch.randn(9, 24), torch.randn(10, 24)
+    expected = net(x9)
+    with torch.no_grad(), packed_linears(net, enabled=True):
+        for _ in range(3 * cpu_linear.TUNE_TRIALS):
+            net(x10)
+        before = cpu_linear.tuning_calls()
+        torch.testing.assert_close(net(x9), expected, rtol=1e-5, atol=1e-5)
+        assert cpu_linear.tuning_calls() == before, "9 rows use the choice timed on 10"
