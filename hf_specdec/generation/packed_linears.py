@@ -162,8 +162,8 @@ def _packed_forward(module: nn.Linear, model: nn.Module):
     return forward
 
 
-# The GEMM forms of a linear layer over a few rows, and which one is fastest here, measured per
-# (out, in, rows (`tuning_rows`), bias, threads, packing allowed): the first `TUNE_TRIALS` calls of each form are timed, then the
+# The GEMM forms of a linear layer over a few rows, and which one is fastest here, measured per (out, in, rows
+# (`tuning_rows`), bias, threads, packing allowed): the first `TUNE_TRIALS` calls of each form are timed, then the
 # one with the lowest median is kept for the process, and saved for later processes on this machine (`gemm_cache`).
 # On a 2-core AMD EPYC VM, `W @ x.T` ran SmolLM2's lm_head (49152 x 576) over 2-4 rows in 6-8 ms against 21-38 ms
 # for `F.linear`; on other CPUs the packed GEMM wins.
