@@ -101,10 +101,14 @@ def main() -> None:
                         f.unlink()
                 runs[kind].append(run_child(folder, args))
                 print(pair, kind, runs[kind][-1]["cpu_s"], "CPU s", flush=True)
+    import torch
+
+    from hf_specdec.generation.cost_cache import machine_key
+
     record = {
         "what": "CPU seconds of a new process's calls, with / without the GEMM forms saved by an earlier process",
         "machine": platform.processor() or platform.machine(),
-        "cpu": _cpu_name(),
+        "cpu": machine_key([torch.device("cpu")])["cpu"],
         "method": args.method,
         "max_new_tokens": args.max_new_tokens,
         "prompts": list(PROMPTS),
@@ -119,12 +123,6 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
-
-
-def _cpu_name() -> str:
-    from hf_specdec.generation.cost_cache import _cpu_name as name
-
-    return name()
 
 
 if __name__ == "__main__":

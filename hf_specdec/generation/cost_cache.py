@@ -158,7 +158,7 @@ def _key_or_none(model: torch.nn.Module) -> dict | None:
         return None
 
 
-def write_atomically(path: Path, text: str) -> None:
+def _write_atomically(path: Path, text: str) -> None:
     """``text`` into ``path`` through a temporary file in the same folder and `os.replace` (readers never see half)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -170,6 +170,26 @@ def write_atomically(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def read_state(path: Path, key: dict) -> dict | None:
+    """The ``state`` a cache file holds (``{"key": ..., "saved": ..., "state": {...}}``) when it exists, parses and
+    holds ``key`` itself; else None."""
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(payload, dict) or payload.get("key") != key:
+        return None
+    state = payload.get("state")
+    return state if isinstance(state, dict) else None
+
+
+def write_state(path: Path, key: dict, state: dict) -> None:
+    """Write ``state`` under ``key`` into the cache file ``path``, atomically (`read_state` reads it); OSError when
+    the folder cannot be written."""
+    payload = {"key": key, "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "state": state}
+    _write_atomically(path, json.dumps(payload))
 
 
 def warn_unwritable(folder: Path, err: OSError) -> None:
@@ -200,14 +220,7 @@ class CurveFile:
 
     def read(self) -> dict | None:
         """The saved curve when the file exists, parses and holds this very key; else None."""
-        try:
-            payload = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        if not isinstance(payload, dict) or payload.get("key") != self.key:
-            return None
-        state = payload.get("state")
-        return state if isinstance(state, dict) else None
+        return read_state(self.path, self.key)
 
     def due(self, clock: int, force: bool = False) -> bool:
         """Whether a curve at sample clock ``clock`` is to be written now: it has samples the file lacks, and this
@@ -227,9 +240,8 @@ class CurveFile:
             self.saved_at, self.saved_clock = time.monotonic(), clock
             if _key_or_none(model) != self.key:
                 return False
-            payload = {"key": self.key, "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "state": cost.state()}
             try:
-                write_atomically(self.path, json.dumps(payload))
+                write_state(self.path, self.key, cost.state())
             except OSError as err:
                 warn_unwritable(self.path.parent, err)
                 return False

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from .cost_cache import SAVE_EVERY_S, cache_folder, machine_key, warn_unwritable, write_atomically
+from .cost_cache import SAVE_EVERY_S, cache_folder, machine_key, read_state, warn_unwritable, write_state
 from .packed_linears import adopt_gemm_forms, is_gemm_choice, measured_gemm_forms
 
 FORMAT = 1  # bump when the file's layout or the meaning of a choice changes
@@ -57,14 +57,10 @@ def choices_file() -> Path | None:
 
 def _read(path: Path) -> dict[tuple, str]:
     """The valid choices in ``path`` when it exists, parses and holds this machine's key; else none."""
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(payload, dict) or payload.get("key") != _file_key() or not isinstance(payload.get("forms"), list):
-        return {}
+    state = read_state(path, _file_key()) or {}
+    entries = state.get("forms")
     forms = {}
-    for entry in payload["forms"]:
+    for entry in entries if isinstance(entries, list) else ():
         if isinstance(entry, list) and len(entry) == 7 and is_gemm_choice(tuple(entry[:6]), entry[6]):
             forms[tuple(entry[:6])] = entry[6]
     return forms
@@ -87,23 +83,19 @@ def save_gemm_choices(force: bool = False) -> bool:
     form) and this process's last write is `cost_cache.SAVE_EVERY_S` old (``force``: whatever its age); returns
     whether it wrote. Never raises for an unwritable folder."""
     with _LOCK:
-        path = choices_file()
-        forms = measured_gemm_forms()
-        known = _STATE["saved"]
-        if path is None or all(known.get(k) == form for k, form in forms.items()):
-            return False
         last = _STATE["saved_at"]
         if not force and last is not None and time.monotonic() - last < SAVE_EVERY_S:
             return False
+        path = choices_file()
+        if path is None:
+            return False
+        forms, known = measured_gemm_forms(), _STATE["saved"]
+        if all(known.get(k) == form for k, form in forms.items()):
+            return False
         merged = {**_read(path), **forms}
         _STATE["saved_at"], _STATE["saved"] = time.monotonic(), merged
-        payload = {
-            "key": _file_key(),
-            "saved": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "forms": [[*key, form] for key, form in sorted(merged.items())],
-        }
         try:
-            write_atomically(path, json.dumps(payload))
+            write_state(path, _file_key(), {"forms": [[*key, form] for key, form in sorted(merged.items())]})
         except OSError as err:
             warn_unwritable(path.parent, err)
             return False

@@ -58,7 +58,7 @@ def test_a_process_keeps_what_it_measured_itself_and_merges_the_file(cache, monk
     assert gemm_cache.load_gemm_choices() == 0
     assert cpu_linear.measured_gemm_forms()[KEY_PACKED] == "linear"
     assert gemm_cache.save_gemm_choices(force=True)
-    saved = json.loads(gemm_cache.choices_file().read_text())["forms"]
+    saved = json.loads(gemm_cache.choices_file().read_text())["state"]["forms"]
     assert sorted(map(tuple, saved)) == sorted([(*KEY_PACKED, "linear"), (*KEY_STOCK, "linear")])
 
 
@@ -67,7 +67,7 @@ def test_a_file_of_another_machine_or_invalid_entries_are_not_used(cache, monkey
     assert gemm_cache.save_gemm_choices()
     path = gemm_cache.choices_file()
     payload = json.loads(path.read_text())
-    payload["forms"] += [
+    payload["state"]["forms"] += [
         [576, 1536, 3, False, 1, False, "packed"],  # packed where packing was not allowed
         [576, 1536, 4, False, 1, False, "fastest"],  # no such form
         [576, "1536", 5, False, 1, False, "linear"],  # not a shape
@@ -80,7 +80,7 @@ def test_a_file_of_another_machine_or_invalid_entries_are_not_used(cache, monkey
     assert cpu_linear.measured_gemm_forms() == {KEY_PACKED: "packed"}
     cpu_linear._GEMM_CHOICE[KEY_STOCK] = "linear"
     assert gemm_cache.save_gemm_choices(force=True), "a file with invalid entries is rewritten with the valid ones"
-    assert sorted(map(tuple, json.loads(path.read_text())["forms"])) == [
+    assert sorted(map(tuple, json.loads(path.read_text())["state"]["forms"])) == [
         (*KEY_STOCK, "linear"),
         (*KEY_PACKED, "packed"),
     ]
