@@ -31,10 +31,10 @@ from .labels import (
     draft_vocabulary,
     head_positions,
     spread_sample,
-    token_targets,
     window_positions,
     window_starts,
 )
+from .online_states import OnlineTeacherForcing, online_report, split_source, step_data, with_states
 from .run import REPORT_NAME, HeldOutSplit, RunConfig, TrainingRun, check_mixed_precision, start_head_training
 from .shards import DistillationData
 
@@ -192,18 +192,21 @@ def evaluate_dflash(head: DFlashHead, data: DistillationData, seq_ids: torch.Ten
 
 
 # ---------------------------------------------------------------------------------------------------- training
-def _fresh_head(model, data: DistillationData, train_seqs: torch.Tensor, cfg: DFlashTrainingConfig):
+def _fresh_head(
+    model, data: DistillationData, online: OnlineTeacherForcing | None, train_seqs: torch.Tensor, cfg
+) -> tuple[DFlashHead, torch.Tensor | None, float]:
     """``(head, draft vocabulary [V'] or None, its share of the answer labels)``: a fresh head reading the layers the
-    data hold (else `default_feature_layers`, which the data must then hold: refused otherwise), its layers copied
-    from the target's where ``cfg.init_layer`` says so."""
+    data hold (online: the layers ``online`` computes; else `default_feature_layers`, which the data must then hold:
+    refused otherwise), its layers copied from the target's where ``cfg.init_layer`` says so."""
     vocab, coverage = None, 1.0
     vocab_size = base_model_dims(model)[1]
     if cfg.draft_vocab and cfg.draft_vocab < vocab_size:
         vocab, coverage = draft_vocabulary(data, head_positions(data, train_seqs), cfg.draft_vocab)
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    layers = data.aux_layers or default_feature_layers(int(config.num_hidden_layers))
+    held = online.aux_layers if online is not None else data.aux_layers
+    layers = held or default_feature_layers(int(config.num_hidden_layers))
     head = DFlashHead.for_model(model, cfg.num_layers, cfg.block_size, draft_vocab=vocab, aux_layers=list(layers))
-    data.features(head.feature_layers)  # refuses data without the head's layers
+    with_states(data, online, train_seqs[:1])[0].features(head.feature_layers)  # refuses data without the layers
     if cfg.init_layer is not None:
         head.copy_target_layers(model, cfg.init_layer)
     return head, vocab, coverage
@@ -211,7 +214,7 @@ def _fresh_head(model, data: DistillationData, train_seqs: torch.Tensor, cfg: DF
 
 def train_dflash(
     model: torch.nn.Module,
-    data: DistillationData,
+    data: DistillationData | OnlineTeacherForcing,
     out_dir: str | Path,
     cfg: DFlashTrainingConfig | None = None,
     *,
@@ -224,7 +227,9 @@ def train_dflash(
 
     Args:
         model: the target (frozen; its embeddings and lm_head are read).
-        data: self-distillation data for ``model`` with ``aux_layers`` = the head's feature layers.
+        data: self-distillation data for ``model`` with ``aux_layers`` = the head's feature layers, or teacher-forced
+            conversations whose states (those layers') the target computes at every step (`OnlineTeacherForcing`:
+            nothing stored).
         out_dir: output folder: ``checkpoints/``, ``head/``, ``training_report.json``.
         cfg: hyper-parameters; resume: continue from the latest checkpoint (same settings); progress: tqdm bars.
         device: where the head trains (default: the target's); the returned head is on the CPU.
@@ -232,32 +237,36 @@ def train_dflash(
         ``(head, report)``.
     """
     cfg = cfg or DFlashTrainingConfig()
+    data, online = split_source(data)  # online: the ids and masks, states computed per step
     out, train_seqs, eval_seqs, lm_weight, device = start_head_training(model, data, out_dir, cfg, device)
     vocab_size = int(lm_weight.shape[0])
-    head, vocab, coverage = _fresh_head(model, data, train_seqs, cfg)
+    head, vocab, coverage = _fresh_head(model, data, online, train_seqs, cfg)
     head = head.to(device).train()
     for p in model.parameters():
         p.requires_grad_(False)
-    labels = token_targets(data, lm_weight, vocab if vocab is not None else torch.arange(vocab_size))
+    vocab_ids = vocab if vocab is not None else torch.arange(vocab_size)
+    batch_of = step_data(data, online, lm_weight, vocab_ids, head.num_depths)  # a block reads D tokens on
     starts = window_starts(data, train_seqs, cfg.window)
     split = HeldOutSplit(train_seqs, eval_seqs, starts, torch.zeros(0, dtype=torch.long))
     same = ("num_layers", "block_size", "window", "draft_vocab", "seed", "soft_labels", "init_layer")
     run, total = TrainingRun.start(out, cfg, head, "head", starts.shape[0], resume, same)
     gen = torch.Generator().manual_seed(cfg.seed + 17)
-    rows = lm_weight[vocab if vocab is not None else slice(None)].to(device, torch.float32) if cfg.soft_labels else None
+    rows = lm_weight[vocab_ids].to(device, torch.float32) if cfg.soft_labels else None
+    held_out, held_ids = with_states(data, online, eval_seqs)  # online: the held-out states, computed once
 
-    def loss_of(batch: torch.Tensor) -> torch.Tensor:
-        return dflash_loss(head, data, labels, batch, cfg, gen, rows)[0]
+    def loss_of(windows: torch.Tensor) -> torch.Tensor:
+        return dflash_loss(head, *batch_of(windows), cfg, gen, rows)[0]
 
     def evaluate() -> dict:
-        return evaluate_dflash(head, data, eval_seqs, cfg.eval_positions) if eval_seqs.numel() else {}
+        return evaluate_dflash(head, held_out, held_ids, cfg.eval_positions) if eval_seqs.numel() else {}
 
     before, after = run.train(starts, total, loss_of, evaluate, desc="dflash head", metric="chain_tau",
                               progress=progress)  # fmt: skip
     head.to("cpu").eval()
     report = run.report(data, split, before, after)
     report.update(device=str(device), draft_vocab=None if vocab is None else int(vocab.numel()),
-                  draft_vocab_answer_coverage=round(coverage, 4), train_windows=int(starts.shape[0]))  # fmt: skip
+                  draft_vocab_answer_coverage=round(coverage, 4), train_windows=int(starts.shape[0]),
+                  **online_report(online))  # fmt: skip
     head.model_card = {
         "training_data": report["training_data"],
         "held_out_chain_tau": (after or {}).get("chain_tau"),

