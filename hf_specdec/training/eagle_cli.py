@@ -198,19 +198,12 @@ def train_eagle_main(args: argparse.Namespace) -> int:
     """Build (or reuse) the data, train, tune the tree, save ``OUT/head`` and print the held-out figures."""
     from ..heads.eagle import eagle3_feature_layers
     from .eagle import EagleTrainingConfig, train_eagle, tune_eagle_tree
-    from .shards import load_distillation_data
 
     out = Path(args.out)
     model, tokenizer = _target(args)
-    layers = eagle3_feature_layers(model) if args.version == 3 else ()
-    if args.online:
-        data = _online_data(args, model, tokenizer, layers)
-    else:
-        folders = training_data(args, model, tokenizer, layers)
-        if args.data_only:
-            print(f"data built in {', '.join(map(str, folders))}")
-            return 0
-        data = load_distillation_data(folders, with_aux=args.version == 3, max_tokens=args.data_tokens)
+    data = _command_data(args, model, tokenizer, eagle3_feature_layers(model) if args.version == 3 else ())
+    if data is None:  # --data-only
+        return 0
     cfg = EagleTrainingConfig(version=args.version, unroll=args.unroll, init_layer=args.init_layer, **_schedule(args))
     init = _init_head(args.init_head)
     head, report = train_eagle(model, data, out, cfg, resume=args.resume, device=args.device, init_head=init)
@@ -221,6 +214,21 @@ def train_eagle_main(args: argparse.Namespace) -> int:
     held = report.get("held_out") or {}
     print(f"EAGLE head saved to {out / 'head'}: held-out top-1 {held.get('top1')}, top-4 {held.get('top4')}")
     return 0
+
+
+def _command_data(args: argparse.Namespace, model, tokenizer, layers):
+    """What ``train eagle`` and ``train dflash`` train on, the states of ``layers`` (target layer ids; () = the
+    final states alone) included: ``--online``'s conversations (`_online_data`), else the folders of
+    `training_data` read into memory (cut at ``--data-tokens``); None after ``--data-only`` built them."""
+    from .shards import load_distillation_data
+
+    if args.online:
+        return _online_data(args, model, tokenizer, layers)
+    folders = training_data(args, model, tokenizer, layers)
+    if args.data_only:
+        print(f"data built in {', '.join(map(str, folders))}")
+        return None
+    return load_distillation_data(folders, with_aux=bool(layers), max_tokens=args.data_tokens)
 
 
 def _online_data(args: argparse.Namespace, model, tokenizer, layers):
@@ -238,20 +246,13 @@ def train_dflash_main(args: argparse.Namespace) -> int:
     DFlash block drafter (`train_dflash`), save ``OUT/head`` and print the held-out figures."""
     from ..heads.dflash import default_feature_layers
     from .dflash import DFlashTrainingConfig, train_dflash
-    from .shards import load_distillation_data
 
     out = Path(args.out)
     model, tokenizer = _target(args)
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    layers = default_feature_layers(int(config.num_hidden_layers))
-    if args.online:
-        data = _online_data(args, model, tokenizer, layers)
-    else:
-        folders = training_data(args, model, tokenizer, layers)
-        if args.data_only:
-            print(f"data built in {', '.join(map(str, folders))}")
-            return 0
-        data = load_distillation_data(folders, with_aux=True, max_tokens=args.data_tokens)
+    data = _command_data(args, model, tokenizer, default_feature_layers(int(config.num_hidden_layers)))
+    if data is None:  # --data-only
+        return 0
     cfg = DFlashTrainingConfig(num_layers=args.num_layers, block_size=args.block_size, decay=args.decay,
                                anchors_per_window=args.anchors_per_window, init_layer=args.init_layer,
                                **_schedule(args))  # fmt: skip
