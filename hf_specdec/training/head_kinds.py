@@ -153,11 +153,9 @@ def _dflash_layers(model: nn.Module) -> tuple[int, ...]:
 
 
 def _train_dflash(model, data, run_dir, cfg, resume, device, init_head):
-    if init_head is not None:
-        raise ValueError("the DFlash trainer trains a fresh head: it takes no init_head")
     from .dflash import train_dflash
 
-    return train_dflash(model, data, run_dir, cfg, resume=resume, progress=False, device=device)
+    return train_dflash(model, data, run_dir, cfg, resume=resume, progress=False, device=device, init_head=init_head)
 
 
 @torch.no_grad()

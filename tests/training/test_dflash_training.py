@@ -173,3 +173,55 @@ def test_draft_layers_start_as_the_targets_layers(tiny_data):
     with pytest.raises(ValueError, match=r"keeps no list of decoder layers at get_decoder\(\)\.layers"):
         head.copy_target_layers(renamed, 0)
     assert all(torch.equal(v, head.state_dict()[k]) for k, v in before.items())  # nothing copied
+
+
+def test_fine_tuning_starts_from_the_given_head_and_leaves_it_as_it_is(tiny_data, tmp_path):
+    """``init_head``: the run starts from the head's weights (held-out scores before training are the head's own),
+    keeps its draft vocabulary, and the passed head is left untouched; a head of another shape is refused."""
+    from hf_specdec.training.dflash import evaluate_dflash
+
+    model, data, _ = tiny_data
+    cfg = DFlashTrainingConfig(block_size=4, window=32, anchors_per_window=8, positions_per_step=8, max_steps=30,
+                               lr=3e-3, warmup_steps=3, draft_vocab=40, eval_fraction=0.15, eval_every=0,
+                               checkpoint_every=0)  # fmt: skip
+    first, report = train_dflash(model, data, tmp_path / "first", cfg, progress=False)
+    first = first.bind(model)
+    kept = {k: v.clone() for k, v in first.state_dict().items()}
+    tuned, again = train_dflash(model, data, tmp_path / "again", DFlashTrainingConfig(**{**cfg.__dict__, "lr": 1e-3}),
+                                progress=False, init_head=first)  # fmt: skip
+    assert again["held_out_before"] == report["held_out"]  # it started where the first run ended
+    assert all(torch.equal(v, first.state_dict()[k]) for k, v in kept.items())  # the passed head untouched
+    assert torch.equal(tuned.d2t, first.d2t) and again["draft_vocab"] == 40
+    assert not torch.equal(tuned.fc.weight, first.fc.weight)  # and it trained
+    held = evaluate_dflash(tuned.bind(model), data, torch.arange(data.seq_bounds.shape[0]), 256)
+    assert held["positions"] > 0
+    assert "fine-tuned" in tuned.model_card["notes"]
+    for bad, match in ((dict(num_layers=2), "draft layer"), (dict(draft_vocab=32), "drafts over 40"),
+                       (dict(block_size=3), "block_size=4"), (dict(init_layer=-1), "one or the other")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            train_dflash(model, data, tmp_path / f"bad{len(match)}", DFlashTrainingConfig(**{**cfg.__dict__, **bad}),
+                         progress=False, init_head=first)  # fmt: skip
+
+
+def test_cli_fine_tunes_the_shipped_or_a_saved_head(tiny_data, tmp_path, monkeypatch):
+    """``train dflash --init-head FOLDER`` fine-tunes that head; ``shipped`` names the package's DFlash head; a folder
+    without a head is refused before any model loads."""
+    from hf_specdec.cli import build_parser, main
+    from hf_specdec.models import SHIPPED_HEAD_DIRS
+    from hf_specdec.training import eagle_cli
+
+    model, data, _ = tiny_data
+    args = build_parser().parse_args(["train", "dflash", "--out", "x", "--init-head", "shipped"])
+    eagle_cli.check_train_dflash_arguments(args)
+    assert args.init_head == str(SHIPPED_HEAD_DIRS["dflash"])
+    monkeypatch.setattr(eagle_cli, "_target", lambda args: (model, None))
+    common = ["--data", str(data.folder), "--block-size", "4", "--window", "32", "--max-steps", "2",
+              "--draft-vocab", "40", "--anchors-per-window", "4"]  # fmt: skip
+    assert main(["train", "dflash", "--out", str(tmp_path / "a"), *common]) == 0
+    assert main(["train", "dflash", "--out", str(tmp_path / "b"), *common, "--init-head", str(tmp_path / "a" / "head")]) == 0
+    report = json.loads((tmp_path / "b" / "training_report.json").read_text())
+    first = json.loads((tmp_path / "a" / "training_report.json").read_text())
+    assert report["held_out_before"] == first["held_out"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "dflash", "--out", str(tmp_path / "c"), "--init-head", str(tmp_path)])
+    assert exit_.value.code == 2 and not (tmp_path / "c").exists()

@@ -57,6 +57,8 @@ CASES = [
     (["train", "eagle", "--out", "x", "--init-layer", "-1", "--init-head", "shipped"], ["--init-layer", "--init-head"]),
     (["train", "eagle", "--out", "x", "--online", "--data", "sharegpt", "--data-mode", "self"], ["--online", "fixed"]),
     (["train", "dflash", "--out", "x", "--online", "--data", "sharegpt", "--data-only"], ["--online", "--data-only"]),
+    (["train", "dflash", "--out", "x", "--init-head", "no/such"], ["--init-head", "no/such", "DFlashHead"]),
+    (["train", "dflash", "--out", "x", "--init-layer", "-1", "--init-head", "shipped"], ["--init-layer", "--init-head"]),
     # an --out that cannot be made or written (a file in the way, a path under a file, /proc) fails before loading
     (["train", "medusa", "--out", "/dev/null"], ["--out", "/dev/null", "a file is there"]),
     (["train", "medusa", "--out", "/dev/null/heads"], ["--out", "/dev/null/heads", "cannot create", "write to"]),
