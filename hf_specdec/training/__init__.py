@@ -5,9 +5,9 @@ out of every prompt; `conversations`: ShareGPT; `text_sources`: real text instal
 built from it (`chat_template`, `template_prompts`, `task_prompts`), the target answering them or read over fixed text
 (`target_states`), the folders that come out (`distillation_data`, `default_data`, `task_data`, `conversation_data`,
 `teacher_forced`), how they are stored and read (`shards`), and the labels the trainers read from them (`labels`);
-`online_states` stores nothing and runs the target at every training step instead (EAGLE's online training).
-Then the trainers: `run` holds what every trainer shares (held-out split, schedule, checkpoints and resume, the step
-loop), `medusa` trains Medusa-1 heads with the base model frozen, `medusa_tree` picks their static tree from held-out
+`online_states` stores nothing and runs the target at every training step instead (EAGLE's and DFlash's online
+training). Then the trainers: `run` holds what every trainer shares (held-out split, schedule, checkpoints and resume,
+the step loop), `step_inputs` what a step reads from stored or online data alike, `medusa` trains Medusa-1 heads with the base model frozen, `medusa_tree` picks their static tree from held-out
 acceptance and `step_cost` (what a step with an n-node tree costs on this machine). Every trainer's command line
 (``hf-specdec train <kind>``) has one shape, `trainer_cli`'s: each kind registers a `TrainerCommand` next to its trainer
 (`medusa_cli`, `mlp_speculator`, `eagle_cli` for eagle and dflash), collected in `TRAINER_COMMANDS`.

@@ -48,7 +48,7 @@ from .labels import (
     window_positions,
     window_starts,
 )
-from .online_states import OnlineTeacherForcing, online_report, split_source, step_data, with_states
+from .online_states import OnlineTeacherForcing
 from .run import (
     REPORT_NAME,
     HeldOutSplit,
@@ -59,6 +59,7 @@ from .run import (
     trainable_copy,
 )
 from .shards import DistillationData
+from .step_inputs import online_report, split_source, step_data, with_states
 
 HEAD_DIR = "head"
 FEATURE_SAMPLE_SEQUENCES = 16  # online data: the sequences the input features' spread is measured on

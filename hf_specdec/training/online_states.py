@@ -23,13 +23,12 @@ more tokens than the text holds (`computed_tokens` counts them); with windows as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
 from .chat_template import TemplatedConversation
-from .labels import token_targets
 from .shards import DistillationData
 from .target_states import teacher_forced_states
 from .teacher_forced import token_batches
@@ -151,55 +150,4 @@ class OnlineTeacherForcing:
         )
 
 
-# ---------------------------------------------------------------------------------------------------- trainers' side
-# What a trainer taking stored data or `OnlineTeacherForcing` in one argument needs, written once for every kind.
-StepData = Callable[[torch.Tensor], tuple[DistillationData, torch.Tensor, torch.Tensor]]
-
-
-def split_source(data: DistillationData | OnlineTeacherForcing) -> tuple[DistillationData, OnlineTeacherForcing | None]:
-    """``(tokens, online)``: stored data as they are and None, or the online data's ids and masks (states computed per
-    step: `DistillationData` with ``hidden`` `[N, 0]`) and the online data."""
-    if isinstance(data, OnlineTeacherForcing):
-        return data.tokens, data
-    return data, None
-
-
-def step_data(
-    data: DistillationData,
-    online: OnlineTeacherForcing | None,
-    lm_weight: torch.Tensor,
-    vocab: torch.Tensor,
-    lookahead: int,
-) -> StepData:
-    """``windows -> (data, labels, windows)``: what a training step's loss reads for its ``(start, end)`` windows
-    `[B, 2]`. Stored data: the data, their `token_targets` over the draft vocabulary ``vocab`` `[V']` (computed
-    once) and the windows as they are; ``online``: the prefixes the windows read with the target's states
-    (`OnlineTeacherForcing.window_data`, ``lookahead`` tokens past each window), their labels and the windows
-    re-indexed into them."""
-    if online is None:
-        labels = token_targets(data, lm_weight, vocab)  # [N]
-        return lambda windows: (data, labels, windows)
-
-    def computed(windows: torch.Tensor) -> tuple[DistillationData, torch.Tensor, torch.Tensor]:
-        part, moved = online.window_data(windows, lookahead)
-        return part, token_targets(part, lm_weight, vocab), moved
-
-    return computed
-
-
-def with_states(
-    data: DistillationData, online: OnlineTeacherForcing | None, seq_ids: torch.Tensor
-) -> tuple[DistillationData, torch.Tensor]:
-    """``(data, ids [S'])``: the sequences ``seq_ids`` `[S']` with the target's states: stored data and the ids as
-    they are, or online those sequences computed now, as data of their own (the held-out set, once; a sample)."""
-    if online is None or not seq_ids.numel():
-        return data, seq_ids
-    return online.sequences_data(seq_ids), torch.arange(seq_ids.numel())
-
-
-def online_report(online: OnlineTeacherForcing | None) -> dict:
-    """The training report's fields of an online run (none for stored data)."""
-    return {} if online is None else {"online": True, "target_forward_tokens": online.computed_tokens}
-
-
-__all__ = ["OnlineTeacherForcing", "StepData", "online_report", "split_source", "step_data", "with_states"]
+__all__ = ["OnlineTeacherForcing"]
