@@ -122,7 +122,7 @@ def test_init_head_shipped_names_the_packaged_head(monkeypatch):
     monkeypatch.setattr("hf_specdec.cli.TRAINER_COMMANDS", (stand_in,))  # `train eagle` runs the stand-in
     assert main(["train", "eagle", "--out", "x", "--init-head", "shipped"]) == 0
     assert seen["init"] == str(EAGLE.folder)
-    head = eagle_cli._init_head(seen["init"])
+    head = eagle_cli._init_head(seen["init"], "eagle")
     assert torch.equal(head.fc.weight, EAGLE.load().fc.weight) and head is not EAGLE.load()
 
 
