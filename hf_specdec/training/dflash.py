@@ -30,6 +30,7 @@ from ..heads.hub import base_model_dims
 from .labels import (
     draft_vocabulary,
     head_positions,
+    label_coverage,
     spread_sample,
     window_positions,
     window_starts,
@@ -205,7 +206,7 @@ def _head_to_train(
     model, data: DistillationData, online: OnlineTeacherForcing | None, train_seqs: torch.Tensor, cfg, init_head
 ) -> tuple[DFlashHead, torch.Tensor | None, float]:
     """``(head, draft vocabulary [V'] or None, its share of the answer labels)``: a trainable copy of ``init_head``
-    bound to ``model`` (its shape must be the config's, its layers the data's), else `_fresh_head`."""
+    bound to ``model`` (its shape must be the config's), else `_fresh_head`."""
     if init_head is None:
         return _fresh_head(model, data, online, train_seqs, cfg)
     if cfg.init_layer is not None:
@@ -219,20 +220,18 @@ def _head_to_train(
     if cfg.draft_vocab and draft != min(cfg.draft_vocab, init_head.vocab_size):
         raise ValueError(f"the head to fine-tune drafts over {draft} tokens, the config asks for {cfg.draft_vocab}")
     head = trainable_copy(init_head, list(model.modules()), block_size=cfg.block_size).bind(model)
-    with_states(data, online, train_seqs[:1])[0].features(head.feature_layers)  # refuses data without its layers
     if head.d2t is None:
         return head, None, 1.0
     vocab = head.draft_to_token(torch.arange(head.d2t.numel()))  # [V']
-    labelled = data.next_tokens()[head_positions(data, train_seqs) + 1]
-    return head, vocab, float(torch.isin(labelled, vocab).float().mean())
+    return head, vocab, label_coverage(data, head_positions(data, train_seqs), vocab)
 
 
 def _fresh_head(
     model, data: DistillationData, online: OnlineTeacherForcing | None, train_seqs: torch.Tensor, cfg
 ) -> tuple[DFlashHead, torch.Tensor | None, float]:
     """``(head, draft vocabulary [V'] or None, its share of the answer labels)``: a fresh head reading the layers the
-    data hold (online: the layers ``online`` computes; else `default_feature_layers`, which the data must then hold:
-    refused otherwise), its layers copied from the target's where ``cfg.init_layer`` says so."""
+    data hold (online: the layers ``online`` computes; else `default_feature_layers`, which `train_dflash` then
+    checks the data hold), its layers copied from the target's where ``cfg.init_layer`` says so."""
     vocab, coverage = None, 1.0
     vocab_size = base_model_dims(model)[1]
     if cfg.draft_vocab and cfg.draft_vocab < vocab_size:
@@ -241,7 +240,6 @@ def _fresh_head(
     held = online.aux_layers if online is not None else data.aux_layers
     layers = held or default_feature_layers(int(config.num_hidden_layers))
     head = DFlashHead.for_model(model, cfg.num_layers, cfg.block_size, draft_vocab=vocab, aux_layers=list(layers))
-    with_states(data, online, train_seqs[:1])[0].features(head.feature_layers)  # refuses data without the layers
     if cfg.init_layer is not None:
         head.copy_target_layers(model, cfg.init_layer)
     return head, vocab, coverage
@@ -279,6 +277,7 @@ def train_dflash(
     out, train_seqs, eval_seqs, lm_weight, device = start_head_training(model, data, out_dir, cfg, device)
     vocab_size = int(lm_weight.shape[0])
     head, vocab, coverage = _head_to_train(model, data, online, train_seqs, cfg, init_head)
+    with_states(data, online, train_seqs[:1])[0].features(head.feature_layers)  # refuses data without its layers
     head = head.to(device).train()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -289,7 +288,8 @@ def train_dflash(
     same = ("num_layers", "block_size", "window", "draft_vocab", "seed", "soft_labels", "init_layer")
     run, total = TrainingRun.start(out, cfg, head, "head", starts.shape[0], resume, same)
     gen = torch.Generator().manual_seed(cfg.seed + 17)
-    rows = lm_weight[vocab_ids].to(device, torch.float32) if cfg.soft_labels else None
+    teacher = lm_weight[vocab if vocab is not None else slice(None)]  # [V', H]: no copy of a full-vocabulary lm_head
+    rows = teacher.to(device, torch.float32) if cfg.soft_labels else None
     held_out, held_ids = with_states(data, online, eval_seqs)  # online: the held-out states, computed once
 
     def loss_of(windows: torch.Tensor) -> torch.Tensor:

@@ -44,6 +44,7 @@ from ..heads.eagle import EagleHead
 from .labels import (
     draft_vocabulary,
     head_positions,
+    label_coverage,
     spread_sample,
     window_positions,
     window_starts,
@@ -374,8 +375,7 @@ def _head_to_train(
     positions = head_positions(data, train_seqs)  # [P]
     if init_head is not None:
         head, vocab = _continued(init_head, model, cfg)
-        labelled = data.next_tokens()[positions + 1]
-        return head, vocab, float(torch.isin(labelled, vocab).float().mean()) if vocab is not None else 1.0
+        return head, vocab, label_coverage(data, positions, vocab) if vocab is not None else 1.0
     vocab, coverage = None, 1.0
     if cfg.draft_vocab and cfg.draft_vocab < int(data.manifest["vocab_size"]):
         vocab, coverage = draft_vocabulary(data, positions, cfg.draft_vocab)

@@ -74,14 +74,18 @@ def _add_task_data_arguments(parser: argparse.ArgumentParser) -> None:
     add_data_source_arguments(parser)
 
 
-def _add_init_arguments(parser: argparse.ArgumentParser, head_class: str) -> None:
-    """``--init-head`` and ``--init-layer``, which the EAGLE and the DFlash commands share: how the head starts."""
+_HEAD_CLASS = {"eagle": "EagleHead", "dflash": "DFlashHead"}  # what --init-head of each command loads
+
+
+def _add_init_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
+    """``--init-head`` and ``--init-layer``, which the EAGLE and the DFlash commands share: how a head of ``kind``
+    (``eagle``, ``dflash``) starts."""
     parser.add_argument(
         "--init-head",
         default=None,
         metavar="FOLDER|shipped",
-        help=f"fine-tune this head (a saved {head_class} folder, or 'shipped': the package's head for the default "
-        "model) instead of starting from a fresh one; its shape and draft vocabulary are kept",
+        help=f"fine-tune this head (a saved {_HEAD_CLASS[kind]} folder, or 'shipped': the package's head for the "
+        "default model) instead of starting from a fresh one; its shape and draft vocabulary are kept",
     )
     parser.add_argument(
         "--init-layer",
@@ -113,7 +117,7 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--soft-labels", action="store_true", help="token loss against the target's distribution, not its arg-max"
     )
-    _add_init_arguments(parser, "EagleHead")
+    _add_init_arguments(parser, "eagle")
     parser.add_argument(
         "--no-tune-tree", action="store_true", help="skip measuring the step cost for the tree size"
     )  # as medusa's and mlp-speculator's; --no-tune, its older spelling, still works (hidden)
@@ -127,7 +131,7 @@ def add_train_dflash_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=8, help="tokens one block drafts, the anchor included")
     parser.add_argument("--anchors-per-window", type=int, default=16, help="blocks trained per window")
     parser.add_argument("--decay", type=float, default=4.0, help="depth d's loss weight is exp(-(d - 1) / decay)")
-    _add_init_arguments(parser, "DFlashHead")
+    _add_init_arguments(parser, "dflash")
     parser.add_argument(
         "--soft-labels",
         action=argparse.BooleanOptionalAction,
@@ -301,9 +305,6 @@ def _check_online_and_init(args: argparse.Namespace, kind: str) -> None:
     elif args.init_head is not None and not (Path(args.init_head) / "config.json").is_file():
         raise UsageError(f"--init-head {args.init_head}: no saved {_HEAD_CLASS[kind]} there (config.json); pass one "
                          "or 'shipped'")  # fmt: skip
-
-
-_HEAD_CLASS = {"eagle": "EagleHead", "dflash": "DFlashHead"}  # what --init-head of each command loads
 
 
 def _init_head(folder: str | None, kind: str):

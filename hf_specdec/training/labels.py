@@ -57,6 +57,12 @@ def draft_vocabulary(data: DistillationData, positions: torch.Tensor, size: int)
     return top, float(counts[top].sum() / counts.sum().clamp(min=1))
 
 
+def label_coverage(data: DistillationData, positions: torch.Tensor, vocab: torch.Tensor) -> float:
+    """The share of the first-guess labels of ``positions`` `[P]` (as `draft_vocabulary` counts them) that the draft
+    vocabulary ``vocab`` `[V']` holds: what a fine-tuned head's kept vocabulary covers of new data."""
+    return float(torch.isin(data.next_tokens()[positions + 1], vocab).float().mean())
+
+
 def medusa_labels(data: DistillationData, positions: torch.Tensor, num_heads: int) -> torch.Tensor:
     """`[n, P]` int64: the target's token t + k + 2 for head k at position t (its choice after t + k + 1, given the
     data's tokens up to there: in greedy self-distilled answers, the answer's own token t + k + 2), ``IGNORE`` where
