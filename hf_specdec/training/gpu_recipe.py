@@ -111,11 +111,13 @@ class RecipeConfig:
         eagle_window / eagle_windows_per_step / positions_per_step / draft_vocab / eagle_version: trainer shapes
             (the DFlash head trains on EAGLE's windows).
         dflash_block_size / dflash_anchors_per_window: the DFlash head's block (anchor included) and its blocks per
-            training window. It always trains from scratch.
-        init_from: ``"shipped"``: EAGLE-1 and Medusa fine-tune the heads shipped for the default model (at
-            ``fine_tune_lr``), which saw the benchmark's six task kinds that ShareGPT lacks (the first H200 run's
-            heads, trained from scratch on ShareGPT alone, lost to them on the bench's answers); the MLP
-            speculator starts fresh. ``None``: every head from scratch.
+            training window.
+        init_from: ``"shipped"``: EAGLE-1, Medusa and DFlash (at the shipped head's block, 4) fine-tune the heads
+            shipped for the default model (at ``fine_tune_lr``, keeping their draft vocabularies), which saw the
+            benchmark's six task kinds that ShareGPT lacks (the first H200 run's heads, trained from scratch on
+            ShareGPT alone, lost to them on the bench's answers; on a CPU the shipped DFlash head fine-tuned on
+            1,000 new conversations beat a fresh one trained on 1,800); the MLP speculator starts fresh. ``None``:
+            every head from scratch.
         fine_tune_lr: the learning rate of a fine-tuned head (the CPU's ShareGPT fine-tune of EAGLE used 3e-4).
         scaling: a data-scaling curve: the first head of ``heads`` also trains on these shares of the training data
             (each run named ``<head>-<share>``, e.g. ``eagle-0.25``; its data the first units in claim order, as a
@@ -658,6 +660,13 @@ def _eagle1(cfg: RecipeConfig) -> bool:  # the shipped EAGLE head is EAGLE-1
     return cfg.eagle_version == 1
 
 
+SHIPPED_DFLASH_BLOCK = 4  # the shipped DFlash head's block (anchor included); one draft layer, as the trainer's default
+
+
+def _shipped_dflash_block(cfg: RecipeConfig) -> bool:
+    return cfg.dflash_block_size == SHIPPED_DFLASH_BLOCK
+
+
 def _eagle_fields(cfg: RecipeConfig, fine_tuned: bool) -> dict:
     vocab = None if fine_tuned else cfg.draft_vocab  # a fine-tuned head keeps its draft vocabulary
     return dict(window=cfg.eagle_window, positions_per_step=cfg.eagle_windows_per_step, draft_vocab=vocab,
@@ -665,9 +674,10 @@ def _eagle_fields(cfg: RecipeConfig, fine_tuned: bool) -> dict:
 
 
 def _dflash_fields(cfg: RecipeConfig, fine_tuned: bool) -> dict:  # the DFlash head trains on EAGLE's windows
+    vocab = 0 if fine_tuned else cfg.draft_vocab  # a fine-tuned head keeps its draft vocabulary (0: not asked)
     return dict(block_size=cfg.dflash_block_size, window=cfg.eagle_window,
                 anchors_per_window=cfg.dflash_anchors_per_window, positions_per_step=cfg.eagle_windows_per_step,
-                draft_vocab=cfg.draft_vocab)  # fmt: skip
+                draft_vocab=vocab)  # fmt: skip
 
 
 def _medusa_fields(cfg: RecipeConfig, fine_tuned: bool) -> dict:
@@ -681,7 +691,7 @@ def _mlp_speculator_fields(cfg: RecipeConfig, fine_tuned: bool) -> dict:  # its 
 # one entry per head kind of `HEAD_KINDS`
 RECIPE_HEADS: dict[str, RecipeHead] = {
     "eagle": RecipeHead(_eagle_fields, reads_aux=_eagle3, from_shipped=_eagle1, train_share=0.4),
-    "dflash": RecipeHead(_dflash_fields, reads_aux=_always, from_shipped=_never, train_share=0.3),
+    "dflash": RecipeHead(_dflash_fields, reads_aux=_always, from_shipped=_shipped_dflash_block, train_share=0.3),
     "medusa": RecipeHead(_medusa_fields, reads_aux=_never, from_shipped=_always, train_share=0.15),
     "mlp_speculator": RecipeHead(_mlp_speculator_fields, reads_aux=_never, from_shipped=_never, train_share=0.15),
 }
@@ -1323,7 +1333,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", nargs="+", choices=HEADS, default=None,
                    help=f"default: {' '.join(DEFAULT_HEADS)}; dflash trains the DFlash block drafter too")  # fmt: skip
     p.add_argument("--init-from", choices=["shipped", "none"], default=None,
-                   help="'shipped' (default): EAGLE-1 and Medusa fine-tune the shipped heads; 'none': from scratch")  # fmt: skip
+                   help="'shipped' (default): EAGLE-1, Medusa and DFlash fine-tune the shipped heads; 'none': from scratch")  # fmt: skip
     p.add_argument("--sequential-train", action="store_true", help="the trainers one after the other")
     p.add_argument("--parallel-train", action="store_true", help="the trainers side by side (the default on a GPU)")
     p = sub.add_parser("worker-data")

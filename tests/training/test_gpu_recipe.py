@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import hf_specdec  # noqa: F401  (routes generate(assistant=...))
+from hf_specdec.heads.dflash import default_feature_layers
 from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm, tiny_chat_tokenizer
 from hf_specdec.training import gpu_recipe
 from hf_specdec.training.conversations import Conversation, ConversationSet, Turn, held_out
@@ -284,13 +285,23 @@ def test_heads_save_from_a_checkout_that_pip_never_installed(tiny, tmp_path, mon
     assert config["hf_specdec_version"] == hf_specdec.__version__
 
 
-def test_eagle_and_medusa_fine_tune_the_shipped_heads_by_default(tiny, tmp_path):
+def test_eagle_medusa_and_dflash_fine_tune_the_shipped_heads_by_default(tiny, tmp_path):
     """The first H200 run's heads, trained from scratch on ShareGPT alone, lost to the shipped ones on the bench's
-    answers: by default EAGLE-1 and Medusa start from the shipped heads, at the fine-tuning rate, keeping their draft
-    vocabulary; the speculator's trainer cannot fine-tune and starts fresh; another model must ask for scratch."""
+    answers: by default EAGLE-1, Medusa and DFlash start from the shipped heads, at the fine-tuning rate, keeping
+    their draft vocabulary; the speculator's trainer cannot fine-tune and starts fresh; another model must ask for
+    scratch."""
     cfg = RecipeConfig()
-    assert [gpu_recipe.fine_tunes(n, cfg) for n in ("eagle", "medusa", "mlp_speculator")] == [True, True, False]
+    kinds = ("eagle", "medusa", "dflash", "mlp_speculator")
+    assert [gpu_recipe.fine_tunes(n, cfg) for n in kinds] == [True, True, True, False]
     assert not gpu_recipe.fine_tunes("eagle", RecipeConfig(eagle_version=3))  # the shipped head is EAGLE-1
+    assert not gpu_recipe.fine_tunes("dflash", RecipeConfig(dflash_block_size=8))  # the shipped block is 4
+    dflash_cfg = gpu_recipe._trainer_config("dflash", cfg, 10)
+    assert dflash_cfg.lr == cfg.fine_tune_lr and dflash_cfg.draft_vocab == 0
+    shipped_dflash = gpu_recipe._shipped_head("dflash", cfg)
+    assert shipped_dflash.block_size == cfg.dflash_block_size == dflash_cfg.block_size
+    assert len(shipped_dflash.layers) == dflash_cfg.num_layers
+    # the layers the recipe stores for a fresh DFlash head on the default model (30 layers) are the shipped head's
+    assert shipped_dflash.aux_layers == default_feature_layers(30)
     eagle_cfg = gpu_recipe._trainer_config("eagle", cfg, 10)
     assert eagle_cfg.lr == cfg.fine_tune_lr and eagle_cfg.draft_vocab is None
     assert gpu_recipe._trainer_config("eagle", RecipeConfig(init_from=None), 10).lr == 1e-3
