@@ -674,7 +674,7 @@ def _eagle_fields(cfg: RecipeConfig, fine_tuned: bool) -> dict:
 
 
 def _dflash_fields(cfg: RecipeConfig, fine_tuned: bool) -> dict:  # the DFlash head trains on EAGLE's windows
-    vocab = 0 if fine_tuned else cfg.draft_vocab  # a fine-tuned head keeps its draft vocabulary (0: not asked)
+    vocab = None if fine_tuned else cfg.draft_vocab  # a fine-tuned head keeps its draft vocabulary
     return dict(block_size=cfg.dflash_block_size, window=cfg.eagle_window,
                 anchors_per_window=cfg.dflash_anchors_per_window, positions_per_step=cfg.eagle_windows_per_step,
                 draft_vocab=vocab)  # fmt: skip

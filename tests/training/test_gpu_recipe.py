@@ -296,7 +296,7 @@ def test_eagle_medusa_and_dflash_fine_tune_the_shipped_heads_by_default(tiny, tm
     assert not gpu_recipe.fine_tunes("eagle", RecipeConfig(eagle_version=3))  # the shipped head is EAGLE-1
     assert not gpu_recipe.fine_tunes("dflash", RecipeConfig(dflash_block_size=8))  # the shipped block is 4
     dflash_cfg = gpu_recipe._trainer_config("dflash", cfg, 10)
-    assert dflash_cfg.lr == cfg.fine_tune_lr and dflash_cfg.draft_vocab == 0
+    assert dflash_cfg.lr == cfg.fine_tune_lr and dflash_cfg.draft_vocab is None
     shipped_dflash = gpu_recipe._shipped_head("dflash", cfg)
     assert shipped_dflash.block_size == cfg.dflash_block_size == dflash_cfg.block_size
     assert len(shipped_dflash.layers) == dflash_cfg.num_layers
