@@ -46,6 +46,7 @@ class _Registered:
     factory: Callable[[], Proposer]
     description: str
     requires: Callable[[], bool] | None
+    heads: tuple[str, ...]
 
 
 _REGISTRY: dict[str, _Registered] = {}  # in preference order: best first
@@ -57,6 +58,7 @@ def register_default_assistant(
     *,
     description: str,
     requires: Callable[[], bool] | None = None,
+    heads: tuple[str, ...] = (),
 ) -> None:
     """Add a ready-made assistant for the default model under ``name``.
 
@@ -70,6 +72,8 @@ def register_default_assistant(
         description: one line for ``--help``, the benchmark report and the demo.
         requires: returns True when the assets the factory needs (e.g. trained heads inside the package) are present;
             None when it needs none.
+        heads: the kinds of shipped head (``SHIPPED_HEADS`` keys) the factory drafts with, which `heads_from_folders`
+            replaces (`assistant_heads`); empty for an assistant without a shipped head.
     """
     if not isinstance(name, str) or not name or "," in name or name != name.strip():
         raise ValueError(f"assistant names are non-empty strings without commas or outer spaces, got {name!r}")
@@ -77,7 +81,10 @@ def register_default_assistant(
         raise ValueError(f"a default assistant named {name!r} is already registered; pick another name")
     if not callable(factory) or (requires is not None and not callable(requires)):
         raise TypeError(f"register_default_assistant({name!r}): factory and requires must be callables")
-    _REGISTRY[name] = _Registered(factory, description, requires)
+    unknown = [kind for kind in heads if kind not in SHIPPED_HEADS]
+    if isinstance(heads, str) or unknown:
+        raise ValueError(f"register_default_assistant({name!r}): heads is a tuple of {', '.join(SHIPPED_HEADS)}")
+    _REGISTRY[name] = _Registered(factory, description, requires, tuple(heads))
 
 
 def available_assistants() -> list[str]:
@@ -98,6 +105,12 @@ def _registered(name: str) -> _Registered:
 def describe_assistant(name: str) -> str:
     """The one-line description ``name`` was registered with (ValueError listing the names if unknown)."""
     return _registered(name).description
+
+
+def assistant_heads(name: str) -> tuple[str, ...]:
+    """The kinds of shipped head the ready-made assistant ``name`` drafts with (``("eagle",)`` for ``ngram+eagle``;
+    ValueError listing the names if unknown)."""
+    return _registered(name).heads
 
 
 def load_default_assistant(name: str = DEFAULT_ASSISTANT) -> Proposer:
@@ -250,6 +263,7 @@ register_default_assistant(
     description="FallbackAssistant: prompt lookup (NgramAssistant) where it finds a match, else the shipped Medusa "
     "heads",
     requires=MEDUSA.ships,
+    heads=("medusa",),
 )
 register_default_assistant(
     "ngram", NgramAssistant, description="NgramAssistant: prompt lookup over token trees (no trained weights)"
@@ -259,18 +273,21 @@ register_default_assistant(
     _medusa,
     description="MedusaAssistant with the shipped Medusa-1 heads drafting a candidate tree the tree budget sizes",
     requires=MEDUSA.ships,
+    heads=("medusa",),
 )
 register_default_assistant(
     "eagle",
     _eagle,
     description="EagleAssistant: the shipped EAGLE-1/2 head drafting EAGLE-2 dynamic trees",
     requires=EAGLE.ships,
+    heads=("eagle",),
 )
 register_default_assistant(
     "ngram+eagle",
     _with_ngram(_eagle),
     description="FallbackAssistant: prompt lookup (NgramAssistant) where it finds a match, else the shipped EAGLE head",
     requires=EAGLE.ships,
+    heads=("eagle",),
 )
 register_default_assistant(
     "mlp_speculator",
@@ -278,6 +295,7 @@ register_default_assistant(
     description="MLPSpeculatorAssistant: the shipped MLP speculator (IBM accelerator architecture) drafting trimmed "
     "product trees",
     requires=MLP_SPECULATOR.ships,
+    heads=("mlp_speculator",),
 )
 register_default_assistant(
     "dflash",
@@ -285,6 +303,7 @@ register_default_assistant(
     description="DFlashAssistant: the shipped DFlash block drafter drafting DDTrees (one block of per-depth "
     "distributions, best paths first)",
     requires=DFLASH.ships,
+    heads=("dflash",),
 )
 register_default_assistant(
     "ngram+dflash",
@@ -292,6 +311,7 @@ register_default_assistant(
     description="FallbackAssistant: prompt lookup (NgramAssistant) where it finds a match, else the shipped DFlash "
     "head",
     requires=DFLASH.ships,
+    heads=("dflash",),
 )
 register_default_assistant(
     "suffix",
@@ -304,6 +324,7 @@ register_default_assistant(
     _with_suffix(_eagle),
     description="FallbackAssistant: suffix decoding (SuffixAssistant) where it finds a match, else the shipped EAGLE head",
     requires=EAGLE.ships,
+    heads=("eagle",),
 )
 register_default_assistant(
     "suffix+medusa",
@@ -311,4 +332,5 @@ register_default_assistant(
     description="FallbackAssistant: suffix decoding (SuffixAssistant) where it finds a match, else the shipped Medusa "
     "heads",
     requires=MEDUSA.ships,
+    heads=("medusa",),
 )

@@ -7,6 +7,8 @@
     null              model.generate(ids, assistant=NullAssistant())         the loop's own overhead: drafts nothing
     hf-prompt-lookup  model.generate(ids, prompt_lookup_num_tokens=10)       transformers' prompt lookup decoding
     hf-assisted       model.generate(ids, assistant_model=draft_model)       transformers' assisted generation
+    NAME@candidate    NAME drafting with a candidate head of its kind (``bench --candidate-head KIND=FOLDER``),
+                      interleaved with NAME and the shipped head in one run (`candidate_methods`)
     arctic-suffix     model.generate(ids, assistant=ArcticSuffixAssistant())  Arctic Inference's SuffixDecoding drafts
                       (listed only where ``arctic-inference`` is installed; `hf_specdec.bench.arctic`)
 
@@ -15,10 +17,17 @@ The draft model is `hf_specdec.models.draft_model_from_layers` (the target's fir
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from ..assistants import available_assistants, describe_assistant, load_default_assistant
+from ..assistants import (
+    assistant_heads,
+    available_assistants,
+    describe_assistant,
+    heads_from_folders,
+    load_default_assistant,
+)
 from ..generation.proposers.base import Proposer, RowState
 from ..generation.tree import DraftTree
 from .arctic import ArcticSuffixAssistant, arctic_available
@@ -120,6 +129,49 @@ def available_methods() -> dict[str, Method]:
             ),
         )
     return {m.name: m for m in methods}
+
+
+CANDIDATE = "@candidate"  # suffix of a method drafting with a candidate head (`candidate_methods`)
+
+
+def _candidate_assistant(name: str, folders: Mapping[str, Path]) -> Callable[[BenchContext], dict]:
+    """The kwargs of the ready-made assistant ``name`` built with the heads saved in ``folders`` ({kind: folder})."""
+
+    def kwargs(ctx: BenchContext) -> dict:
+        with heads_from_folders(folders):  # the head is loaded (once) while the factory runs
+            return {"assistant": load_default_assistant(name)}
+
+    return kwargs
+
+
+def candidate_methods(methods: Sequence[Method], folders: Mapping[str, Path]) -> list[Method]:
+    """For each of ``methods`` that drafts with a shipped head of a kind in ``folders`` ({kind: checked folder,
+    `check_head_folders`}), its twin ``NAME@candidate`` drafting with the head saved there instead: benched in the
+    same run, interleaved prompt by prompt with the shipped head, so that a small change of a head is not lost in
+    the drift between two runs.
+
+    Raises:
+        ValueError: a kind that none of ``methods`` drafts with (nothing to compare).
+    """
+    ready_made = set(available_assistants())
+    kinds_of = {m.name: assistant_heads(m.name) for m in methods if m.name in ready_made}  # {method: head kinds}
+    unused = sorted(set(folders) - {kind for kinds in kinds_of.values() for kind in kinds})
+    if unused:
+        raise ValueError(f"no method chosen drafts with a {' or '.join(unused)} head: add one to --methods")
+    twins = []
+    for method in methods:
+        chosen = {kind: folders[kind] for kind in kinds_of.get(method.name, ()) if kind in folders}
+        if chosen:
+            twins.append(
+                Method(
+                    method.name + CANDIDATE,
+                    f"{method.description}; the candidate {', '.join(chosen)} head from "
+                    f"{', '.join(map(str, chosen.values()))}",
+                    _candidate_assistant(method.name, chosen),
+                    spec_stats=method.spec_stats,
+                )
+            )
+    return twins
 
 
 METHODS: dict[str, Method] = available_methods()  # as of import; `resolve_methods` re-reads the registry

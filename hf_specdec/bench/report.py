@@ -257,6 +257,7 @@ def markdown_report(summary: Sequence[dict], meta: dict, records: Sequence[dict]
         "questions",
         "clock",
         "heads_from",
+        "candidate_heads",
         "transformers",
         "hf_specdec",
     )

@@ -52,7 +52,7 @@ from ..generation import draft_dtype
 from ..generation.cost_model import cost_model_for
 from ..generation.packed_linears import packed_weights
 from ..testing import near_ties
-from .methods import BenchContext, Method, available_methods, quick_methods, resolve_methods
+from .methods import BenchContext, Method, available_methods, candidate_methods, quick_methods, resolve_methods
 from .questions import find_questions_file, interleave_categories, load_questions, sample_questions
 from .report import (
     budgets_by_method,
@@ -452,6 +452,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "every method built on it, e.g. eagle=runs/eagle/head for eagle and ngram+eagle (repeatable)",
     )
     parser.add_argument(
+        "--candidate-head",
+        action="append",
+        default=[],
+        metavar="KIND=FOLDER",
+        help="also bench a saved head beside the shipped one of its kind: each chosen method built on it gets a twin "
+        "NAME@candidate, interleaved prompt by prompt in the same run (an A/B of two heads; repeatable)",
+    )
+    parser.add_argument(
         "--cpu-time",
         action="store_true",
         help="time each call by this process's CPU seconds instead of wall time (a machine shared with other work; "
@@ -496,21 +504,27 @@ def _checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Set
     if args.out:
         check_out_folder(args.out, holds="results.md, results.json, results.png")
     check_device_argument(args.device)
-    args.head_folders = _head_folders(args.head_dir)
+    args.head_folders = _head_folders(args.head_dir, "--head-dir")
+    args.candidate_folders = _head_folders(args.candidate_head, "--candidate-head")
+    try:
+        methods += candidate_methods(methods, check_head_folders(args.candidate_folders))
+    except ValueError as err:
+        raise UsageError(f"--candidate-head {' '.join(args.candidate_head)}: {err}") from err
     return methods, settings, path, questions
 
 
-def _head_folders(specs: Sequence[str]) -> dict[str, str]:
-    """``--head-dir KIND=FOLDER`` values as ``{kind: folder}``, each checked (`check_head_folders`)."""
+def _head_folders(specs: Sequence[str], option: str) -> dict[str, str]:
+    """``option KIND=FOLDER`` values (``--head-dir``, ``--candidate-head``) as ``{kind: folder}``, each checked
+    (`check_head_folders`)."""
     folders = {}
     for spec in specs:
         kind, sep, folder = spec.partition("=")
         if not sep or not kind or not folder:
-            raise UsageError(f"--head-dir {spec!r}: expected KIND=FOLDER, e.g. eagle=runs/eagle/head")
+            raise UsageError(f"{option} {spec!r}: expected KIND=FOLDER, e.g. eagle=runs/eagle/head")
         try:
             check_head_folders({kind: folder})
         except ValueError as err:
-            raise UsageError(f"--head-dir {spec}: {err}") from err
+            raise UsageError(f"{option} {spec}: {err}") from err
         folders[kind] = folder
     return folders
 
@@ -656,6 +670,7 @@ def _meta(args, model_name, methods, draft_layers, total_layers, path, num_promp
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "methods": {m.name: m.description for m in methods},
         "heads_from": getattr(args, "head_folders", None) or None,  # --head-dir: heads benched instead of shipped
+        "candidate_heads": getattr(args, "candidate_folders", None) or None,  # --candidate-head: the @candidate heads
         "transformers": _version("transformers"),
         "hf_specdec": _version("hf_specdec"),
         "wall_s": time.perf_counter() - t0,

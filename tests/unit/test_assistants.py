@@ -76,6 +76,10 @@ def test_register_refuses_duplicates_bad_names_and_factories_that_build_no_assis
         registry.register_default_assistant("a,b", NgramAssistant, description="x")
     with pytest.raises(TypeError, match="must be callables"):
         registry.register_default_assistant("x", NgramAssistant(), description="x")
+    for heads in ("eagle", ("beam",)):  # a bare string is not a tuple of kinds; an unknown kind
+        with pytest.raises(ValueError, match="heads is a tuple of eagle, medusa"):
+            registry.register_default_assistant("x", NgramAssistant, description="x", heads=heads)
+    assert "x" not in registry.available_assistants()
     registry.register_default_assistant("not-an-assistant", dict, description="builds a dict")
     with pytest.raises(TypeError, match="returned dict, not a Proposer"):
         registry.load_default_assistant("not-an-assistant")

@@ -43,6 +43,12 @@ CASES = [
     (["bench", "--head-dir", "eagle=/nonexistent"], ["--head-dir", "/nonexistent", "no saved head"]),
     (["bench", "--head-dir", f"medusa={SHIPPED_HEAD_DIRS['eagle']}"], ["--head-dir", "'eagle' head, not a 'medusa'"]),
     (["bench", "--head-dir", "beam=/tmp"], ["--head-dir", "unknown head kind 'beam'", "eagle"]),
+    (["bench", "--candidate-head", "eagle"], ["--candidate-head", "'eagle'", "KIND=FOLDER"]),
+    (["bench", "--candidate-head", "dflash=/nonexistent"], ["--candidate-head", "/nonexistent", "no saved head"]),
+    (
+        ["bench", "--methods", "ngram,medusa", "--candidate-head", f"eagle={SHIPPED_HEAD_DIRS['eagle']}"],
+        ["--candidate-head", "no method chosen drafts with a eagle head", "--methods"],
+    ),
     (["train", "medusa", "--out", "x", "--threads", "0"], ["--threads", "at least 1"]),
     (["train", "medusa", "--out", "x", "--epochs", "0"], ["--epochs", "greater than 0"]),
     (["train", "medusa", "--out", "x", "--num-heads", "-1"], ["--num-heads", "at least 1", "-1"]),
