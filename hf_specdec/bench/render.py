@@ -220,9 +220,13 @@ def render_runs(runs: list[Run], page: Path, options: dict) -> str:
 
 
 def render_card(runs: list[Run], page: Path, options: dict) -> str:
-    """A model card's measured figures: the head alone and behind prompt lookup, with the run's machine and date."""
+    """A model card's measured figures: the head alone and behind prompt lookup, with the run's machine and date.
+
+    ``method=eagle@candidate``: the head ran as the candidate of an A/B run (``hf-specdec bench --candidate-head``);
+    its rows (``eagle@candidate``, ``ngram+eagle@candidate``) are shown under the method's own names, followed by
+    the rows of the head it was benched against in the same run."""
     (run,) = runs
-    method = options["method"]
+    kind, _, variant = options["method"].partition("@")
     meta = run.meta
     lines = [
         f"Measured {run.date()} on {machine(run)}: {meta.get('questions')}, greedy, {meta.get('max_new_tokens')} "
@@ -232,10 +236,14 @@ def render_card(runs: list[Run], page: Path, options: dict) -> str:
         "| method | mean accepted length τ | speedup over vanilla `generate` | median per prompt |",
         "|---|---:|---:|---:|",
     ]
-    for name in (method, f"ngram+{method}", "ngram"):
+    suffix = f"@{variant}" if variant else ""
+    shown = [(f"`{name}`", name + suffix) for name in (kind, f"ngram+{kind}")] + [("`ngram`", "ngram")]
+    if variant:  # the head it was benched against, in the same run
+        shown += [(f"`{name}`, the head it replaced", name) for name in (kind, f"ngram+{kind}")]
+    for label, name in shown:
         row = run.row(name)
         if row is not None:
-            lines.append(f"| `{name}` | {tau(row)} | {speedup(row)} | {median(row)} |")
+            lines.append(f"| {label} | {tau(row)} | {speedup(row)} | {median(row)} |")
     return "\n".join(lines)
 
 

@@ -205,3 +205,19 @@ def test_a_runs_block_shows_the_columns_it_names(tmp_path):
     assert f"| eagle | {eagle['speedup']:.2f}x | {eagle['tau']:.2f} | 0/24 | {eagle['tokens_per_s']:.1f} |" in rows
     with pytest.raises(ValueError, match="unknown runs columns \\['speed'\\]"):
         render.render_runs([run], tmp_path / "page.md", {"columns": "overall,speed"})
+
+
+def test_a_card_of_a_candidate_shows_its_rows_under_the_methods_names_then_the_head_it_replaced(tmp_path):
+    """``method=eagle@candidate``: the A/B run's ``eagle@candidate`` rows as ``eagle``, the replaced head's after."""
+    run = render.Run.load("docs/results/amd_sharegpt_eagle_batch1_seed0.json", ROOT)
+    twins = [{**r, "method": r["method"] + "@candidate", "tau": r["tau"] + 1.0} for r in run.summary
+             if r["method"] in ("eagle", "ngram+eagle")]  # fmt: skip
+    run.summary = run.summary + twins
+    text = render.render_card([run], tmp_path / "README.md", {"method": "eagle@candidate"})
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| `eagle`", "| `ngram+eagle`", "| `ngram`", "| `eagle`, the head it replaced",
+        "| `ngram+eagle`, the head it replaced",
+    ]  # fmt: skip
+    assert render.tau(run.row("eagle@candidate")) in rows[0] and render.tau(run.row("eagle")) in rows[3]
+    assert "the head it replaced" not in render.render_card([run], tmp_path / "README.md", {"method": "eagle"})

@@ -84,9 +84,13 @@ def test_shipped_card_facts_are_the_cited_runs(cls, folder):
 
     facts = cls.from_pretrained(folder).model_card
     run = json.loads((Path(__file__).parents[2] / facts["results"]).read_text())
-    method = {"MedusaHeads": "medusa", "EagleHead": "eagle", "MLPSpeculator": "mlp_speculator", "DFlashHead": "dflash"}[
+    kind = {"MedusaHeads": "medusa", "EagleHead": "eagle", "MLPSpeculator": "mlp_speculator", "DFlashHead": "dflash"}[
         cls.__name__
     ]
+    method = facts.get("method", kind)  # "eagle@candidate": the head was the candidate of an A/B run
+    assert method in (kind, f"{kind}@candidate")
+    card = (Path(folder) / "README.md").read_text(encoding="utf-8")
+    assert f"<!-- results:begin card {facts['results']} method={method} -->" in card, "the card shows another run"
     (overall,) = [s for s in run["summary"] if s["method"] == method and s["category"] == "overall"]
     assert facts["speedup"] == round(overall["speedup"], 2) and facts["tau"] == round(overall["tau"], 2)
     assert "/root/" not in json.dumps(facts)
