@@ -71,7 +71,7 @@ def register_default_assistant(
         factory: builds a fresh assistant (a `Proposer`) on every call; heavy assets may be loaded once and shared.
         description: one line for ``--help``, the benchmark report and the demo.
         requires: returns True when the assets the factory needs (e.g. trained heads inside the package) are present;
-            None when it needs none.
+            None: those of ``heads`` (none when ``heads`` is empty).
         heads: the kinds of shipped head (``SHIPPED_HEADS`` keys) the factory drafts with, which `heads_from_folders`
             replaces (`assistant_heads`); empty for an assistant without a shipped head.
     """
@@ -84,6 +84,8 @@ def register_default_assistant(
     unknown = [kind for kind in heads if kind not in SHIPPED_HEADS]
     if isinstance(heads, str) or unknown:
         raise ValueError(f"register_default_assistant({name!r}): heads is a tuple of {', '.join(SHIPPED_HEADS)}")
+    if requires is None and heads:
+        requires = lambda: all(SHIPPED_HEADS[kind].ships() for kind in heads)  # noqa: E731
     _REGISTRY[name] = _Registered(factory, description, requires, tuple(heads))
 
 
@@ -262,7 +264,6 @@ register_default_assistant(
     _with_ngram(_medusa),
     description="FallbackAssistant: prompt lookup (NgramAssistant) where it finds a match, else the shipped Medusa "
     "heads",
-    requires=MEDUSA.ships,
     heads=("medusa",),
 )
 register_default_assistant(
@@ -272,21 +273,18 @@ register_default_assistant(
     "medusa",
     _medusa,
     description="MedusaAssistant with the shipped Medusa-1 heads drafting a candidate tree the tree budget sizes",
-    requires=MEDUSA.ships,
     heads=("medusa",),
 )
 register_default_assistant(
     "eagle",
     _eagle,
     description="EagleAssistant: the shipped EAGLE-1/2 head drafting EAGLE-2 dynamic trees",
-    requires=EAGLE.ships,
     heads=("eagle",),
 )
 register_default_assistant(
     "ngram+eagle",
     _with_ngram(_eagle),
     description="FallbackAssistant: prompt lookup (NgramAssistant) where it finds a match, else the shipped EAGLE head",
-    requires=EAGLE.ships,
     heads=("eagle",),
 )
 register_default_assistant(
@@ -294,7 +292,6 @@ register_default_assistant(
     _mlp_speculator,
     description="MLPSpeculatorAssistant: the shipped MLP speculator (IBM accelerator architecture) drafting trimmed "
     "product trees",
-    requires=MLP_SPECULATOR.ships,
     heads=("mlp_speculator",),
 )
 register_default_assistant(
@@ -302,7 +299,6 @@ register_default_assistant(
     _dflash,
     description="DFlashAssistant: the shipped DFlash block drafter drafting DDTrees (one block of per-depth "
     "distributions, best paths first)",
-    requires=DFLASH.ships,
     heads=("dflash",),
 )
 register_default_assistant(
@@ -310,7 +306,6 @@ register_default_assistant(
     _with_ngram(_dflash),
     description="FallbackAssistant: prompt lookup (NgramAssistant) where it finds a match, else the shipped DFlash "
     "head",
-    requires=DFLASH.ships,
     heads=("dflash",),
 )
 register_default_assistant(
@@ -323,7 +318,6 @@ register_default_assistant(
     "suffix+eagle",
     _with_suffix(_eagle),
     description="FallbackAssistant: suffix decoding (SuffixAssistant) where it finds a match, else the shipped EAGLE head",
-    requires=EAGLE.ships,
     heads=("eagle",),
 )
 register_default_assistant(
@@ -331,6 +325,5 @@ register_default_assistant(
     _with_suffix(_medusa),
     description="FallbackAssistant: suffix decoding (SuffixAssistant) where it finds a match, else the shipped Medusa "
     "heads",
-    requires=MEDUSA.ships,
     heads=("medusa",),
 )

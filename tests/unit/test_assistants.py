@@ -151,3 +151,12 @@ def test_heads_from_folders_refuses_a_wrong_kind_or_folder_and_changes_nothing(k
     with pytest.raises(ValueError, match=words), heads_from_folders({kind: path}):
         pass
     assert hf_specdec.load_default_assistant("eagle").head is EAGLE.load()
+
+
+def test_a_registration_with_heads_is_listed_only_while_those_heads_ship(registry, monkeypatch, tmp_path):
+    from hf_specdec.assistants import EAGLE, SHIPPED_HEADS, ShippedHead
+
+    registry.register_default_assistant("test-on-eagle", NgramAssistant, description="x", heads=("eagle",))
+    assert "test-on-eagle" in registry.available_assistants()
+    monkeypatch.setitem(SHIPPED_HEADS, "eagle", ShippedHead(EAGLE.what, tmp_path / "missing", EAGLE.head_class))
+    assert "test-on-eagle" not in registry.available_assistants()
