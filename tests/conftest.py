@@ -6,7 +6,9 @@ import torch
 import hf_specdec  # noqa: F401  (registers the attention and the assistant= route)
 from hf_specdec.testing import CORE_ARCHS, tiny_causal_lm
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# scripts/test.sh runs the suite in parallel processes (pytest-xdist) and sets each one's share of the cores in
+# OMP_NUM_THREADS; a plain `pytest` run uses up to two threads.
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or max(1, min(2, os.cpu_count() or 1))))
 # No test reads or writes a cost curve learnt by another run (a developer's cache, an earlier test): budgets and
 # their reports start from the prior; tests of the cache point HF_SPECDEC_COST_CACHE at a tmp_path themselves.
 os.environ["HF_SPECDEC_COST_CACHE"] = "0"
