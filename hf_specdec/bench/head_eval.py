@@ -34,7 +34,7 @@ from ..heads.mlp_speculator import MLPSpeculator
 from ..training.dflash import dflash_block_hits
 from ..training.distillation_data import build_distillation_data
 from ..training.eagle import evaluate_eagle, unrolled_draft_logits
-from ..training.labels import head_positions
+from ..training.labels import head_positions, label_coverage
 from ..training.medusa import evaluate_medusa
 from ..training.medusa_tree import guess_matches
 from ..training.mlp_speculator import evaluate_mlp_speculator, tree_accepted_depths
@@ -131,6 +131,25 @@ def head_top1(model, head: torch.nn.Module, data: DistillationData, seq_ids: tor
     raise TypeError(f"no teacher-forced evaluation for {type(head).__name__}")
 
 
+def draft_vocabulary_ids(head: torch.nn.Module) -> torch.Tensor | None:
+    """`[V']` the token ids ``head`` drafts over (EAGLE and DFlash: ``d2t``; Medusa and the MLP speculator:
+    ``token_map``), or None for a head that drafts over the target's whole vocabulary."""
+    d2t = getattr(head, "d2t", None)
+    if d2t is not None:
+        return torch.arange(d2t.numel()) + d2t.cpu()
+    token_map = getattr(head, "token_map", None)
+    return None if token_map is None else token_map.cpu()
+
+
+def vocabulary_coverage(head: torch.nn.Module, data: DistillationData, seq_ids: torch.Tensor) -> float:
+    """The share of the answers' first-guess tokens (`head_positions` of ``seq_ids`` `[S]`) in the head's draft
+    vocabulary: the ceiling on its top-1 there (1.0 for a full-vocabulary head)."""
+    vocab = draft_vocabulary_ids(head)
+    if vocab is None:
+        return 1.0
+    return round(label_coverage(data, head_positions(data, seq_ids), vocab), 4)
+
+
 EAGLE_CHAIN_DEPTH = 5
 
 
@@ -211,9 +230,10 @@ def evaluate_heads(
     model, data: DistillationData, heads: Mapping[str, torch.nn.Module], categories: Sequence[str]
 ) -> list[dict]:
     """One row per head and category (and ``"overall"``): ``{"head", "category", "sequences", "top1"}``, where
-    ``top1`` lists the figures of `head_top1`, and ``chain`` / ``copy`` / ``elsewhere`` the `chain_summary` of all
-    its answer positions, of those where prompt lookup already drafts the target's token, and of the rest. Each head
-    is bound to ``model`` (checked against it) first."""
+    ``top1`` lists the figures of `head_top1`, ``vocab_coverage`` the `vocabulary_coverage` of the answers, and
+    ``chain`` / ``copy`` / ``elsewhere`` the `chain_summary` of all its answer positions, of those where prompt
+    lookup already drafts the target's token, and of the rest. Each head is bound to ``model`` (checked against it)
+    first."""
     if len(categories) != data.seq_bounds.shape[0]:
         raise ValueError(f"{len(categories)} categories for {data.seq_bounds.shape[0]} sequences")
     groups = {
@@ -229,7 +249,7 @@ def evaluate_heads(
             positions, accepted = chain_accepted(model, head, data, seq_ids)
             copy = copy_positions(data, positions)
             rows.append({"head": name, "category": category, "sequences": len(ids), "top1": top1,
-                         "chain": chain_summary(accepted), "copy": chain_summary(accepted[copy]),
+                         "vocab_coverage": vocabulary_coverage(head, data, seq_ids), "chain": chain_summary(accepted), "copy": chain_summary(accepted[copy]),
                          "elsewhere": chain_summary(accepted[~copy])})  # fmt: skip
     return rows
 
@@ -237,7 +257,7 @@ def evaluate_heads(
 def format_table(rows: Sequence[dict]) -> str:
     """Two markdown tables: a row per head, a column per category (the first draft position's top-1) and the later
     positions' overall top-1; then top-1 and chain τ overall, at copy positions (prompt lookup drafts the target's
-    token) and elsewhere."""
+    token) and elsewhere, and the share of the answers' tokens the head's draft vocabulary holds."""
     categories = list(dict.fromkeys(r["category"] for r in rows))
     heads = list(dict.fromkeys(r["head"] for r in rows))
     by = {(r["head"], r["category"]): r for r in rows}
@@ -249,8 +269,8 @@ def format_table(rows: Sequence[dict]) -> str:
         cells = [f"{by[(h, c)]['top1'][0]:.3f}" for c in categories]
         later = ", ".join(f"{x:.3f}" for x in by[(h, ALL)]["top1"][1:]) or "-"
         lines.append(f"| {h} | " + " | ".join(cells) + f" | {later} |")
-    lines += ["", "| head | top-1 | chain τ | copy positions | top-1 there | τ there | elsewhere: top-1 | τ |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines += ["", "| head | top-1 | chain τ | copy positions | top-1 there | τ there | elsewhere: top-1 | τ | "
+              "vocabulary coverage |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for h in heads:
         r = by[(h, ALL)]
         if "chain" not in r:
@@ -262,7 +282,8 @@ def format_table(rows: Sequence[dict]) -> str:
             return "-" if x is None else format(x, fmt)
 
         lines.append(f"| {h} | {f(c['top1'])} | {f(c['tau'], '.2f')} | {share:.2f} | {f(cp['top1'])} | "
-                     f"{f(cp['tau'], '.2f')} | {f(el['top1'])} | {f(el['tau'], '.2f')} |")  # fmt: skip
+                     f"{f(cp['tau'], '.2f')} | {f(el['top1'])} | {f(el['tau'], '.2f')} | "
+                     f"{f(r.get('vocab_coverage'))} |")  # fmt: skip
     return "\n".join(lines)
 
 

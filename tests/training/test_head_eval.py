@@ -9,9 +9,17 @@ import pytest
 import torch
 
 from hf_specdec.assistants import EAGLE, MEDUSA, MLP_SPECULATOR
-from hf_specdec.bench.head_eval import build_bench_answers, evaluate_heads, format_table, load_bench_answers
+from hf_specdec.bench.head_eval import (
+    build_bench_answers,
+    draft_vocabulary_ids,
+    evaluate_heads,
+    format_table,
+    load_bench_answers,
+    vocabulary_coverage,
+)
 from hf_specdec.bench.questions import load_questions, sample_questions
 from hf_specdec.bench.spec_bench import build_prompts
+from hf_specdec.heads.eagle import EagleHead
 from hf_specdec.training.benchmark_questions import find_questions_file
 from hf_specdec.training.eagle import EagleTrainingConfig, train_eagle
 from hf_specdec.training.shards import load_distillation_data
@@ -52,6 +60,8 @@ def test_every_head_is_scored_per_category(default_model, answers):
     by = {(r["head"], r["category"]): r["top1"] for r in rows}
     assert len(by[("medusa", "overall")]) == MEDUSA.load().num_heads
     assert len(by[("mlp_speculator", "overall")]) == MLP_SPECULATOR.load().n_predict
+    for r in rows:  # a head cannot draft right more often than its draft vocabulary holds the token
+        assert r["top1"][0] <= r["vocab_coverage"] <= 1.0, r
     table = format_table(rows)
     first, second = table.split("\n\n")
     assert first.count("\n") == 1 + len(heads) and "translation" in first
@@ -136,3 +146,22 @@ def test_the_dflash_head_is_scored_on_its_layers_as_its_trainer_scores_it(defaul
     assert plain["positions"] > 20 and overall["chain"]["positions"] == plain["positions"]
     assert len(overall["top1"]) == head.num_depths and overall["top1"][0] == pytest.approx(plain["top1"], abs=1e-4)
     assert overall["chain"]["tau"] == pytest.approx(plain["chain_tau"], abs=1e-3)
+
+
+def test_vocabulary_coverage_is_the_share_of_answer_tokens_the_draft_vocabulary_holds(default_model, answers):
+    model, _ = default_model
+    data, _ = load_bench_answers(answers)
+    seq_ids = torch.arange(data.seq_bounds.shape[0])
+    speculator = MLP_SPECULATOR.load()
+    vocab = set(speculator.token_map.tolist())
+    held = total = 0
+    for s, a, e in data.seq_bounds.tolist():  # every first guess (token t + 2) that is an answer token
+        for t in range(max(s, a - 2), e - 2):
+            if data.answer_mask[t + 2]:
+                held += int(data.next_tokens()[t + 1]) in vocab
+                total += 1
+    assert total > 0 and vocabulary_coverage(speculator, data, seq_ids) == round(held / total, 4)
+    assert draft_vocabulary_ids(speculator).tolist() == speculator.token_map.tolist()
+    eagle = EAGLE.load()
+    assert set(draft_vocabulary_ids(eagle).tolist()) == set(torch.nonzero(eagle.t2d).flatten().tolist())
+    assert vocabulary_coverage(EagleHead.for_model(model), data, seq_ids) == 1.0  # drafts over the whole vocabulary
