@@ -249,7 +249,8 @@ def evaluate_heads(
             positions, accepted = chain_accepted(model, head, data, seq_ids)
             copy = copy_positions(data, positions)
             rows.append({"head": name, "category": category, "sequences": len(ids), "top1": top1,
-                         "vocab_coverage": vocabulary_coverage(head, data, seq_ids), "chain": chain_summary(accepted), "copy": chain_summary(accepted[copy]),
+                         "vocab_coverage": vocabulary_coverage(head, data, seq_ids),
+                         "chain": chain_summary(accepted), "copy": chain_summary(accepted[copy]),
                          "elsewhere": chain_summary(accepted[~copy])})  # fmt: skip
     return rows
 
