@@ -132,13 +132,11 @@ def head_top1(model, head: torch.nn.Module, data: DistillationData, seq_ids: tor
 
 
 def draft_vocabulary_ids(head: torch.nn.Module) -> torch.Tensor | None:
-    """`[V']` the token ids ``head`` drafts over (EAGLE and DFlash: ``d2t``; Medusa and the MLP speculator:
-    ``token_map``), or None for a head that drafts over the target's whole vocabulary."""
-    d2t = getattr(head, "d2t", None)
-    if d2t is not None:
-        return torch.arange(d2t.numel()) + d2t.cpu()
-    token_map = getattr(head, "token_map", None)
-    return None if token_map is None else token_map.cpu()
+    """`[V']` the token ids ``head`` drafts over (its ``draft_to_token`` of every draft index), or None for a head
+    that drafts over the target's whole vocabulary."""
+    if head.draft_vocab_size is None:
+        return None
+    return head.draft_to_token(torch.arange(head.draft_vocab_size)).cpu()
 
 
 def vocabulary_coverage(head: torch.nn.Module, data: DistillationData, seq_ids: torch.Tensor) -> float:

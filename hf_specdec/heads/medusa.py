@@ -304,10 +304,11 @@ class MedusaHeads(
         logits = self.draft_logits(self.head_states(hidden_states, num_heads), lm_head)  # [n, N, V']
         if k > logits.shape[-1]:
             raise ValueError(f"top-{k} guesses requested from heads over {logits.shape[-1]} tokens")
-        idx = logits.topk(k, dim=-1).indices  # [n, N, k]
-        if self.token_map is not None:
-            idx = self.token_map.to(idx.device)[idx]
-        return idx.permute(1, 0, 2)
+        return self.draft_to_token(logits.topk(k, dim=-1).indices).permute(1, 0, 2)  # [n, N, k] -> [N, n, k]
+
+    def draft_to_token(self, index: torch.Tensor) -> torch.Tensor:
+        """Token ids `[...]` of draft-vocabulary indices `[...]` (the identity without a truncated vocabulary)."""
+        return index if self.token_map is None else self.token_map.to(index.device)[index]
 
     # ------------------------------------------------------------------------------------------ Hub I/O
     def config_dict(self) -> dict:

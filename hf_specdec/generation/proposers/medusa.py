@@ -183,8 +183,7 @@ class MedusaAssistant(FinalStateAssistant):
         heads = self._draft_heads
         logits = heads.draft_logits(heads.head_states(x, depth), self._lm_head)  # [D, B, V']
         top = torch.log_softmax(logits.float(), dim=-1).topk(tmpl.k, dim=-1)  # [D, B, K]
-        idx = top.indices if self.heads.token_map is None else self.heads.token_map.to(x.device)[top.indices]
-        return idx.permute(1, 0, 2), top.values.permute(1, 0, 2)
+        return self.heads.draft_to_token(top.indices).permute(1, 0, 2), top.values.permute(1, 0, 2)
 
     def finish(self) -> None:
         super().finish()
