@@ -154,11 +154,12 @@ def test_vocabulary_coverage_is_the_share_of_answer_tokens_the_draft_vocabulary_
     seq_ids = torch.arange(data.seq_bounds.shape[0])
     speculator = MLP_SPECULATOR.load()
     vocab = set(speculator.token_map.tolist())
+    nxt = data.next_tokens()  # [N]
     held = total = 0
     for s, a, e in data.seq_bounds.tolist():  # every first guess (token t + 2) that is an answer token
         for t in range(max(s, a - 2), e - 2):
             if data.answer_mask[t + 2]:
-                held += int(data.next_tokens()[t + 1]) in vocab
+                held += int(nxt[t + 1]) in vocab
                 total += 1
     assert total > 0 and vocabulary_coverage(speculator, data, seq_ids) == round(held / total, 4)
     assert draft_vocabulary_ids(speculator).tolist() == speculator.token_map.tolist()
