@@ -64,6 +64,8 @@ class DFlashTrainingConfig(RunConfig):
         soft_labels: the target's distribution over the draft vocabulary as the target (else its arg-max).
         init_layer: None: the draft layers start at random; an index: draft layer i starts as the target's decoder
             layer ``init_layer + i`` (negative: counted from the end; `DFlashHead.copy_target_layers`).
+        on_path: label depth d only where the tokens between the anchor and it are on the target's path
+            (`block_targets`; matters for teacher-forced data only).
     """
 
     num_layers: int = 1
@@ -74,6 +76,7 @@ class DFlashTrainingConfig(RunConfig):
     draft_vocab: int = 8192
     soft_labels: bool = True
     init_layer: int | None = None
+    on_path: bool = False
     positions_per_step: int = 4
     epochs: float = 3.0
     max_grad_norm: float = 0.5
@@ -102,15 +105,31 @@ def draw_anchors(data: DistillationData, t: torch.Tensor, valid: torch.Tensor, c
     return anchors.sort(dim=1).values
 
 
-def block_targets(data: DistillationData, labels: torch.Tensor, t: torch.Tensor, anchors: torch.Tensor, depths: int):
+def block_targets(
+    data: DistillationData,
+    labels: torch.Tensor,
+    t: torch.Tensor,
+    anchors: torch.Tensor,
+    depths: int,
+    on_path: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(positions, target)``: `[B, A, D]` the absolute position d places after each anchor, and the draft-vocabulary
-    index of the target's choice there (-100: none, or not an answer token, or an absent anchor)."""
+    index of the target's choice there (-100: none, or not an answer token, or an absent anchor).
+
+    ``on_path``: depth d is labelled only where the d - 1 tokens between the anchor and it are on the target's path
+    (`DistillationData.on_target_path`). In teacher-forced text the target's choice at depth d follows the text's
+    tokens between, which the block never sees and the loop only verifies after its own: off the path the label is
+    the target's answer to a continuation it would not have written (self-distilled data are on it everywhere)."""
     n = data.input_ids.numel()
     base = t.gather(1, anchors.clamp(min=0))  # [B, A]
     pos = base[..., None] + torch.arange(1, depths + 1)  # [B, A, D]
     safe = pos.clamp(max=n - 1)
     target = labels[(safe - 2).clamp(min=0)]  # labels[p - 2]: the target's choice at p
     keep = (anchors[..., None] >= 0) & (pos < data.seq_end[base][..., None]) & data.answer_mask[safe]
+    if on_path and depths > 1:
+        between = data.on_target_path()[(base[..., None] + torch.arange(depths - 1)).clamp(max=n - 1)]  # [B, A, D-1]
+        first = torch.ones_like(between[..., :1])  # depth 1 has no token between
+        keep &= torch.cumprod(torch.cat([first, between], dim=-1).long(), dim=-1).bool()
     return safe, target.masked_fill(~keep, -100)
 
 
@@ -132,7 +151,7 @@ def dflash_loss(
     first, depths = (0 if head.sample_from_anchor else 1), head.num_depths
     logits = head(data.input_ids[t].to(device), feats, anchors.clamp(min=0).to(device))  # [B, A, k, V']
     logits = logits[:, :, first : first + depths]  # [B, A, D, V']
-    pos, target = block_targets(data, labels, t, anchors, depths)  # [B, A, D]
+    pos, target = block_targets(data, labels, t, anchors, depths, cfg.on_path)  # [B, A, D]
     keep = (target >= 0).to(device)
     logp = torch.log_softmax(logits[keep].float(), dim=-1)  # [k, V']
     if teacher_rows is not None:
@@ -285,7 +304,7 @@ def train_dflash(
     batch_of = step_data(data, online, lm_weight, vocab_ids, head.num_depths)  # a block reads D tokens on
     starts = window_starts(data, train_seqs, cfg.window)
     split = HeldOutSplit(train_seqs, eval_seqs, starts, torch.zeros(0, dtype=torch.long))
-    same = ("num_layers", "block_size", "window", "draft_vocab", "seed", "soft_labels", "init_layer")
+    same = ("num_layers", "block_size", "window", "draft_vocab", "seed", "soft_labels", "init_layer", "on_path")
     run, total = TrainingRun.start(out, cfg, head, "head", starts.shape[0], resume, same)
     gen = torch.Generator().manual_seed(cfg.seed + 17)
     teacher = lm_weight[vocab if vocab is not None else slice(None)]  # [V', H]: no copy of a full-vocabulary lm_head
@@ -309,7 +328,8 @@ def train_dflash(
         "training_data": report["training_data"],
         "held_out_chain_tau": (after or {}).get("chain_tau"),
         "notes": f"DFlash block drafter trained by hf-specdec ({cfg.num_layers} layer(s), block {cfg.block_size}, "
-        f"target layers {list(head.feature_layers)}, {'soft' if cfg.soft_labels else 'arg-max'} targets, position "
+        f"target layers {list(head.feature_layers)}, {'soft' if cfg.soft_labels else 'arg-max'} targets"
+        f"{' on the target path' if cfg.on_path else ''}, position "
         f"decay {cfg.decay}, {run.step} steps; draft layers started "
         f"{_started(cfg, init_head)}; target frozen).",
     }

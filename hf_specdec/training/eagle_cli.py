@@ -131,6 +131,12 @@ def add_train_dflash_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=8, help="tokens one block drafts, the anchor included")
     parser.add_argument("--anchors-per-window", type=int, default=16, help="blocks trained per window")
     parser.add_argument("--decay", type=float, default=4.0, help="depth d's loss weight is exp(-(d - 1) / decay)")
+    parser.add_argument(
+        "--on-path",
+        action="store_true",
+        help="teacher-forced data: label depth d only where the tokens between the anchor and it are the target's "
+        "own choices (as Medusa's labels are)",
+    )
     _add_init_arguments(parser, "dflash")
     parser.add_argument(
         "--soft-labels",
@@ -259,7 +265,7 @@ def train_dflash_main(args: argparse.Namespace) -> int:
         return 0
     cfg = DFlashTrainingConfig(num_layers=args.num_layers, block_size=args.block_size, decay=args.decay,
                                anchors_per_window=args.anchors_per_window, init_layer=args.init_layer,
-                               **_schedule(args))  # fmt: skip
+                               on_path=args.on_path, **_schedule(args))  # fmt: skip
     init = _init_head(args.init_head, "dflash")
     _, report = train_dflash(model, data, out, cfg, resume=args.resume, device=args.device, init_head=init)
     held = report.get("held_out") or {}

@@ -289,8 +289,9 @@ class TrainingRun:
             )
         state = torch.load(ckpt, map_location="cpu", weights_only=True)
         saved, now = state["config"], dataclasses.asdict(self.config)
+        default = {f.name: f.default for f in dataclasses.fields(self.config)}  # a setting newer than the checkpoint
         for key in same:
-            if saved.get(key) != now[key]:
+            if saved.get(key, default[key]) != now[key]:
                 raise ValueError(
                     f"cannot resume from {ckpt}: it was trained with {key}={saved.get(key)!r}, now {key}="
                     f"{now[key]!r}; use the same settings or another output folder"

@@ -125,6 +125,28 @@ def test_resume_continues_from_the_checkpoint(tiny_data, tmp_path):
     assert report["steps"] == 9 and head.draft_vocab_size == 40
 
 
+def test_on_path_changes_nothing_on_self_distilled_data(tiny_data, tmp_path):
+    """Greedy answers are the target's own path everywhere, so ``on_path`` trains the same weights; a checkpoint
+    written before the setting existed resumes as ``on_path=False``, and not as True."""
+    model, data, _ = tiny_data
+    cfg = DFlashTrainingConfig(block_size=4, window=32, positions_per_step=8, max_steps=4, eval_every=0,
+                               checkpoint_every=2, draft_vocab=40, eval_fraction=0.15)  # fmt: skip
+    plain, _ = train_dflash(model, data, tmp_path / "plain", cfg, progress=False)
+    on_path, report = train_dflash(model, data, tmp_path / "on", DFlashTrainingConfig(**{**cfg.__dict__, "on_path": True}),
+                                   progress=False)  # fmt: skip
+    assert report["config"]["on_path"] and "on the target path" in on_path.model_card["notes"]
+    assert all(torch.equal(v, on_path.state_dict()[k]) for k, v in plain.state_dict().items())
+    ckpt = sorted((tmp_path / "plain" / "checkpoints").glob("*.pt"))[-1]
+    state = torch.load(ckpt, weights_only=True)
+    del state["config"]["on_path"]  # as a run of an older version saved it
+    torch.save(state, ckpt)
+    longer = DFlashTrainingConfig(**{**cfg.__dict__, "max_steps": 6})
+    assert train_dflash(model, data, tmp_path / "plain", longer, resume=True, progress=False)[1]["steps"] == 6
+    with pytest.raises(ValueError, match="on_path=False, now on_path=True"):
+        train_dflash(model, data, tmp_path / "plain", DFlashTrainingConfig(**{**longer.__dict__, "on_path": True}),
+                     resume=True, progress=False)  # fmt: skip
+
+
 def test_cli_trains_a_dflash_head_on_a_data_folder(tiny_data, tmp_path, monkeypatch, capsys):
     """``hf-specdec train dflash`` takes the trainers' shared options and its own, and trains with them."""
     from hf_specdec.cli import build_parser, main
@@ -134,6 +156,7 @@ def test_cli_trains_a_dflash_head_on_a_data_folder(tiny_data, tmp_path, monkeypa
     args = build_parser().parse_args(["train", "dflash", "--out", "x", "--block-size", "4", "--no-soft-labels"])
     assert args.trainer is eagle_cli.DFLASH_COMMAND and (args.block_size, args.soft_labels, args.window) == (4, False, 256)
     assert build_parser().parse_args(["train", "dflash", "--out", "x"]).soft_labels
+    assert not args.on_path and build_parser().parse_args(["train", "dflash", "--out", "x", "--on-path"]).on_path
     monkeypatch.setattr(eagle_cli, "_target", lambda args: (model, None))  # the tiny target, no tokenizer needed
     out = tmp_path / "run"
     assert main(["train", "dflash", "--out", str(out), "--data", str(data.folder), "--block-size", "4", "--window",

@@ -89,6 +89,49 @@ def test_multi_token_heads_learn_only_along_the_targets_own_path(setup, tmp_path
     assert torch.equal(kept, pos[data.on_target_path()[pos]])  # positions whose every label is ignored are dropped
 
 
+def _block_oracle(data, base: int, d: int, on_path: bool) -> int:
+    """A DFlash block's label at depth d after the anchor ``base``, one position at a time: the target's choice at
+    base + d, where every token between (base + 1 .. base + d - 1) is given text or the target's own choice when
+    ``on_path``, else IGNORE."""
+    p = base + d
+    if p >= int(data.seq_end[base]) or not data.answer_mask[p]:
+        return IGNORE
+    for j in range(base + 1, p):
+        if on_path and data.answer_mask[j] and int(data.input_ids[j]) != int(data.target_next[j - 1]):
+            return IGNORE
+    return int(data.target_next[p - 1])
+
+
+def test_dflash_blocks_learn_deeper_depths_only_along_the_targets_own_path(setup, tmp_path):
+    """A block's depth d guesses past d - 1 tokens it never sees: with ``on_path`` its label counts only where the
+    text between is what the target would have written; without, every answer position is labelled."""
+    from hf_specdec.training.dflash import block_targets, draw_anchors
+    from hf_specdec.training.labels import window_positions, window_starts
+
+    model, tok, source = setup
+    seqs = [templated_ids(tok, c) for c in source.train]
+    _build(model, seqs, tmp_path)
+    data = load_distillation_data(tmp_path)
+    agree = torch.rand(data.input_ids.numel(), generator=torch.Generator().manual_seed(2)) < 0.7
+    target_next = data.target_next.clone()
+    target_next[:-1] = torch.where(agree[:-1], data.input_ids[1:], target_next[:-1])
+    data = dataclasses.replace(data, target_next=target_next)
+    labels = token_targets(data, model.lm_head.weight.detach(), torch.arange(64))  # full vocabulary: index = id
+    t, valid = window_positions(data, window_starts(data, torch.arange(len(seqs)), 64), 64)
+    anchors = draw_anchors(data, t, valid, 64, torch.Generator().manual_seed(0))
+    base = t.gather(1, anchors.clamp(min=0))
+    kept = {}
+    for on_path in (False, True):
+        _, target = block_targets(data, labels, t, anchors, 4, on_path=on_path)  # [B, A, 4]
+        expect = torch.tensor([[[_block_oracle(data, int(b), d, on_path) if a >= 0 else IGNORE for d in (1, 2, 3, 4)]
+                                for a, b in zip(row_a, row_b)] for row_a, row_b in zip(anchors, base)])  # fmt: skip
+        assert torch.equal(target, expect), on_path
+        kept[on_path] = target != IGNORE
+    assert torch.equal(kept[True][..., 0], kept[False][..., 0])  # depth 1 has no token between
+    assert bool((kept[True] <= kept[False]).all()) and kept[True][..., 3].sum() < kept[False][..., 3].sum()
+    assert kept[True][..., 3].any()
+
+
 def test_rerun_keeps_the_fingerprint_and_resumes(setup, tmp_path, monkeypatch):
     model, tok, source = setup
     seqs = [templated_ids(tok, c) for c in source.train]
