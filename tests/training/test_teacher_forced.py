@@ -68,18 +68,24 @@ def _on_path_oracle(data, t: int, k: int) -> int:
     return int(data.target_next[t + k + 1])
 
 
+def _mostly_agreeing_data(setup, folder, seed: int):
+    """``(model, seqs, data)``: the conversations teacher-forced into ``folder``, with ~70% of the target's choices
+    made the text's own next token (a random tiny model rarely agrees with the text), so both on- and off-path
+    positions occur."""
+    model, tok, source = setup
+    seqs = [templated_ids(tok, c) for c in source.train]
+    _build(model, seqs, folder)
+    data = load_distillation_data(folder)
+    agree = torch.rand(data.input_ids.numel(), generator=torch.Generator().manual_seed(seed)) < 0.7
+    target_next = data.target_next.clone()
+    target_next[:-1] = torch.where(agree[:-1], data.input_ids[1:], target_next[:-1])
+    return model, seqs, dataclasses.replace(data, target_next=target_next)
+
+
 def test_multi_token_heads_learn_only_along_the_targets_own_path(setup, tmp_path):
     """Teacher-forced answers are someone else's text: Medusa's heads and the speculator's stages guess several
     tokens past t, so a label counts only where the text between is what the target would have written."""
-    model, tok, source = setup
-    seqs = [templated_ids(tok, c) for c in source.train]
-    _build(model, seqs, tmp_path)
-    data = load_distillation_data(tmp_path)
-    # a random tiny model rarely agrees with the text: make ~70% of its choices the text's own next token
-    agree = torch.rand(data.input_ids.numel(), generator=torch.Generator().manual_seed(1)) < 0.7
-    target_next = data.target_next.clone()
-    target_next[:-1] = torch.where(agree[:-1], data.input_ids[1:], target_next[:-1])
-    data = dataclasses.replace(data, target_next=target_next)
+    model, seqs, data = _mostly_agreeing_data(setup, tmp_path, seed=1)
     pos = head_positions(data, torch.arange(len(seqs)))
     labels = medusa_labels(data, pos, 3)
     expect = torch.tensor([[_on_path_oracle(data, int(t), k) for t in pos] for k in range(3)])
@@ -108,14 +114,7 @@ def test_dflash_blocks_learn_deeper_depths_only_along_the_targets_own_path(setup
     from hf_specdec.training.dflash import block_targets, draw_anchors
     from hf_specdec.training.labels import window_positions, window_starts
 
-    model, tok, source = setup
-    seqs = [templated_ids(tok, c) for c in source.train]
-    _build(model, seqs, tmp_path)
-    data = load_distillation_data(tmp_path)
-    agree = torch.rand(data.input_ids.numel(), generator=torch.Generator().manual_seed(2)) < 0.7
-    target_next = data.target_next.clone()
-    target_next[:-1] = torch.where(agree[:-1], data.input_ids[1:], target_next[:-1])
-    data = dataclasses.replace(data, target_next=target_next)
+    model, seqs, data = _mostly_agreeing_data(setup, tmp_path, seed=2)
     labels = token_targets(data, model.lm_head.weight.detach(), torch.arange(64))  # full vocabulary: index = id
     t, valid = window_positions(data, window_starts(data, torch.arange(len(seqs)), 64), 64)
     anchors = draw_anchors(data, t, valid, 64, torch.Generator().manual_seed(0))
