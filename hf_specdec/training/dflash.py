@@ -31,6 +31,7 @@ from .labels import (
     draft_vocabulary,
     head_positions,
     label_coverage,
+    on_path_runs,
     spread_sample,
     window_positions,
     window_starts,
@@ -126,10 +127,8 @@ def block_targets(
     safe = pos.clamp(max=n - 1)
     target = labels[(safe - 2).clamp(min=0)]  # labels[p - 2]: the target's choice at p
     keep = (anchors[..., None] >= 0) & (pos < data.seq_end[base][..., None]) & data.answer_mask[safe]
-    if on_path and depths > 1:
-        between = data.on_target_path()[(base[..., None] + torch.arange(depths - 1)).clamp(max=n - 1)]  # [B, A, D-1]
-        first = torch.ones_like(between[..., :1])  # depth 1 has no token between
-        keep &= torch.cumprod(torch.cat([first, between], dim=-1).long(), dim=-1).bool()
+    if on_path:  # depth d + 1: tokens base + 1 .. base + d on the path (depth 1 has none between)
+        keep[..., 1:] &= on_path_runs(data, base, depths - 1)  # [B, A, D - 1]
     return safe, target.masked_fill(~keep, -100)
 
 

@@ -63,6 +63,14 @@ def label_coverage(data: DistillationData, positions: torch.Tensor, vocab: torch
     return float(torch.isin(data.next_tokens()[positions + 1], vocab).float().mean())
 
 
+def on_path_runs(data: DistillationData, starts: torch.Tensor, count: int) -> torch.Tensor:
+    """`[*S, count]` bool: whether the tokens after ``starts`` `[*S]` are on the target's path for ``j + 1`` tokens
+    in a row (`DistillationData.on_target_path` at ``start .. start + j``), for j = 0 .. count - 1: the tokens a
+    guess ``j + 2`` places past a start must see right for its label to be the loop's."""
+    after = data.on_target_path()[(starts.unsqueeze(-1) + torch.arange(count)).clamp(max=data.input_ids.numel() - 1)]
+    return torch.cumprod(after.long(), dim=-1).bool()
+
+
 def medusa_labels(data: DistillationData, positions: torch.Tensor, num_heads: int) -> torch.Tensor:
     """`[n, P]` int64: the target's token t + k + 2 for head k at position t (its choice after t + k + 1, given the
     data's tokens up to there: in greedy self-distilled answers, the answer's own token t + k + 2), ``IGNORE`` where
@@ -73,8 +81,7 @@ def medusa_labels(data: DistillationData, positions: torch.Tensor, num_heads: in
     inside = target < data.seq_end[positions]
     target = target.clamp(max=data.input_ids.numel() - 1)
     ids = data.next_tokens()[target - 1]
-    after = data.on_target_path()[(positions.unsqueeze(0) + k).clamp(max=data.input_ids.numel() - 1)]  # [n, P]
-    on_path = torch.cumprod(after.long(), dim=0).bool()  # head k: tokens t + 1 .. t + k + 1 all on the path
+    on_path = on_path_runs(data, positions, num_heads).T  # [n, P] head k: tokens t + 1 .. t + k + 1 on the path
     valid = inside & data.answer_mask[target] & (ids >= 0) & on_path
     return torch.where(valid, ids, torch.full_like(ids, IGNORE))
 
@@ -132,6 +139,7 @@ __all__ = [
     "draft_vocabulary",
     "head_positions",
     "medusa_labels",
+    "on_path_runs",
     "token_targets",
     "window_positions",
     "window_starts",

@@ -291,9 +291,10 @@ class TrainingRun:
         saved, now = state["config"], dataclasses.asdict(self.config)
         default = {f.name: f.default for f in dataclasses.fields(self.config)}  # a setting newer than the checkpoint
         for key in same:
-            if saved.get(key, default[key]) != now[key]:
+            was = saved.get(key, default[key])
+            if was != now[key]:
                 raise ValueError(
-                    f"cannot resume from {ckpt}: it was trained with {key}={saved.get(key)!r}, now {key}="
+                    f"cannot resume from {ckpt}: it was trained with {key}={was!r}, now {key}="
                     f"{now[key]!r}; use the same settings or another output folder"
                 )
         self.module.load_state_dict(state[self.module_key])

@@ -141,10 +141,10 @@ def test_on_path_changes_nothing_on_self_distilled_data(tiny_data, tmp_path):
     del state["config"]["on_path"]  # as a run of an older version saved it
     torch.save(state, ckpt)
     longer = DFlashTrainingConfig(**{**cfg.__dict__, "max_steps": 6})
-    assert train_dflash(model, data, tmp_path / "plain", longer, resume=True, progress=False)[1]["steps"] == 6
-    with pytest.raises(ValueError, match="on_path=False, now on_path=True"):
+    with pytest.raises(ValueError, match="on_path=False, now on_path=True"):  # the old checkpoint, read as False
         train_dflash(model, data, tmp_path / "plain", DFlashTrainingConfig(**{**longer.__dict__, "on_path": True}),
                      resume=True, progress=False)  # fmt: skip
+    assert train_dflash(model, data, tmp_path / "plain", longer, resume=True, progress=False)[1]["steps"] == 6
 
 
 def test_cli_trains_a_dflash_head_on_a_data_folder(tiny_data, tmp_path, monkeypatch, capsys):
