@@ -89,6 +89,7 @@ _LAZY = {
     "chat_prompt_ids": ".models",
     "draft_model_from_layers": ".models",
     "packed_weights": ".generation.packed_linears",
+    "build_cpu_kernels": ".generation.packed_linears",
     "release_packed_weights": ".generation.packed_linears",
 }
 
@@ -138,5 +139,6 @@ __all__ = [
     "load_default_model",
     "load_default_assistant",
     "packed_weights",
+    "build_cpu_kernels",
     "release_packed_weights",
 ]

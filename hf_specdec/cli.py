@@ -144,6 +144,25 @@ def convert_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def build_kernels_main(args: argparse.Namespace) -> int:
+    """``hf-specdec build-kernels``: compile the few-rows CPU GEMM for this machine (once; later calls find it)."""
+    import time
+
+    from .generation.packed_linears import build_cpu_kernels, kernel_folder
+
+    print(
+        f"building the few-rows CPU GEMM into {kernel_folder()} (about a minute, once per machine)...", file=sys.stderr
+    )
+    start = time.perf_counter()
+    try:
+        build_cpu_kernels(verbose=args.verbose)
+    except RuntimeError as err:
+        print(f"hf-specdec: not built: {err}; verify forwards keep MKL's kernels", file=sys.stderr)
+        return 1
+    print(f"built and loaded in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return 0
+
+
 _BENCH_WORKLOADS = {"spec-bench": "hf_specdec.bench.spec_bench", "agentic": "hf_specdec.bench.agentic"}
 
 
@@ -206,6 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
     heads.set_defaults(func=head_eval.main)
     conv = sub.add_parser("convert", help="convert the default model to safetensors now; print its folder")
     conv.set_defaults(func=convert_main)
+    kernels = sub.add_parser(
+        "build-kernels", help="compile the CPU GEMM that verify forwards of a few rows run where it is faster"
+    )
+    kernels.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    kernels.set_defaults(func=build_kernels_main)
     _add_train_commands(sub)
     from . import export_cli
 

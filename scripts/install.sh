@@ -15,3 +15,6 @@ case ",${extras}," in
   *,test,* | *,speculators,*)
     python -m pip install -q --disable-pip-version-check --no-deps "speculators==0.9.0" ;;
 esac
+# The few-rows CPU GEMM that verify forwards run where it is faster than MKL's (a C++ compiler is needed; ~1 min
+# once per machine). Without it everything works on MKL's kernels.
+hf-specdec build-kernels || echo "install.sh: the few-rows CPU GEMM was not built (see above); MKL's kernels are used"

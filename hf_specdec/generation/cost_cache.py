@@ -12,7 +12,7 @@ seconds and only when new samples came in, plus once at exit). Why a loaded curv
 - **Key**: everything that changes the curve (`curve_key`): the machine (CPU model name, the cores this process
   may use, torch's threads and version, the GPUs the model sits on), the model (a digest of its config without its
   name or path, its attention implementation, parameter dtypes, devices and tensor classes, quantization, whether
-  hf_specdec packs its CPU linears, the attention backend) and the transformers / hf_specdec versions. The file's
+  hf_specdec packs its CPU linears and has its compiled few-rows GEMM, the attention backend) and the transformers / hf_specdec versions. The file's
   name is a digest of the key and the file holds the key itself: a curve whose key differs is never used.
 - **Failures**: a file that is missing, unreadable or malformed is no curve; a folder that cannot be written logs
   one warning per process and the curve stays in memory. The user's call never fails because of the cache.
@@ -42,7 +42,7 @@ import torch
 
 from ..attention.backend import choose_backend
 from ..models import cache_root
-from .packed_linears import _enabled_by_env, _layers_to_pack
+from .packed_linears import _enabled_by_env, _layers_to_pack, load_cpu_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +133,8 @@ def model_key(model: torch.nn.Module) -> dict:
         "tensors": sorted({type(p.data).__name__ for p in params}),  # quantized weights are tensor subclasses
         "quantization": quantization.get("quant_method") if quantization else None,
         "packed_linears": _enabled_by_env() and bool(_layers_to_pack(model, enabled=True)),
+        # the compiled few-rows GEMM loaded: a curve learnt without it overstates a tree's cost where it runs
+        "few_rows_gemm": load_cpu_kernels() and any(p.device.type == "cpu" for p in params),
         "attention_backend": choose_backend(params[0].device) if params else None,
     }
 

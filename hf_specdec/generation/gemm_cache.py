@@ -11,8 +11,9 @@ new ones back at the end of a call (`save_gemm_choices`, throttled like the cost
 - **Folder and switch**: the cost curves' (`cost_cache.cache_folder`: ``HF_SPECDEC_COST_CACHE``; ``0`` turns both
   off).
 - **Key**: this machine as `cost_cache.machine_key` describes it for the CPU (CPU model, usable cores, torch's
-  version, which brings its MKL), without the thread count, which is part of every choice's own key. A file whose
-  key differs is never read; entries that are no valid choice are skipped.
+  version, which brings its MKL), without the thread count, which is part of every choice's own key, and the GEMM
+  forms this process can run (the compiled few-rows kernel loaded or not: choices timed without it are not kept
+  where it is built). A file whose key differs is never read; entries that are no valid choice are skipped.
 - **Failures**: as the cost curves': a missing or malformed file is no choices, an unwritable folder one warning;
   the user's call never fails because of the cache.
 
@@ -31,8 +32,9 @@ from pathlib import Path
 
 import torch
 
+from ..kernels.cpu_linear import available, available_forms
 from .cost_cache import SAVE_EVERY_S, cache_folder, machine_key, read_state, warn_unwritable, write_state
-from .packed_linears import adopt_gemm_forms, is_gemm_choice, measured_gemm_forms
+from .packed_linears import adopt_gemm_forms, is_gemm_choice, load_cpu_kernels, measured_gemm_forms
 
 FORMAT = 1  # bump when the file's layout or the meaning of a choice changes
 _LOCK = threading.Lock()
@@ -42,7 +44,9 @@ _STATE = {"loaded": False, "saved_at": None, "saved": {}}  # read yet; last writ
 def _file_key() -> dict:
     machine = machine_key([torch.device("cpu")])
     machine.pop("threads", None)
-    return json.loads(json.dumps({"format": FORMAT, "machine": machine}, default=str))
+    # the forms this process can run: choices made without the compiled kernel are not used where it is built
+    forms = list(available_forms(can_copy=True)) if load_cpu_kernels() or available() else []
+    return json.loads(json.dumps({"format": FORMAT, "machine": machine, "forms": forms}, default=str))
 
 
 def choices_file() -> Path | None:

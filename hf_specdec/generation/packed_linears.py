@@ -10,15 +10,19 @@ negligible; it is what kept trees on this machine at one or two nodes (docs/resu
 `packed_linears(model)` removes that cost: inside the block, every plain `nn.Linear` of the model whose input has
 2 to `TUNE_MAX_ROWS` rows runs the GEMM form measured fastest on this machine for its shape and row count (above 8
 rows, for its bucket of row counts: `tuning_rows`)
-(`_fastest_gemm`: `F.linear`, weight-major ``W @ x.T``, or, from `MIN_ROWS` rows, ``torch.ops.mkl._mkl_linear`` on a
-copy of its weight packed once with MKL's ``cblas_sgemm_pack``, kept per weight tensor and version until the weight
-is freed or changed). One row keeps `F.linear`, so single-token decoding runs exactly the kernels of stock
-`generate`.
+(`_fastest_gemm`: `F.linear`, weight-major ``W @ x.T``, from `MIN_ROWS` rows ``torch.ops.mkl._mkl_linear`` on a
+copy of its weight packed once with MKL's ``cblas_sgemm_pack``, and, where `build_cpu_kernels` compiled it on this
+machine, the few-rows GEMM of ``kernels/few_rows_gemm.py`` on a copy of the weight packed in panels; copies are kept
+per weight tensor and version until the weight is freed or changed). One row keeps `F.linear`, so single-token
+decoding runs exactly the kernels of stock `generate`. On a 2-core AMD EPYC (fp32, one thread) the few-rows GEMM
+turned a verify forward of the default model over 2, 4 and 8 tokens from 1.03x, 1.32x and 1.77x the cost of a stock
+1-token forward (MKL's forms) into 0.72x, 0.72x and 0.87x (docs/design.md, "The few-rows GEMM").
 Same math, same fp32 precision; only the blocking of the sums may differ, as it already does between a 1-row and an
 n-row forward.
 
-Used only when it can help and cannot hurt: CPU, fp32, MKL built in, no autograd, and enough free memory for the
-packed copies (they double the linear weights' memory). ``HF_SPECDEC_PACKED_LINEAR=0`` turns it off. The model is
+Used only when it can help and cannot hurt: CPU, fp32, MKL built in or the few-rows GEMM built, no autograd, and
+enough free memory for the packed copies. ``HF_SPECDEC_PACKED_LINEAR=0`` turns it off; ``HF_SPECDEC_CPU_KERNELS=0``
+leaves the compiled few-rows GEMM out (MKL's forms only). The model is
 left exactly as it was when the last block using it exits, also on errors: the patch is an instance attribute on
 each layer, removed afterwards; layers that already carry an instance-level ``forward`` (accelerate hooks, user
 patches) are left alone.
@@ -31,9 +35,10 @@ Memory and when it runs. MKL's packed buffer is larger than the weight (3.35x al
 which ~2.4x becomes resident), so the copies roughly triple the linear weights' footprint while they are held. They
 are therefore made only where they pay and dropped when they stop paying:
 
-- only forwards of `MIN_ROWS` to `MAX_ROWS` rows (verify forwards of small trees) use them; a prefill of a long
-  prompt runs stock `F.linear` and packs nothing (its GEMM amortises MKL's re-pack over all its rows);
-- a single call packs only from its `PACK_AFTER`-th such forward, so short answers never pay the packing;
+- only forwards of 2 (MKL's: `MIN_ROWS`) to `MAX_ROWS` rows (verify forwards of small trees) use them; a prefill of
+  a long prompt runs stock `F.linear` and packs nothing (its GEMM amortises MKL's re-pack over all its rows);
+- a single call packs only from its `PACK_AFTER`-th such forward, so short answers never pay the packing (the
+  few-rows GEMM's panels are the weights' size again, made in ~0.4 s for the default model);
 - the copies are released when the call ends, unless the caller keeps them: ``generate(..., keep_packed=True)``
   (kept until `release_packed_weights`) or the ``with packed_weights(model):`` block, which packs at once (the
   warm-up) and keeps the copies for every call inside it.
@@ -51,25 +56,31 @@ import statistics
 import threading
 import time
 import weakref
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..kernels.cpu_linear import GEMM_FORMS, available, gemm, pack_weight
+from ..kernels import few_rows_gemm
+from ..kernels.cpu_linear import GEMM_FORMS, MIN_PACKED_ROWS, available, available_forms, gemm, pack_weight
+from ..models import cache_root
 
-MIN_ROWS = 4  # below this MKL's matrix-vector path is as fast as the packed GEMM (measured; docs/results.md)
+MIN_ROWS = MIN_PACKED_ROWS  # below this MKL's packed GEMM is not tried (its matrix-vector path is as fast)
 MAX_ROWS = 256  # above this (prefill) the GEMM amortises its own re-pack: stock kernels, nothing packed
 PACK_AFTER = 32  # a call that does not keep its copies packs from its 32nd verify forward (short calls never pack)
 # MKL's packed buffer over the weight's own size (measured on SmolLM2-135M's matrices: 3.35x allocated)
 PACKED_SIZE_FACTOR = 3.4
 ENV_FLAG = "HF_SPECDEC_PACKED_LINEAR"
+KERNELS_ENV_FLAG = "HF_SPECDEC_CPU_KERNELS"  # 0: the compiled few-rows GEMM is not loaded (MKL's forms only)
 # Fraction of the machine's available memory the packed copies may take.
 MEMORY_FRACTION = 0.5
 
 # weight tensor -> (weight._version when packed, packed weight)
 _PACKED = WeakIdKeyDictionary()
+# weight tensor -> (weight._version when packed, its panels for the few-rows kernel)
+_PANELS = WeakIdKeyDictionary()
 # ids of the models whose packed linears this context (thread) entered
 _ENTERED: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("hf_specdec_packed", default=frozenset())
 # model id -> [number of open blocks, the layers patched]
@@ -118,15 +129,32 @@ def _version(weight: torch.Tensor) -> int:
         return 0
 
 
-def packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """MKL-packed copy of ``weight`` (`[out, in]` fp32), cached until the weight changes or is freed."""
-    entry = _PACKED.get(weight)
+def _cached_copy(cache: WeakIdKeyDictionary, weight: torch.Tensor, pack) -> torch.Tensor:
+    """``pack(weight)``, kept in ``cache`` until the weight changes or is freed."""
+    entry = cache.get(weight)
     version = _version(weight)
     if entry is not None and entry[0] == version:
         return entry[1]
-    packed = pack_weight(weight)
-    _PACKED[weight] = (version, packed)
+    packed = pack(weight)
+    cache[weight] = (version, packed)
     return packed
+
+
+def packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """MKL-packed copy of ``weight`` (`[out, in]` fp32), cached until the weight changes or is freed."""
+    return _cached_copy(_PACKED, weight, pack_weight)
+
+
+def panel_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The few-rows kernel's panel copy of ``weight`` (`few_rows_gemm.pack_weight`), cached like `packed_weight`."""
+    return _cached_copy(_PANELS, weight, few_rows_gemm.pack_weight)
+
+
+def _copy_of(form: str, weight: torch.Tensor) -> torch.Tensor | None:
+    """The packed operand ``form`` multiplies by (None for the forms that take the weight as it is)."""
+    if form == "packed":
+        return packed_weight(weight)
+    return panel_weight(weight) if form == "few_rows" else None
 
 
 def _kept(model: nn.Module) -> bool:
@@ -147,15 +175,13 @@ def _packed_forward(module: nn.Linear, model: nn.Module):
             return F.linear(x, weight, bias)
         if torch.is_grad_enabled() or key not in _ENTERED.get():  # another thread's call of the model: stock kernels
             return F.linear(x, weight, bias)
-        can_pack = False
-        if rows >= MIN_ROWS:
-            seen[0] += 1
-            can_pack = seen[0] >= PACK_AFTER or weight in _PACKED or _kept(model)
+        seen[0] += 1
+        can_copy = seen[0] >= PACK_AFTER or weight in _PACKED or weight in _PANELS or _kept(model)
         x2 = x.reshape(rows, x.shape[-1]).contiguous()  # [rows, in]
         if rows > TUNE_MAX_ROWS:  # a prompt's prefill: every length would be a new shape to time
-            y = _gemm("packed" if can_pack else "linear", x2, weight, bias)
+            y = _gemm("packed" if can_copy and available() else "linear", x2, weight, bias)
         else:
-            y = _fastest_gemm(x2, weight, bias, can_pack)
+            y = _fastest_gemm(x2, weight, bias, can_copy)
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     forward.hf_specdec_packed = True
@@ -193,24 +219,25 @@ def tuning_calls() -> int:
 
 def _gemm(form: str, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """`[rows, out]` = ``x2`` `[rows, in]` times ``weight`` `[out, in]` transposed (+ ``bias``), computed as ``form``
-    (the packed form on this process's cached packed copy)."""
-    return gemm(form, x2, weight, bias, packed_weight(weight) if form == "packed" else None)
+    (the packed and few-rows forms on this process's cached copies)."""
+    return gemm(form, x2, weight, bias, _copy_of(form, weight))
 
 
-def _fastest_gemm(x2: torch.Tensor, weight: torch.Tensor, bias, can_pack: bool) -> torch.Tensor:
+def _fastest_gemm(x2: torch.Tensor, weight: torch.Tensor, bias, can_copy: bool) -> torch.Tensor:
     """`[rows, out]` ``F.linear(x2, weight, bias)`` of `[rows, in]` ``x2`` through the form measured fastest for this
-    shape and row count (see above)."""
-    forms = GEMM_FORMS if can_pack else tuple(f for f in GEMM_FORMS if f != "packed")
+    shape and row count (see above; ``can_copy``: packed copies of the weight are allowed)."""
     rows = tuning_rows(x2.shape[0])  # the choice measured for nearby row counts serves this one
-    key = (weight.shape[0], weight.shape[1], rows, bias is not None, torch.get_num_threads(), can_pack)
+    forms = available_forms(can_copy, rows)
+    key = (weight.shape[0], weight.shape[1], rows, bias is not None, torch.get_num_threads(), can_copy)
     form = _GEMM_CHOICE.get(key)
     if form is not None:
         return _gemm(form, x2, weight, bias)
     trials = _GEMM_TRIALS.setdefault(key, {f: [] for f in forms})
     form = min(forms, key=lambda f: len(trials[f]))
     _TUNING_CALLS[0] += 1
+    copy = _copy_of(form, weight)  # a layer's first use packs its copy: not part of what the form costs a call
     start = time.perf_counter()
-    out = _gemm(form, x2, weight, bias)
+    out = gemm(form, x2, weight, bias, copy)
     trials[form].append(time.perf_counter() - start)
     if all(len(trials[f]) >= TUNE_TRIALS for f in forms):
         _GEMM_CHOICE[key] = min(forms, key=lambda f: statistics.median(trials[f]))
@@ -239,12 +266,13 @@ def adopt_gemm_forms(forms: dict[tuple, str]) -> int:
 
 def is_gemm_choice(key, form) -> bool:
     """Whether ``key``, ``form`` is a choice `_fastest_gemm` could have made: ``(out, in, rows, bias, threads,
-    packing allowed)`` with positive ints and bools, and a form of `GEMM_FORMS` ("packed" only where allowed)."""
+    packing allowed)`` with positive ints and bools, and a form of `GEMM_FORMS` ("packed" only where allowed,
+    "few_rows" only while its kernel is loaded)."""
     if not (isinstance(key, tuple) and len(key) == 6 and isinstance(form, str) and form in GEMM_FORMS):
         return False
-    out, inp, rows, has_bias, threads, can_pack = key
+    out, inp, rows, has_bias, threads, can_copy = key
     ints = all(type(v) is int and v > 0 for v in (out, inp, rows, threads))
-    return ints and type(has_bias) is bool and type(can_pack) is bool and (can_pack or form != "packed")
+    return ints and type(has_bias) is bool and type(can_copy) is bool and form in available_forms(can_copy, rows)
 
 
 def gemm_choices() -> dict[str, str]:
@@ -260,14 +288,43 @@ def gemm_choices() -> dict[str, str]:
     return out
 
 
+def kernel_folder() -> Path:
+    """Where `build_cpu_kernels` puts the compiled few-rows GEMM: ``kernels/`` in hf_specdec's cache folder."""
+    return cache_root() / "kernels"
+
+
+def build_cpu_kernels(verbose: bool = False) -> bool:
+    """Compile the few-rows fp32 GEMM (`kernels/few_rows_gemm.py`) for this CPU into `kernel_folder`, once per
+    machine, source and torch (about a minute; ``hf-specdec build-kernels`` runs it), and load it: from then on the
+    verify forwards of every process on this machine time it beside MKL's forms and run it where it is fastest.
+    Raises `RuntimeError` naming what is missing (AVX2, a C++ compiler, ninja)."""
+    return few_rows_gemm.build(kernel_folder(), verbose=verbose)
+
+
+_KERNELS_LOOKED_UP = [False]
+
+
+def load_cpu_kernels() -> bool:
+    """Load an earlier `build_cpu_kernels` (looked up once per process; never compiles; not with
+    ``HF_SPECDEC_CPU_KERNELS=0``); whether it is loaded."""
+    if not _KERNELS_LOOKED_UP[0]:
+        _KERNELS_LOOKED_UP[0] = True
+        if os.environ.get(KERNELS_ENV_FLAG, "1").strip().lower() not in ("0", "false", "no", "off"):
+            few_rows_gemm.load(kernel_folder())
+    return few_rows_gemm.loaded()
+
+
 def _layers_to_pack(model: nn.Module, enabled: bool | None) -> list[nn.Linear]:
     """The layers to patch: none when switched off, unavailable, or when the copies would not fit in memory."""
-    if enabled is False or not available() or (enabled is None and not _enabled_by_env()):
+    if enabled is False or (enabled is None and not _enabled_by_env()):
+        return []
+    if not (load_cpu_kernels() or available()):
         return []
     layers = [m for m in model.modules() if _eligible(m)]
     if enabled is None and layers:
         weights = {id(m.weight): m.weight for m in layers}.values()
-        need = PACKED_SIZE_FACTOR * sum(w.numel() * w.element_size() for w in weights if w not in _PACKED)
+        factor = PACKED_SIZE_FACTOR * available() + few_rows_gemm.loaded()  # MKL's copies and the panels
+        need = factor * sum(w.numel() * w.element_size() for w in weights if w not in _PACKED)
         free = _available_memory_bytes()
         if free is not None and need > MEMORY_FRACTION * free:
             return []
@@ -337,7 +394,10 @@ def packed_weights(model: nn.Module, enabled: bool | None = None):
     try:
         with torch.no_grad():
             for m in layers:
-                packed_weight(m.weight)
+                if available():
+                    packed_weight(m.weight)
+                if few_rows_gemm.loaded():
+                    panel_weight(m.weight)
         yield packed_bytes(model)
     finally:
         with _USERS_LOCK:
@@ -352,9 +412,10 @@ def packed_bytes(model: nn.Module) -> int:
     """Bytes allocated by the packed copies of ``model``'s weights now held (0 when none)."""
     total = 0
     for p in model.parameters():
-        entry = _PACKED.get(p)
-        if entry is not None:
-            total += entry[1].numel() * entry[1].element_size()
+        for cache in (_PACKED, _PANELS):
+            entry = cache.get(p)
+            if entry is not None:
+                total += entry[1].numel() * entry[1].element_size()
     return total
 
 
@@ -362,8 +423,10 @@ def release_packed_weights(model: nn.Module | None = None) -> None:
     """Free the packed copies of ``model``'s weights (of every model when None) and undo ``keep_packed=True``."""
     if model is None:
         _PACKED.clear()
+        _PANELS.clear()
         _PINNED.clear()
         return
     _PINNED.discard(model)
     for p in model.parameters():
         _PACKED.pop(p, None)
+        _PANELS.pop(p, None)

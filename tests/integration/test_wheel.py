@@ -64,13 +64,14 @@ def wheel(tmp_path_factory) -> Path:
     return whl
 
 
-def test_the_wheel_holds_the_heads_the_questions_the_demo_and_the_license(wheel):
+def test_the_wheel_holds_the_heads_the_questions_the_demo_the_kernel_source_and_the_license(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for head in ("medusa", "eagle", "mlp-speculator"):
         folder = f"hf_specdec/assets/{head}-smollm2-135m-instruct"
         assert {f"{folder}/config.json", f"{folder}/model.safetensors", f"{folder}/README.md"} <= names
     assert "hf_specdec/assets/spec-bench/spec_bench_public.jsonl" in names
     assert {"hf_specdec/demo/app.py", "hf_specdec/demo/compare.py", "hf_specdec/cli.py"} <= names
+    assert "hf_specdec/kernels/csrc/few_rows_gemm.cpp" in names  # hf-specdec build-kernels compiles it
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert wheel.name.startswith(f"hf_specdec-{hf_specdec.__version__}-")
 

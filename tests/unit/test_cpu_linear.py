@@ -40,17 +40,21 @@ def test_packed_layers_compute_what_f_linear_computes(bias, shape):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def _tuning_forwards(rows: int) -> int:
+    """Forwards of ``rows`` rows that time every GEMM form this process can run TUNE_TRIALS times (packing allowed)."""
+    return len(cpu_linear.available_forms(True, cpu_linear.tuning_rows(rows))) * cpu_linear.TUNE_TRIALS
+
+
 def test_packed_path_is_taken_from_min_rows(monkeypatch):
     net = _net()
     calls = []
     real = cpu_linear.packed_weight
     monkeypatch.setattr(cpu_linear, "packed_weight", lambda w: calls.append(w) or real(w))
-    tuning = 3 * cpu_linear.TUNE_TRIALS  # every GEMM form timed TUNE_TRIALS times
     with torch.no_grad(), packed_linears(net, enabled=True):
-        for _ in range(tuning + 2):
+        for _ in range(_tuning_forwards(cpu_linear.MIN_ROWS - 1) + 2):
             net(torch.randn(cpu_linear.MIN_ROWS - 1, 24))
-        assert calls == []  # few rows: no packing (stock or weight-major GEMM, whichever is faster here)
-        for _ in range(tuning):
+        assert calls == []  # few rows: no MKL packing (stock, weight-major or few-rows GEMM, the fastest here)
+        for _ in range(_tuning_forwards(cpu_linear.MIN_ROWS)):
             net(torch.randn(cpu_linear.MIN_ROWS, 24))
         assert {id(w) for w in calls} == {id(net[0].weight), id(net[2].weight)}
 
@@ -60,10 +64,10 @@ def test_each_gemm_form_computes_the_linear_and_the_fastest_is_kept():
     x = torch.randn(5, 24)
     expected = net(x)
     with torch.no_grad(), packed_linears(net, enabled=True):
-        for _ in range(3 * cpu_linear.TUNE_TRIALS + 2):  # through every form while they are timed, then the chosen
+        for _ in range(_tuning_forwards(5) + 2):  # through every form while they are timed, then the chosen
             torch.testing.assert_close(net(x), expected, rtol=1e-5, atol=1e-5)
     chosen = {k: v for k, v in cpu_linear.gemm_choices().items() if k.startswith(("40x24, 5 rows", "16x40, 5 rows"))}
-    assert len(chosen) == 2 and set(chosen.values()) <= {"linear", "weight_major", "packed"}, chosen
+    assert len(chosen) == 2 and set(chosen.values()) <= set(cpu_linear.GEMM_FORMS), chosen
 
 
 def test_model_is_restored_after_the_block_and_on_errors():
@@ -245,7 +249,7 @@ def test_planned_forwards_say_when_the_gemm_tuner_ran_inside_them():
         (row,) = target.add_rows(1)
         out = target.forward([row], torch.arange(3, 9), torch.arange(6), [6])  # prefill: above no tuned size
         target.commit_chunks([row], [6])
-        for _ in range(3 * cpu_linear.TUNE_TRIALS + 2):  # 3 new tokens a forward: one tuned row count
+        for _ in range(_tuning_forwards(3) + 2):  # 3 new tokens a forward: one tuned row count
             n = target.length(row)
             out = target.forward([row], torch.tensor([5, 6, 7]), torch.arange(n, n + 3), [3])
             target.commit_trees([row], [torch.tensor([0])])
@@ -264,7 +268,7 @@ def test_row_counts_above_eight_share_a_choice_per_bucket():
     x9, x10 = torch.randn(9, 24), torch.randn(10, 24)
     expected = net(x9)
     with torch.no_grad(), packed_linears(net, enabled=True):
-        for _ in range(3 * cpu_linear.TUNE_TRIALS):
+        for _ in range(_tuning_forwards(10)):
             net(x10)
         before = cpu_linear.tuning_calls()
         torch.testing.assert_close(net(x9), expected, rtol=1e-5, atol=1e-5)
