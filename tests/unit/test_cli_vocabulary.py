@@ -57,7 +57,7 @@ def parse(command: str, *extra: str) -> argparse.Namespace:
 
 def test_the_subcommands_are_the_ones_the_table_knows():
     names = set(subcommands(build_parser()))
-    assert names == {"generate", "bench", "eval-heads", "convert", "train medusa", "train mlp-speculator",
+    assert names == {"generate", "bench", "eval-heads", "convert", "build-kernels", "train medusa", "train mlp-speculator",
                      "train eagle", "train dflash", "export", "demo"}  # fmt: skip
     for commands in SHARED.values():
         assert set(commands) <= names
