@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ..kernels.cpu_linear import available, available_forms
+from ..kernels.cpu_linear import available_forms
 from .cost_cache import SAVE_EVERY_S, cache_folder, machine_key, read_state, warn_unwritable, write_state
 from .packed_linears import adopt_gemm_forms, is_gemm_choice, load_cpu_kernels, measured_gemm_forms
 
@@ -44,8 +44,8 @@ _STATE = {"loaded": False, "saved_at": None, "saved": {}}  # read yet; last writ
 def _file_key() -> dict:
     machine = machine_key([torch.device("cpu")])
     machine.pop("threads", None)
-    # the forms this process can run: choices made without the compiled kernel are not used where it is built
-    forms = list(available_forms(can_copy=True)) if load_cpu_kernels() or available() else []
+    load_cpu_kernels()  # the forms this process can run: choices made without the kernel are not used where it is built
+    forms = list(available_forms(can_copy=True))
     return json.loads(json.dumps({"format": FORMAT, "machine": machine, "forms": forms}, default=str))
 
 

@@ -91,8 +91,13 @@ _KEEP_BLOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _PINNED: weakref.WeakSet = weakref.WeakSet()
 
 
+def _switched_on(flag: str) -> bool:
+    """Whether the environment variable ``flag`` leaves its feature on (unset, or anything but 0 / false / no / off)."""
+    return os.environ.get(flag, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def _enabled_by_env() -> bool:
-    return os.environ.get(ENV_FLAG, "1").strip().lower() not in ("0", "false", "no", "off")
+    return _switched_on(ENV_FLAG)
 
 
 def _available_memory_bytes() -> int | None:
@@ -227,11 +232,11 @@ def _fastest_gemm(x2: torch.Tensor, weight: torch.Tensor, bias, can_copy: bool) 
     """`[rows, out]` ``F.linear(x2, weight, bias)`` of `[rows, in]` ``x2`` through the form measured fastest for this
     shape and row count (see above; ``can_copy``: packed copies of the weight are allowed)."""
     rows = tuning_rows(x2.shape[0])  # the choice measured for nearby row counts serves this one
-    forms = available_forms(can_copy, rows)
     key = (weight.shape[0], weight.shape[1], rows, bias is not None, torch.get_num_threads(), can_copy)
     form = _GEMM_CHOICE.get(key)
     if form is not None:
         return _gemm(form, x2, weight, bias)
+    forms = available_forms(can_copy, rows)
     trials = _GEMM_TRIALS.setdefault(key, {f: [] for f in forms})
     form = min(forms, key=lambda f: len(trials[f]))
     _TUNING_CALLS[0] += 1
@@ -309,7 +314,7 @@ def load_cpu_kernels() -> bool:
     ``HF_SPECDEC_CPU_KERNELS=0``); whether it is loaded."""
     if not _KERNELS_LOOKED_UP[0]:
         _KERNELS_LOOKED_UP[0] = True
-        if os.environ.get(KERNELS_ENV_FLAG, "1").strip().lower() not in ("0", "false", "no", "off"):
+        if _switched_on(KERNELS_ENV_FLAG):
             few_rows_gemm.load(kernel_folder())
     return few_rows_gemm.loaded()
 
