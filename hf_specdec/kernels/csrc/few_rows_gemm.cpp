@@ -41,8 +41,8 @@ constexpr int kPanel = 2 * kLanes;
 // Not inlined: inlined into at::parallel_for's lambda, GCC 12 (AVX2) stored every accumulator to the stack on each k
 // step, so a chunk's cost grew with its rows (a 4-row product of a 576 x 576 weight cost 2x a 2-row one).
 template <int MR>
-__attribute__((noinline)) void panels(const float* x, const float* packed, const float* b, float* y, int64_t K, int64_t N, int64_t p0,
-            int64_t p1) {
+__attribute__((noinline)) void panels(const float* x, const float* packed, const float* b, float* y, int64_t K,
+                                      int64_t N, int64_t p0, int64_t p1) {
   for (int64_t p = p0; p < p1; ++p) {
     const float* w = packed + p * K * kPanel;
     vec lo[MR], hi[MR];
