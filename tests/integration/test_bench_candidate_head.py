@@ -52,13 +52,22 @@ def test_shipped_and_candidate_heads_run_interleaved_in_one_bench_and_both_stay_
     )["input_ids"][0]  # fmt: skip
     methods = resolve_methods("eagle")
     methods += candidate_methods(methods, check_head_folders({"eagle": candidate_folder}))
-    records = run_bench(model, [Prompt(0, "qa", ids)], methods, settings_for(sample=False), max_new_tokens=24)
+    heads = {"eagle": EAGLE.load(), "eagle@candidate": methods[-1].kwargs(BenchContext(model=None))["assistant"].head}
+    calls = {name: 0 for name in heads}  # forwards of each head's input projection while the bench runs
+    hooks = [
+        head.fc.register_forward_pre_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
+        for name, head in heads.items()
+    ]
+    try:
+        records = run_bench(model, [Prompt(0, "qa", ids)], methods, settings_for(sample=False), max_new_tokens=24)
+    finally:
+        for hook in hooks:
+            hook.remove()
     by_method = {r["method"]: r for r in records}
     assert list(by_method) == ["vanilla", "eagle", "eagle@candidate"]
     for name in ("eagle", "eagle@candidate"):
         assert by_method[name]["error"] is None and by_method[name]["match"], by_method[name]
-    # a head with a flipped weight drafts other tokens: the twin did not reuse the shipped head
-    assert (by_method["eagle"]["drafted"], by_method["eagle"]["accepted"]) != (
-        by_method["eagle@candidate"]["drafted"],
-        by_method["eagle@candidate"]["accepted"],
-    )
+        assert by_method[name]["drafted"] > 0, by_method[name]
+    # each method drafted with its own head: the twin did not reuse the shipped one (how much each drafts follows
+    # the measured step costs, so the counts of drafted tokens do not tell the heads apart on a loaded machine)
+    assert heads["eagle"] is not heads["eagle@candidate"] and all(calls.values()), calls
