@@ -9,7 +9,7 @@ the weight matrix into its blocked layout on every call. The forms here compute 
 - ``"packed"``: ``torch.ops.mkl._mkl_linear`` on a copy of the weight packed once with MKL's ``cblas_sgemm_pack``
   (`pack_weight`),
 - ``"few_rows"``: `few_rows_gemm.linear`, a kernel compiled on this machine, on a copy of the weight packed in
-  panels once (`few_rows_gemm.pack_weight`), reading it once per 8 rows (where `few_rows_gemm` was built or loaded:
+  panels once (`few_rows_gemm.pack_weight`), reading it once for all rows (where `few_rows_gemm` was built or loaded:
   `available_forms`).
 
 Same math, same fp32 precision; only the blocking of the sums may differ, as it already does between a 1-row and an

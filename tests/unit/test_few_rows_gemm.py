@@ -48,6 +48,20 @@ def test_products_are_f_linear_s(built, rows, out_features, in_features, bias):
     assert ((F.linear(x, w, b).double() - exact).abs() <= bound).all()  # the bound F.linear itself keeps
 
 
+@pytest.mark.parametrize("rows", [4, 13])
+def test_threads_split_the_panels_and_every_chunk_of_rows_lands_in_its_own_place(built, rows):
+    """Two threads, each a range of panels, each panel every chunk of rows in turn (more rows than one chunk)."""
+    torch.manual_seed(rows)
+    x, w, b = torch.randn(rows, 40), torch.randn(1001, 40), torch.randn(1001)  # 1001: a ragged last panel
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = built.linear(x, built.pack_weight(w), 1001, b)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
 def test_an_operand_it_did_not_pack_is_refused(built):
     w = torch.randn(40, 24)
     with pytest.raises(RuntimeError, match="packed by pack_weight"):
