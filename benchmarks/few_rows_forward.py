@@ -5,7 +5,8 @@ One process, one torch thread: the model prefilled with 300 random tokens, then 
 (cropped off again), the two settings interleaved round by round inside `packed_linears` with copies kept, so each
 GEMM form is timed and chosen as in a call. The first `WARM` rounds (the forms' timed trials) are left out; the
 median over the rest is reported, in ms and as a ratio to a 1-token forward through stock `F.linear` (what vanilla
-`generate` runs). Also the single GEMMs of the default model's shapes, in µs.
+`generate` runs). Also the single GEMMs of the default model's shapes, in µs, and where a stock 1-token forward's
+time goes (torch's profiler: its `aten::mm` part, and the rate at which that reads the weights).
 
     python benchmarks/few_rows_forward.py --out docs/results/amd_few_rows_forward.json
 """
@@ -96,6 +97,29 @@ def gemm_table() -> dict:
     return table
 
 
+def stock_step_profile(model, forwards: int = 5) -> dict:
+    """Where a stock 1-token forward's time goes (torch's profiler, self CPU time): all of it and `aten::mm`'s part
+    (the weights' products), in ms per forward, and what reading the fp32 weights once in the mm time comes to."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cache = DynamicCache()
+    x = torch.randint(100, 20000, (1, 1))
+    with torch.no_grad():
+        model(torch.randint(100, 20000, (1, 300)), cache=cache, use_cache=True)
+        for _ in range(3):
+            _forward_ms(model, cache, 1)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(forwards):
+                model(x, cache=cache, use_cache=True)
+                cache.crop(-1)
+    events = prof.key_averages()
+    total_ms = sum(e.self_cpu_time_total for e in events) / 1e3 / forwards
+    mm_ms = sum(e.self_cpu_time_total for e in events if e.key == "aten::mm") / 1e3 / forwards
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # the tied lm_head counted once
+    return {"forward_ms": round(total_ms, 1), "mm_ms": round(mm_ms, 1),
+            "weights_gb_per_s_in_mm": round(weight_bytes / (mm_ms / 1e3) / 1e9, 1)}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -112,6 +136,7 @@ def main() -> None:
         "forward": forward_curves(model, kernel),
         "gemm_forms_chosen": CHOSEN,
         "gemm_us": gemm_table(),
+        "stock_1_token_profile": stock_step_profile(model),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
