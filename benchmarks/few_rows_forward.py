@@ -36,6 +36,13 @@ SHAPES = {"q_proj": (576, 576), "k_proj": (192, 576), "up_proj": (1536, 576), "d
           "lm_head": (49152, 576)}  # fmt: skip
 
 
+def _prefilled_cache(model) -> DynamicCache:
+    """A cache holding 300 random tokens: the context every timed forward runs on."""
+    cache = DynamicCache()
+    model(torch.randint(100, 20000, (1, 300)), cache=cache, use_cache=True)
+    return cache
+
+
 def _forward_ms(model, cache, n: int) -> float:
     x = torch.randint(100, 20000, (1, n))
     start = time.perf_counter()
@@ -49,9 +56,8 @@ def forward_curves(model, kernel) -> dict:
     """Per setting and n: the median ms of an n-token forward, and its ratio to a stock 1-token forward."""
     times = {setting: {n: [] for n in ROWS} for setting in ("mkl_forms", "with_few_rows")}
     choices = {setting: ({}, {}) for setting in times}
-    cache = DynamicCache()
     with torch.no_grad():
-        model(torch.randint(100, 20000, (1, 300)), cache=cache, use_cache=True)
+        cache = _prefilled_cache(model)
         for _ in range(WARM + ROUNDS):
             for setting, series in times.items():
                 few_rows_gemm._MODULE[0] = kernel if setting == "with_few_rows" else None
@@ -102,16 +108,13 @@ def stock_step_profile(model, forwards: int = 5) -> dict:
     (the weights' products), in ms per forward, and what reading the fp32 weights once in the mm time comes to."""
     from torch.profiler import ProfilerActivity, profile
 
-    cache = DynamicCache()
-    x = torch.randint(100, 20000, (1, 1))
     with torch.no_grad():
-        model(torch.randint(100, 20000, (1, 300)), cache=cache, use_cache=True)
+        cache = _prefilled_cache(model)
         for _ in range(3):
             _forward_ms(model, cache, 1)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(forwards):
-                model(x, cache=cache, use_cache=True)
-                cache.crop(-1)
+                _forward_ms(model, cache, 1)
     events = prof.key_averages()
     total_ms = sum(e.self_cpu_time_total for e in events) / 1e3 / forwards
     mm_ms = sum(e.self_cpu_time_total for e in events if e.key == "aten::mm") / 1e3 / forwards

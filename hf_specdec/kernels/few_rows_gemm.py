@@ -8,8 +8,8 @@ reading the weights. `csrc/few_rows_gemm.cpp` runs on a copy of the weight packe
 MKL's 3.4x for its packed copy) and multiplies each weight vector it loads by up to 8 rows (6 with AVX2) held in
 registers; more rows run chunk after chunk on each panel while it is in cache, so the weights are read from memory
 once for all rows, with a software prefetch of the stream ahead of the loads (where the weights come from DRAM the
-hardware prefetcher alone fell behind the FMAs of 4 rows and more). Same fp32 math as `F.linear`; only the blocking of the sums
-differs, as it already does between MKL's 1-row and n-row kernels.
+hardware prefetcher alone fell behind the FMAs of 4 rows and more). Same fp32 math as `F.linear`; only the blocking
+of the sums differs, as it already does between MKL's 1-row and n-row kernels.
 
 It is C++ built with `torch.utils.cpp_extension` (a C++ compiler and ninja, once per machine and source, ~1 min)
 into a folder the caller names, and never compiled implicitly: `build(folder)` compiles (``hf-specdec build-kernels``
