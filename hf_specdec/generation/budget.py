@@ -665,16 +665,19 @@ class TreeBudgeter:
             )
         self._pending = []
 
-    def record_step(self, tokens: int, rows: int, verify_s: float | None, propose_s: float, other_s: float) -> None:
-        """A step's measured times: verify forward over ``tokens`` packed tokens of ``rows`` rows (None: not a fair
-        sample, e.g. the CPU GEMM tuner timed slower forms inside it), proposing (only counted when something was
-        drafted), and the loop's bookkeeping."""
+    def record_step(
+        self, tokens: int, rows: int, verify_s: float | None, propose_s: float | None, other_s: float | None
+    ) -> None:
+        """A step's measured times: verify forward over ``tokens`` packed tokens of ``rows`` rows, proposing (only
+        counted when something was drafted), and the loop's bookkeeping; None where a time is not a fair sample (the
+        CPU GEMM tuner timed slower forms inside it)."""
         if verify_s is not None:
             self.cost.record_verify(tokens, rows, verify_s)
         else:
             self._unfair_samples += 1
-        self.cost.record_other(rows, other_s)
-        if tokens > rows and propose_s >= 0:
+        if other_s is not None:
+            self.cost.record_other(rows, other_s)
+        if tokens > rows and propose_s is not None and propose_s >= 0:
             prev = self.propose_seconds
             self.propose_seconds = propose_s if prev is None else (1 - _EMA) * prev + _EMA * propose_s
 

@@ -13,6 +13,7 @@ proposer what was committed.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import time
@@ -33,6 +34,7 @@ from .cost_model import cost_model_for, save_learnt_curve
 from .gemm_cache import load_gemm_choices, save_gemm_choices
 from .inputs import check_generator, prompt_starts, validate_call
 from .logits import NodeScorer
+from .packed_linears import packed_linears, tuning_calls
 from .proposers import as_proposer
 from .proposers.base import Proposer, ProposerSetup, RowFeedback, RowState
 from .stats import SpecStats
@@ -254,9 +256,10 @@ def _run(
             row.cache_row = cache_row
         try:
             proposer.start(_setup(call, generation_config, logits_processor, len(rows)))
-            _prefill(call, rows)
-            while (active := [r for r in rows if not r.finished]) and any(r.done_at is None for r in rows):
-                _step(call, active)
+            with _drafting_linears(proposer):
+                _prefill(call, rows)
+                while (active := [r for r in rows if not r.finished]) and any(r.done_at is None for r in rows):
+                    _step(call, active)
             _cut_to_vanilla_length(rows)
             call.stats.packed_weight_bytes = target.packed_bytes()
             save_learnt_curve(call.budget.cost)  # for the next process on this machine (throttled; never raises)
@@ -270,6 +273,19 @@ def _run(
     if call.want_scores or call.want_logits:
         _score_finished_rows(call, rows, attention_mask, _pad_id(generation_config))
     return _output(call, input_ids, rows, generation_config)
+
+
+@contextlib.contextmanager
+def _drafting_linears(proposer: Proposer):
+    """The CPU fp32 linears of what ``proposer`` drafts with (`Proposer.drafting_modules`) on the GEMM forms
+    measured fastest here, as the target's run (`packed_linears`), until the block exits. A head's copies are kept
+    while the head lives (`release_packed_weights(head)` frees them): they are the head's size again, a few percent of
+    the target's, and made again on every call they cost more than the head's drafting saved (on a 2-core VM
+    whose page faults are slow, packing fresh memory ran at about 45 MB/s)."""
+    with contextlib.ExitStack() as stack:
+        for module in dict.fromkeys(proposer.drafting_modules()):  # a head two proposers share is patched once
+            stack.enter_context(packed_linears(module, keep=True))
+        yield
 
 
 def _checked_call(
@@ -348,9 +364,11 @@ def _prefill(call: _Call, rows: Sequence[_Row]) -> None:
 
 def _step(call: _Call, active: Sequence[_Row]) -> None:
     """One speculative step of the active rows: propose, verify in one forward, commit, settle."""
+    tuning = tuning_calls()  # a draft head's GEMMs timing slower forms make no fair sample of its cost
     t0 = time.perf_counter()
     proposed = call.proposer.propose(_row_states(active, call.max_length, call.budget))
     t_propose = time.perf_counter() - t0
+    propose_tuned, tuning = tuning_calls() != tuning, tuning_calls()
     t0 = time.perf_counter()
     if len(proposed) != len(active):
         raise RuntimeError(
@@ -382,7 +400,8 @@ def _step(call: _Call, active: Sequence[_Row]) -> None:
     call.stats.time_verify += t_verify
     call.stats.time_other += t_other
     tokens = sum(t.num_nodes + 1 for t in trees)
-    times = (None if out.tuned else t_verify, t_propose, t_other)
+    other_tuned = tuning_calls() != tuning and not out.tuned  # a head's GEMMs in the feedback (DFlash's context)
+    times = (None if out.tuned else t_verify, None if propose_tuned else t_propose, None if other_tuned else t_other)
     if call.tp_group is not None:  # every rank's budget learns the same times, so it cuts the same trees
         times = agreed_seconds(call.tp_group, *times)
     call.budget.record_step(tokens, len(active), *times)

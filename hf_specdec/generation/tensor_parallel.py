@@ -45,15 +45,13 @@ def _device(group) -> torch.device:
     return torch.device("cpu")
 
 
-def agreed_seconds(group, verify_s: float | None, propose_s: float, other_s: float):
-    """The step's times as every rank of ``group`` records them: each the slowest rank's; ``verify_s`` None (not a
-    fair sample) on every rank when it is None on one. Returns ``(verify_s, propose_s, other_s)``."""
-    times = torch.tensor(  # [3]
-        [math.inf if verify_s is None else verify_s, propose_s, other_s], dtype=torch.float64, device=_device(group)
-    )
+def agreed_seconds(group, verify_s: float | None, propose_s: float | None, other_s: float | None):
+    """The step's times as every rank of ``group`` records them: each the slowest rank's; a time None (not a fair
+    sample) on every rank when it is None on one. Returns ``(verify_s, propose_s, other_s)``."""
+    seconds = [math.inf if s is None else s for s in (verify_s, propose_s, other_s)]
+    times = torch.tensor(seconds, dtype=torch.float64, device=_device(group))  # [3]
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
-    verify, propose, other = times.tolist()
-    return (None if math.isinf(verify) else verify), propose, other
+    return tuple(None if math.isinf(s) else s for s in times.tolist())
 
 
 def _fingerprint(trees: Sequence[DraftTree]) -> torch.Tensor:

@@ -460,3 +460,20 @@ def test_a_step_without_a_fair_verify_time_teaches_the_curve_nothing():
     assert after["samples"] == before["samples"] and after["curve"] == before["curve"]
     assert budgeter.summary()["unfair_samples"] == 2
     assert budgeter.propose_seconds == pytest.approx(0.002)
+
+
+def test_steps_whose_drafting_or_bookkeeping_ran_the_gemm_tuner_do_not_teach_those_costs():
+    """``propose_s=None`` / ``other_s=None``: a draft head's GEMMs timed slower forms while it proposed, or while the
+    step's feedback ran it (DFlash's context): those times are left out, the verify time is still learnt."""
+    budgeter = TreeBudgeter(StepCostModel())
+    budgeter.record_step(3, 1, 0.05, 0.002, 0.001)
+    other = budgeter.cost.other_seconds(1)
+    budgeter.record_step(3, 1, 0.05, None, 0.5)
+    assert budgeter.propose_seconds == pytest.approx(0.002)
+    assert budgeter.cost.other_seconds(1) > other  # the bookkeeping was fair there
+    other = budgeter.cost.other_seconds(1)
+    samples = sum(budgeter.cost.summary()["samples"].values())
+    budgeter.record_step(3, 1, 0.05, 0.9, None)
+    assert budgeter.cost.other_seconds(1) == pytest.approx(other)
+    assert budgeter.propose_seconds > 0.002
+    assert sum(budgeter.cost.summary()["samples"].values()) > samples

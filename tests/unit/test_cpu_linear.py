@@ -273,3 +273,49 @@ def test_row_counts_above_eight_share_a_choice_per_bucket():
         before = cpu_linear.tuning_calls()
         torch.testing.assert_close(net(x9), expected, rtol=1e-5, atol=1e-5)
         assert cpu_linear.tuning_calls() == before, "9 rows use the choice timed on 10"
+
+
+def _random_head(kind: str, model):
+    """A draft head of ``kind`` for ``model`` with random weights, and its assistant."""
+    from hf_specdec import EagleAssistant, EagleHead, MLPSpeculator, MLPSpeculatorAssistant
+    from hf_specdec.generation.proposers.dflash import DFlashAssistant
+    from hf_specdec.heads.dflash import DFlashHead
+
+    if kind == "eagle":
+        head = EagleHead.for_model(model, draft_vocab=torch.arange(2, 90))
+    elif kind == "dflash":
+        head = DFlashHead.for_model(model, num_layers=2, block_size=4, draft_vocab=torch.arange(10, 80), mask_token_id=96)
+    elif kind == "mlp_speculator":
+        head = MLPSpeculator.for_model(model, inner_dim=48, n_predict=3, top_k_tokens_per_head=[3, 2, 1])
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if p.dim() >= 2 and not name.startswith(("verifier", "embed_tokens")):
+                p.normal_(0.0, 0.15)
+    if kind == "mlp_speculator":
+        return head.eval(), MLPSpeculatorAssistant(head, widths=[3, 3, 2])  # a stage over several nodes at once
+    assistant = {"eagle": EagleAssistant, "dflash": DFlashAssistant}[kind]
+    return head.eval(), assistant(head)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "dflash", "mlp_speculator"])
+def test_draft_heads_linears_run_the_tuned_forms_for_the_call_and_are_restored(monkeypatch, kind):
+    """A head drafts a tree level of a few rows: its linears go through the same GEMM forms as the target's verify
+    forwards (MKL's re-packing GEMM cost several times the few-rows kernel's there), and are stock again after; the
+    head's copies are kept (small, and costly to make again every call) until released.
+    (Medusa's heads multiply their own stacked weights, no `nn.Linear`; a shared lm_head is the target's.)"""
+    model = tiny_causal_lm("llama", hidden_size=64, num_layers=2)
+    head, assistant = _random_head(kind, model)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9]])
+    expected = model.generate(ids, max_new_tokens=16, do_sample=False)
+    tuned = []
+    real = cpu_linear._fastest_gemm
+    monkeypatch.setattr(cpu_linear, "_fastest_gemm", lambda x, w, *a: tuned.append(w) or real(x, w, *a))
+    out = model.generate(ids, max_new_tokens=16, do_sample=False, assistant=assistant, tree_budget=False)
+    assert_same_tokens(out, expected, f"{kind} head with packed linears")
+    head_weights = {id(p) for p in head.parameters()}
+    assert any(id(w) in head_weights for w in tuned), f"the {kind} head's forwards did not use the patched linears"
+    assert all("forward" not in m.__dict__ for m in (*model.modules(), *head.modules()))
+    assert cpu_linear.packed_bytes(head) > 0, "the head's copies are kept for its next call"
+    release_packed_weights(head)
+    assert cpu_linear.packed_bytes(head) == 0

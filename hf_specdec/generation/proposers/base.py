@@ -155,6 +155,13 @@ class Proposer:
         """One `DraftTree` per row (an empty tree drafts nothing and costs nothing)."""
         raise NotImplementedError
 
+    def drafting_modules(self) -> tuple[torch.nn.Module, ...]:
+        """The modules this call drafts with (after `start`: a head, or its `drafting_head` copy). The loop runs
+        their CPU fp32 linears as it runs the target's, on the GEMM form measured fastest for each shape and row
+        count (``generation/packed_linears.py``): a tree level of a few rows through MKL's re-packing GEMM cost
+        more than the same rows through the few-rows kernel. None by default (a lookup drafts with no module)."""
+        return ()
+
     def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
         """What the target committed for each row after prefill and after every step.
 

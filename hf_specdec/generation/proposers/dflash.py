@@ -130,6 +130,9 @@ class DFlashAssistant(Proposer):
     def finish(self) -> None:
         self.cache, self.draft_head, self._pending = None, self.head, {}
 
+    def drafting_modules(self) -> tuple[torch.nn.Module, ...]:
+        return (self.draft_head,)
+
     def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
         layers = self.head.feature_layers
         for row, fb in zip(rows, feedback):

@@ -198,6 +198,9 @@ class EagleAssistant(Proposer):
         self.cache, self.draft_head = None, self.head
         self._pending = {}
 
+    def drafting_modules(self) -> tuple[torch.nn.Module, ...]:
+        return (self.draft_head,)
+
     def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
         layers = self.head.feature_layers
         for row, fb in zip(rows, feedback):

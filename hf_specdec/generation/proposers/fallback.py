@@ -96,6 +96,9 @@ class FallbackAssistant(Proposer):
         for p in self.proposers:
             p.start(setup)
 
+    def drafting_modules(self) -> tuple[torch.nn.Module, ...]:
+        return tuple(m for p in self.proposers for m in p.drafting_modules())
+
     def finish(self) -> None:
         self._proposed = {}
         error: BaseException | None = None

@@ -161,6 +161,9 @@ class MLPSpeculatorAssistant(FinalStateAssistant):
         super().finish()
         self._draft = self.speculator
 
+    def drafting_modules(self) -> tuple[torch.nn.Module, ...]:
+        return (self._draft,)
+
     @torch.no_grad()
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
         cuts = [min(r.max_depth, len(self.widths)) if r.row in self._last_hidden else 0 for r in rows]
