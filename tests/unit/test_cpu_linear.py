@@ -304,6 +304,7 @@ def test_draft_heads_linears_run_the_tuned_forms_for_the_call_and_are_restored(m
     forwards (MKL's re-packing GEMM cost several times the few-rows kernel's there), and are stock again after; the
     head's copies are kept (small, and costly to make again every call) until released.
     (Medusa's heads multiply their own stacked weights, no `nn.Linear`; a shared lm_head is the target's.)"""
+    monkeypatch.setenv("HF_SPECDEC_DRAFT_DTYPE", "float32")  # not a bf16 drafting copy, whatever a probe measures
     model = tiny_causal_lm("llama", hidden_size=64, num_layers=2)
     head, assistant = _random_head(kind, model)
     ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9]])
