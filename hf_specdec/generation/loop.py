@@ -368,7 +368,7 @@ def _step(call: _Call, active: Sequence[_Row]) -> None:
     t0 = time.perf_counter()
     proposed = call.proposer.propose(_row_states(active, call.max_length, call.budget))
     t_propose = time.perf_counter() - t0
-    propose_tuned, tuning = tuning_calls() != tuning, tuning_calls()
+    propose_tuned = tuning_calls() != tuning
     t0 = time.perf_counter()
     if len(proposed) != len(active):
         raise RuntimeError(
@@ -382,6 +382,7 @@ def _step(call: _Call, active: Sequence[_Row]) -> None:
     out, scores, verdicts = _verify(call, active, trees)
     call.target.commit_trees([r.cache_row for r in active], [v.accepted for v in verdicts])
     t_verify = time.perf_counter() - t1
+    tuning = tuning_calls()  # the verify forward's own trials are `out.tuned`
     results = []
     for b, (r, tree, v) in enumerate(zip(active, trees, verdicts)):
         call.stats.record_step(tree.num_nodes, v.num_accepted)
@@ -400,7 +401,7 @@ def _step(call: _Call, active: Sequence[_Row]) -> None:
     call.stats.time_verify += t_verify
     call.stats.time_other += t_other
     tokens = sum(t.num_nodes + 1 for t in trees)
-    other_tuned = tuning_calls() != tuning and not out.tuned  # a head's GEMMs in the feedback (DFlash's context)
+    other_tuned = tuning_calls() != tuning  # a head's GEMMs in the feedback (DFlash's context)
     times = (None if out.tuned else t_verify, None if propose_tuned else t_propose, None if other_tuned else t_other)
     if call.tp_group is not None:  # every rank's budget learns the same times, so it cuts the same trees
         times = agreed_seconds(call.tp_group, *times)
