@@ -177,7 +177,7 @@ def generate(
     typical_epsilon: float = 0.09,
     typical_delta: float = 0.3,
     hf_specdec_streamer=None,
-    keep_packed: bool = False,
+    keep_packed: bool | None = None,
     tree_budget: bool | TreeBudgeter = True,
     **model_kwargs,
 ):
@@ -197,8 +197,10 @@ def generate(
             distribution). Only used when sampling.
         hf_specdec_streamer: the ``streamer=`` of ``model.generate`` (the hook passes it under this name, because
             transformers does not forward a streamer to a ``custom_generate`` callable).
-        keep_packed: on CPU, keep the target's pre-packed linear weights after the call (until
-            ``hf_specdec.release_packed_weights(model)``) instead of releasing them; see `hf_specdec.packed_weights`.
+        keep_packed: on CPU, the target's pre-packed linear weights after the call: None (default) keeps the copies
+            the call made for later calls (until ``hf_specdec.release_packed_weights(model)``, or the weights change
+            or are freed), True also packs from the first verify forward, False releases them when the call ends;
+            see ``generation/packed_linears.py`` and `hf_specdec.packed_weights`.
         tree_budget: size every row's tree each step from the verify cost measured on this machine and the
             assistant's acceptance estimates (a `TreeBudgeter`, the default and the one place trees are sized;
             drafting nothing is always one of the options); False verifies the trees exactly as the assistant

@@ -40,9 +40,15 @@ are therefore made only where they pay and dropped when they stop paying:
   a long prompt runs stock `F.linear` and packs nothing (its GEMM amortises MKL's re-pack over all its rows);
 - a single call packs only from its `PACK_AFTER`-th such forward, so short answers never pay the packing (the
   few-rows GEMM's panels are the weights' size again, made in ~0.4 s for the default model);
-- the copies are released when the call ends, unless the caller keeps them: ``generate(..., keep_packed=True)``
-  (kept until `release_packed_weights`) or the ``with packed_weights(model):`` block, which packs at once (the
-  warm-up) and keeps the copies for every call inside it.
+- a ``generate`` call keeps the copies it made for the model's later calls (``keep_packed=None``, the default): they
+  live until the weights change or are freed, or `release_packed_weights`. Releasing them at the end of every call
+  made a plain series of calls re-pack the weights and run its first `PACK_AFTER` verify forwards on stock kernels
+  each time, which cost the default model's EAGLE calls their whole gain on a 2-core AMD EPYC (12 prompts in a row:
+  0.87x vanilla, against 1.20x once kept; docs/results.md). When a call ends, the copies of forms the tuner chose for none of the
+  weight's row counts are dropped (`_drop_unchosen_copies`: the first process on a machine times every form, so it
+  packs every form once). ``keep_packed=False`` releases them when the call ends; ``keep_packed=True`` also packs
+  from the call's first verify forward; the ``with packed_weights(model):`` block packs at once (the warm-up) and
+  releases the copies when it exits.
 
 `packed_bytes(model)` says how many bytes the copies of ``model`` hold (allocated; ``spec_stats.packed_weight_bytes``
 reports it at the end of a call).
@@ -82,6 +88,8 @@ MEMORY_FRACTION = 0.5
 _PACKED = WeakIdKeyDictionary()
 # weight tensor -> (weight._version when packed, its panels for the few-rows kernel)
 _PANELS = WeakIdKeyDictionary()
+# weight tensor -> eligible forwards run since its copies were last released (counted over calls: `PACK_AFTER`)
+_FORWARDS_SEEN = WeakIdKeyDictionary()
 # ids of the models whose packed linears this context (thread) entered
 _ENTERED: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("hf_specdec_packed", default=frozenset())
 # model id -> [number of open blocks, the layers patched]
@@ -173,7 +181,6 @@ def _packed_forward(module: nn.Linear, model: nn.Module):
     fastest GEMM form measured on this machine (`_fastest_gemm`); up to `MAX_ROWS` the packed GEMM once packing is
     allowed; `F.linear` otherwise (one row: exactly stock decoding)."""
     weight, bias, key = module.weight, module.bias, id(model)
-    seen = [0]  # eligible forwards of this layer since it was patched (shared by the calls open on the model)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.dim() else 0
@@ -181,8 +188,8 @@ def _packed_forward(module: nn.Linear, model: nn.Module):
             return F.linear(x, weight, bias)
         if torch.is_grad_enabled() or key not in _ENTERED.get():  # another thread's call of the model: stock kernels
             return F.linear(x, weight, bias)
-        seen[0] += 1
-        can_copy = seen[0] >= PACK_AFTER or weight in _PACKED or weight in _PANELS or _kept(model)
+        seen = _FORWARDS_SEEN[weight] = _FORWARDS_SEEN.get(weight, 0) + 1
+        can_copy = seen >= PACK_AFTER or weight in _PACKED or weight in _PANELS or _kept(model)
         x2 = x.reshape(rows, x.shape[-1]).contiguous()  # [rows, in]
         if rows > TUNE_MAX_ROWS:  # a prompt's prefill: every length would be a new shape to time
             y = _gemm("packed" if can_copy and available() else "linear", x2, weight, bias)
@@ -329,8 +336,10 @@ def _layers_to_pack(model: nn.Module, enabled: bool | None) -> list[nn.Linear]:
     layers = [m for m in model.modules() if _eligible(m)]
     if enabled is None and layers:
         weights = {id(m.weight): m.weight for m in layers}.values()
-        factor = PACKED_SIZE_FACTOR * available() + few_rows_gemm.loaded()  # MKL's copies and the panels
-        need = factor * sum(w.numel() * w.element_size() for w in weights if w not in _PACKED)
+        mkl, panels = PACKED_SIZE_FACTOR * available(), float(few_rows_gemm.loaded())  # copies' size / weight's
+        need = sum(
+            w.numel() * w.element_size() * (mkl * (w not in _PACKED) + panels * (w not in _PANELS)) for w in weights
+        )
         free = _available_memory_bytes()
         if free is not None and need > MEMORY_FRACTION * free:
             return []
@@ -338,15 +347,18 @@ def _layers_to_pack(model: nn.Module, enabled: bool | None) -> list[nn.Linear]:
 
 
 @contextlib.contextmanager
-def packed_linears(model: nn.Module, enabled: bool | None = None, keep: bool = False):
+def packed_linears(model: nn.Module, enabled: bool | None = None, keep: bool | None = False):
     """Run ``model``'s fp32 CPU `nn.Linear` layers on pre-packed weights inside the block (see the module doc).
 
     Args:
         model: the model whose linears are patched for this thread.
         enabled: None decides by itself (CPU fp32 layers, MKL, ``HF_SPECDEC_PACKED_LINEAR``, free memory); False
             makes this a no-op; True skips the memory check.
-        keep: keep the copies after the block (until `release_packed_weights`), and pack from the first verify
-            forward instead of the `PACK_AFTER`-th.
+        keep: False releases the copies when the last open block on the model exits (unless a `packed_weights`
+            block or an earlier ``keep=True`` holds them); None leaves the copies made for later blocks (until
+            `release_packed_weights`, or the weights change or are freed); True does that too and packs from the
+            first verify forward instead of the `PACK_AFTER`-th. Whenever the copies stay, those of forms the tuner
+            chose nowhere are dropped (`_drop_unchosen_copies`).
     Yields:
         the number of layers patched.
     """
@@ -363,8 +375,9 @@ def packed_linears(model: nn.Module, enabled: bool | None = None, keep: bool = F
             patched = [m for m in layers if "forward" not in m.__dict__]
             for m in patched:
                 m.forward = _packed_forward(m, model)
-            entry = _USERS[key] = [0, patched]
+            entry = _USERS[key] = [0, patched, False]  # open blocks, layers patched, whether one keeps the copies
         entry[0] += 1
+        entry[2] = entry[2] or keep is not False
     token = _ENTERED.set(_ENTERED.get() | {key})
     try:
         yield len(entry[1])
@@ -376,8 +389,30 @@ def packed_linears(model: nn.Module, enabled: bool | None = None, keep: bool = F
                 for m in entry[1]:
                     m.__dict__.pop("forward", None)
                 del _USERS[key]
-                if not _kept(model):
+                if entry[2]:
+                    _drop_unchosen_copies(model)
+                elif not _kept(model):
                     release_packed_weights(model)
+
+
+_COPY_FORMS = {"packed": _PACKED, "few_rows": _PANELS}  # the forms that run on a copy of the weight, and its cache
+
+
+def _drop_unchosen_copies(model: nn.Module) -> None:
+    """Free the copies of ``model``'s weights in a form that the tuner chose for none of the weight's row counts,
+    once no row count of the weight's shape is still being timed (its trials would pack the copy again)."""
+    chosen: dict[tuple[int, int], set[str]] = {}
+    for (out, inp, _rows, _bias, _threads, can_copy), form in _GEMM_CHOICE.items():
+        if can_copy:
+            chosen.setdefault((out, inp), set()).add(form)
+    timing = {key[:2] for key in _GEMM_TRIALS if key[5]}
+    for p in model.parameters():
+        shape = tuple(p.shape)
+        if p.dim() != 2 or shape in timing:
+            continue
+        for form, cache in _COPY_FORMS.items():
+            if form not in chosen.get(shape, ()):
+                cache.pop(p, None)
 
 
 @contextlib.contextmanager
@@ -430,9 +465,11 @@ def release_packed_weights(model: nn.Module | None = None) -> None:
     if model is None:
         _PACKED.clear()
         _PANELS.clear()
+        _FORWARDS_SEEN.clear()
         _PINNED.clear()
         return
     _PINNED.discard(model)
     for p in model.parameters():
         _PACKED.pop(p, None)
         _PANELS.pop(p, None)
+        _FORWARDS_SEEN.pop(p, None)

@@ -23,7 +23,7 @@ class SpecStats:
         time_propose / time_verify / time_other: seconds in the proposer, in target forwards + acceptance, and in
             everything else (prefill included in verify).
         packed_weight_bytes: bytes held by the target's pre-packed CPU linear weights when the call ended (0 when
-            it did not pack; released after the call unless ``keep_packed=True``; see ``generation/packed_linears.py``).
+            it did not pack; kept for later calls unless ``keep_packed=False``; see ``generation/packed_linears.py``).
         budget: what the tree budget measured and chose (`TreeBudgeter.summary`): ``cost`` the verify cost curve
             of this machine (``curve`` {packed tokens: seconds}, ``relative`` {tokens: cost / cost of one token},
             ``samples``), ``nodes_per_row`` {nodes verified for a row in a step: how often},

@@ -63,8 +63,9 @@ class PlannedModel:
         block_size: tokens per cache block.
         pack_linears: run the model's CPU fp32 linears on pre-packed weights in this thread (None: when it pays and
             memory allows; see ``generation/packed_linears.py``).
-        keep_packed: keep the packed copies after the block (``generate(..., keep_packed=True)``); by default they
-            are released when the block exits.
+        keep_packed: what happens to the packed copies when the block exits (``generate(..., keep_packed=...)``):
+            None (default) keeps those made for the model's later calls, True also packs from the first verify
+            forward, False releases them (`packed_linears`' ``keep``).
     """
 
     def __init__(
@@ -74,7 +75,7 @@ class PlannedModel:
         backend: str | None = None,
         block_size: int = 16,
         pack_linears: bool | None = None,
-        keep_packed: bool = False,
+        keep_packed: bool | None = None,
     ):
         self.model = model
         self.device = next(model.parameters()).device

@@ -223,19 +223,55 @@ def test_keep_and_the_packed_weights_block_keep_the_copies_until_released(monkey
     assert {id(w) for w in packed} <= {id(net[0].weight), id(net[1].weight)}  # (the tuner may pick another form)
 
 
-def test_generate_reports_and_releases_or_keeps_the_copies(monkeypatch):
+def test_generate_keeps_the_copies_for_later_calls_or_releases_them(monkeypatch):
     model = tiny_causal_lm("llama", hidden_size=64, num_layers=2)
     ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 5, 6, 7]])
     expected = model.generate(ids, max_new_tokens=12, do_sample=False)
     kw = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True)
     out = model.generate(ids, assistant=RandomTreeProposer(model.config.vocab_size, nodes=8), **kw)
     assert_same_tokens(out.sequences, expected, "packed")
-    assert out.spec_stats.packed_weight_bytes > 0
-    assert cpu_linear.packed_bytes(model) == 0, "released after the call"
-    out = model.generate(ids, assistant=RandomTreeProposer(model.config.vocab_size, nodes=8), keep_packed=True, **kw)
-    assert cpu_linear.packed_bytes(model) == out.spec_stats.packed_weight_bytes > 0
+    kept = cpu_linear.packed_bytes(model)
+    assert kept == out.spec_stats.packed_weight_bytes > 0, "a plain call keeps its copies for the next"
+    held = {id(p) for p in model.parameters() if p in cpu_linear._PACKED}
+    packed, real = [], cpu_linear.pack_weight
+    monkeypatch.setattr(cpu_linear, "pack_weight", lambda w: packed.append(w) or real(w))  # packings, not uses
+    out = model.generate(ids, assistant=RandomTreeProposer(model.config.vocab_size, nodes=8), **kw)
+    assert_same_tokens(out.sequences, expected, "packed, second call")
+    assert not held & {id(w) for w in packed}, "the second call packed a kept copy again"
+    out = model.generate(ids, assistant=RandomTreeProposer(model.config.vocab_size, nodes=8), keep_packed=False, **kw)
+    assert out.spec_stats.packed_weight_bytes > 0 and cpu_linear.packed_bytes(model) == 0, "keep_packed=False"
+    model.generate(ids, assistant=RandomTreeProposer(model.config.vocab_size, nodes=8), keep_packed=True, **kw)
+    assert cpu_linear.packed_bytes(model) > 0
     release_packed_weights(model)
     assert cpu_linear.packed_bytes(model) == 0
+
+
+def test_kept_copies_of_forms_the_tuner_chose_nowhere_are_dropped():
+    """The first process on a machine times every form, so it packs every form once; once a shape's row counts are
+    all timed, what stays after the call is only what the choices run."""
+    net = nn.Sequential(nn.Linear(24, 32), nn.Linear(32, 8)).eval()
+    x, x_other = torch.randn(cpu_linear.MIN_ROWS, 24), torch.randn(cpu_linear.MIN_ROWS + 1, 24)
+    forms = cpu_linear.available_forms(True, cpu_linear.MIN_ROWS)
+    with torch.no_grad(), packed_linears(net, enabled=True, keep=None):
+        for _ in range(cpu_linear.TUNE_TRIALS * len(forms)):
+            net(x)
+        for _ in range(len(forms)):  # every form once: this row count is still being timed when the call ends
+            net(x_other)
+        during = cpu_linear.packed_bytes(net)
+    assert cpu_linear.packed_bytes(net) == during, "a copy the tuner's trials still use was dropped"
+    with torch.no_grad(), packed_linears(net, enabled=True, keep=None):
+        for _ in range(cpu_linear.TUNE_TRIALS * len(forms)):
+            y = net(x_other)
+    assert not cpu_linear._GEMM_TRIALS, "the tuner should have chosen"
+    chosen: dict[tuple, set] = {}
+    for (out, inp, *_), form in cpu_linear._GEMM_CHOICE.items():
+        chosen.setdefault((out, inp), set()).add(form)
+    for m in net:
+        for form, cache in cpu_linear._COPY_FORMS.items():
+            assert (m.weight in cache) == (form in chosen[tuple(m.weight.shape)]), (form, chosen)
+    expected = F.linear(F.linear(x_other, net[0].weight, net[0].bias), net[1].weight, net[1].bias)
+    torch.testing.assert_close(y, expected)
+    release_packed_weights(net)
 
 
 def test_planned_forwards_say_when_the_gemm_tuner_ran_inside_them():
