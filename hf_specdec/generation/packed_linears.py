@@ -1,6 +1,7 @@
 """When and how the target's CPU `nn.Linear` layers run pre-packed MKL GEMMs while speculative forwards run: the
 policy over the GEMM forms of ``kernels/cpu_linear.py``. The same block runs a draft model's linears (`PlannedModel`)
-and a draft head's (the loop enters it for `Proposer.drafting_modules`: a tree level drafts a few rows at once).
+and a draft head's (the loop enters it for `Proposer.drafting_modules`: a tree level drafts a few rows at once;
+EAGLE-1's gathered lm_head rows are such a module too, `heads/derived.py::lm_head_linear`).
 
 Verifying a draft tree multiplies every weight matrix by ``n + 1`` rows instead of one. For one to three rows MKL
 runs a matrix-vector kernel that streams the weights once; from four rows on it runs a GEMM that first *re-packs*

@@ -17,7 +17,6 @@ import copy
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 DERIVED_ATTR = "_hf_specdec_derived"
@@ -54,25 +53,29 @@ def dense_weight(weight: torch.Tensor) -> torch.Tensor:
     return weight
 
 
-def lm_head_rows(
-    owner: nn.Module, lm_head: nn.Linear, index: torch.Tensor | None, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(weight, bias)``: the rows ``index`` `[V']` (all rows when None) of ``lm_head``'s weight `[V, H]` and bias,
-    gathered once and kept on ``owner`` while neither the lm_head nor ``index`` changes. They are in ``dtype`` when it
-    is narrower than the lm_head's (a head drafting in bf16 over an fp32 target), else in the lm_head's own dtype (an
-    fp32 head over a bf16 target never copies the lm_head to fp32); all rows in their own dtype are the lm_head's own
-    tensors (no copy)."""
+def lm_head_linear(owner: nn.Module, lm_head: nn.Linear, index: torch.Tensor | None, dtype: torch.dtype) -> nn.Linear:
+    """An `nn.Linear` over the rows ``index`` `[V']` (all rows when None) of ``lm_head``'s weight `[V, H]` and bias,
+    gathered once and kept on ``owner`` while neither the lm_head nor ``index`` changes. Its rows are in ``dtype``
+    when that is narrower than the lm_head's (a head drafting in bf16 over an fp32 target), else in the lm_head's own
+    dtype (an fp32 head over a bf16 target never copies the lm_head to fp32); all rows in their own dtype are the
+    lm_head itself (no copy). A module rather than bare tensors so that the loop runs it on the GEMM form measured
+    fastest for a tree level's few rows, as it runs the head's own linears (`Proposer.drafting_modules`). Its
+    parameters need no gradient and belong to no module of the owner: never saved, never trained."""
     w, b = lm_head.weight, lm_head.bias
     if dtype.itemsize >= w.dtype.itemsize:
         dtype = w.dtype
     if index is None and w.dtype == dtype:
-        return w, b
+        return lm_head
 
-    def gather() -> tuple[torch.Tensor, torch.Tensor | None]:
+    def gather() -> nn.Linear:
         idx = None if index is None else index.to(w.device)
-        rows = w.detach() if idx is None else w.detach()[idx]
-        bias = None if b is None else (b.detach() if idx is None else b.detach()[idx]).to(dtype)
-        return rows.to(dtype).contiguous(), bias
+        rows = w.detach() if idx is None else w.detach()[idx]  # [V', H]
+        linear = nn.Linear(rows.shape[1], rows.shape[0], bias=b is not None, device="meta")
+        linear.weight = nn.Parameter(rows.to(dtype).contiguous(), requires_grad=False)
+        if b is not None:
+            bias = b.detach() if idx is None else b.detach()[idx]  # [V']
+            linear.bias = nn.Parameter(bias.to(dtype), requires_grad=False)
+        return linear.eval()
 
     return cached_derived(owner, f"_lm_head_rows_{dtype}", (w, b, index), gather)
 
@@ -81,11 +84,11 @@ def lm_head_logits(
     owner: nn.Module, lm_head: nn.Module, states: torch.Tensor, index: torch.Tensor | None, dtype: torch.dtype
 ) -> torch.Tensor:
     """`[..., V']` logits of ``states`` `[..., H]` over the rows ``index`` `[V']` of ``lm_head`` (all when None). A
-    linear lm_head multiplies only those rows (`lm_head_rows`, in ``dtype`` when it is narrower); any other module runs
-    whole in its own dtype and is then indexed."""
+    linear lm_head multiplies only those rows (`lm_head_linear`, in ``dtype`` when it is narrower); any other module
+    runs whole in its own dtype and is then indexed."""
     if isinstance(lm_head, nn.Linear):
-        weight, bias = lm_head_rows(owner, lm_head, index, dtype)
-        return F.linear(states.to(device=weight.device, dtype=weight.dtype), weight, bias)
+        linear = lm_head_linear(owner, lm_head, index, dtype)
+        return linear(states.to(device=linear.weight.device, dtype=linear.weight.dtype))
     param = next(lm_head.parameters())
     logits = lm_head(states.to(device=param.device, dtype=param.dtype))
     return logits if index is None else logits[..., index.to(logits.device)]

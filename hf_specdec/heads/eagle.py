@@ -30,7 +30,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..cache.model_arg import cache_kwarg
-from .derived import cached_derived, dense_weight, drafting_copy, lm_head_logits
+from .derived import cached_derived, dense_weight, drafting_copy, lm_head_linear, lm_head_logits
 from .draft_cache import DraftKVCache, ExtendKV
 from .formats.eagle import eagle_upstream_config, read_eagle_checkpoint
 from .formats.speculators import (
@@ -385,6 +385,17 @@ class EagleHead(
             raise ValueError("EAGLE-1 heads take logits from the target's lm_head: call head.bind(target) first")
         index = None if self.d2t is None else self._draft_ids()
         return lm_head_logits(self, head, out, index, self._param.dtype).float()  # the head's dtype: `drafting_copy`
+
+    def drafting_linears(self) -> tuple[nn.Module, ...]:
+        """The modules outside the head that `logits` multiplies by and that the target does not run itself:
+        EAGLE-1's target lm_head rows at the draft vocabulary, or in the head's narrower dtype (`lm_head_linear`,
+        gathered now if not yet); none for EAGLE-3 (its lm_head is its own module) or a full fp32 vocabulary."""
+        head = self._target_lm_head
+        if self.version == 3 or not isinstance(head, nn.Linear):
+            return ()
+        index = None if self.d2t is None else self._draft_ids()
+        linear = lm_head_linear(self, head, index, self._param.dtype)
+        return () if linear is head else (linear,)
 
     def _draft_ids(self) -> torch.Tensor:
         """`[V']` the token id of every draft-vocabulary index."""

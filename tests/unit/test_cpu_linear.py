@@ -180,6 +180,33 @@ def test_draft_model_linears_are_packed_for_the_call_and_restored(monkeypatch):
     assert all("forward" not in m.__dict__ for m in (*model.modules(), *draft.modules()))
 
 
+def test_eagle1_lm_head_rows_run_on_the_tuned_forms(monkeypatch):
+    """EAGLE-1's gathered lm_head rows (its draft vocabulary) are a drafting module: a tree level's few rows run on
+    the tuned GEMM forms, tokens stay vanilla's, and the head saves none of it."""
+    from hf_specdec import EagleAssistant
+    from hf_specdec.generation.draft_dtype import ENV_VAR
+    from hf_specdec.heads.eagle import EagleHead
+
+    monkeypatch.setenv(ENV_VAR, "float32")  # the tuned forms are fp32's; bf16 drafting would gather bf16 rows
+    model = tiny_causal_lm("llama", num_layers=2)
+    torch.manual_seed(0)
+    head = EagleHead.for_model(model, draft_vocab=torch.arange(2, 90)).eval()
+    saved = set(head.state_dict())
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 5, 6, 7]])
+    expected = model.generate(ids, max_new_tokens=12, do_sample=False)
+    tuned = []
+    real = cpu_linear._fastest_gemm
+    monkeypatch.setattr(cpu_linear, "_fastest_gemm", lambda x, w, *a: tuned.append((w, x.shape[0])) or real(x, w, *a))
+    assistant = EagleAssistant(head, top_k=3, depth=3, num_nodes=8)
+    out = model.generate(ids, max_new_tokens=12, do_sample=False, assistant=assistant)
+    assert_same_tokens(out, expected, "EAGLE-1 with its lm_head rows on the tuned forms")
+    (rows,) = head.drafting_linears()
+    assert rows.weight.shape == (88, model.config.hidden_size)
+    assert torch.equal(rows.weight, model.get_output_embeddings().weight[2:90])
+    assert any(w is rows.weight and n >= 2 for w, n in tuned), "a tree level's lm_head product skipped the tuner"
+    assert "forward" not in rows.__dict__ and set(head.state_dict()) == saved
+
+
 def _count_packing(monkeypatch) -> list:
     packed = []
     real = cpu_linear.packed_weight

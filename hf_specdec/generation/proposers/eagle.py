@@ -199,7 +199,7 @@ class EagleAssistant(Proposer):
         self._pending = {}
 
     def drafting_modules(self) -> tuple[torch.nn.Module, ...]:
-        return (self.draft_head,)
+        return (self.draft_head, *self.draft_head.drafting_linears())  # EAGLE-1: its gathered lm_head rows too
 
     def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
         layers = self.head.feature_layers
