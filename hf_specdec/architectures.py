@@ -336,6 +336,17 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+VERSION_MARK = "<!-- swept with transformers {} -->"
+
+
+def table_version(path: Path) -> str | None:
+    """The transformers version the table in ``path`` was last swept with (None if it does not say)."""
+    head, _, tail = VERSION_MARK.partition("{}")
+    text = path.read_text()
+    start = text.find(head)
+    return None if start < 0 else text[start + len(head) : text.index(tail, start + len(head))]
+
+
 def read_table(path: Path) -> dict[str, str]:
     """model type -> outcome, from the table in ``path``."""
     text = path.read_text()
@@ -351,11 +362,11 @@ def write_table(path: Path, outcomes: list[Outcome], partial: bool = False) -> N
     head, tail = text[: text.index(TABLE_START) + len(TABLE_START)], text[text.index(TABLE_END) :]
     lines = table(outcomes).splitlines()
     if partial:
-        old = text[len(head) : text.index(TABLE_END)].splitlines()[3:]  # after the blank line, header and rule
+        old = [line for line in text[len(head) : text.index(TABLE_END)].splitlines() if not line.startswith("| model")]
         rows = {line.split("|")[1].strip(): line for line in [*old, *lines[2:]] if line.startswith("| ")}
         lines = lines[:2] + [rows[t] for t in sorted(rows)]
     body = "\n".join(lines)
-    path.write_text(f"{head}\n{body}\n{tail}")
+    path.write_text(f"{head}\n{VERSION_MARK.format(transformers.__version__)}\n{body}\n{tail}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -41,9 +41,10 @@ def test_readme_python_snippets_run_as_written(page, monkeypatch):
 
 
 def test_the_readme_test_command_installs_what_ci_installs():
-    """The README's test command is CI's: the same extras for scripts/install.sh, then scripts/test.sh."""
+    """The README's test command is CI's: the same pinned set and extras for scripts/install.sh, then
+    scripts/test.sh."""
     ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
-    ci_extras = re.search(r"^bash scripts/install\.sh (\S+)", ci, re.MULTILINE)
+    ci_extras = re.search(r"^HF_SPECDEC_CONSTRAINTS=\S+ bash scripts/install\.sh (\S+)", ci, re.MULTILINE)
     line = next(li for li in README.read_text(encoding="utf-8").splitlines() if li.startswith("Tests: "))
     readme_extras = re.search(r"bash scripts/install\.sh (\S+)", line)
     assert ci_extras and readme_extras, "no scripts/install.sh call found"
@@ -51,3 +52,4 @@ def test_the_readme_test_command_installs_what_ci_installs():
         f"README installs {readme_extras.group(1)}, CI {ci_extras.group(1)}"
     )
     assert "bash scripts/test.sh" in line and "bash scripts/test.sh" in ci
+    assert "HF_SPECDEC_CONSTRAINTS=.ci/constraints.txt bash scripts/install.sh" in line, "the README installs unpinned"
