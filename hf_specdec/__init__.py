@@ -61,6 +61,7 @@ from .generation.hook import install, uninstall
 from .generation.logits import register_per_node_processor
 from .generation.loop import generate
 from .generation.proposers import Proposer, ProposerSetup, RowState, register_assistant_resolver
+from .generation.proposers import register_assistant_names as _register_assistant_names
 from .generation.proposers.base import RowFeedback
 from .generation.stats import SpecStats
 from .generation.tree import DraftSampling, DraftTree
@@ -68,6 +69,8 @@ from .version import __version__ as __version__
 
 _register_attention()
 install()
+# a string assistant= is told the ready-made names (the registry loads only then: it imports every head type)
+_register_assistant_names(lambda: importlib.import_module(".assistants", __name__).available_assistants())
 
 
 # Heavier pieces load on first use: public name -> the module (relative to this package) that defines it.

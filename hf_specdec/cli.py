@@ -45,6 +45,7 @@ from .cli_args import (
     check_sampling_arguments,
     load_model_argument,
     missing_folders,
+    non_negative_int,
     positive_int,
 )
 from .demo.cli import add_arguments as add_demo_arguments
@@ -72,7 +73,7 @@ def _add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_sampling_arguments(parser, "sample instead of greedy decoding")
     parser.add_argument("--system", default=None, help="system message (default: the chat template's)")
-    parser.add_argument("--seed", type=int, default=None, help="torch.manual_seed before generating")
+    parser.add_argument("--seed", type=non_negative_int, default=None, help="torch.manual_seed before generating")
     add_threads_argument(parser)
     add_model_argument(parser)
     add_device_argument(parser)

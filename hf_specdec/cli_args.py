@@ -8,9 +8,10 @@ accepted as a hidden alias (`add_hidden_alias`).
 
 A value that cannot work is refused before any model is loaded, as one ``hf-specdec: error: ...`` line naming the
 option, the value and what is expected (exit code 2, argparse's convention): argparse reports the types
-(`positive_int`, `non_negative_int`, `positive_float`) itself, and `UsageError` carries the checks argparse cannot make
-alone (combinations, folders) to ``hf_specdec.cli.main``. Those types and `UsageError` are defined with the trainers'
-command line (``hf_specdec.training.trainer_cli``, the lowest layer that has one) and re-exported here.
+(`positive_int`, `non_negative_int`, `int_at_least`, `any_int`, `positive_float`: every number has one) itself, and
+`UsageError` carries the checks argparse cannot make alone (combinations, folders) to ``hf_specdec.cli.main``.
+Those types and `UsageError` are defined with the trainers' command line (``hf_specdec.training.trainer_cli``, the
+lowest layer that has one) and re-exported here.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ import contextlib
 from pathlib import Path
 
 # defined with the trainers' command line (the lowest layer that has one), re-exported here for every subcommand
+from .heads.hub import offline_miss
 from .training.trainer_cli import UsageError as UsageError
+from .training.trainer_cli import any_int as any_int
+from .training.trainer_cli import int_at_least as int_at_least
 from .training.trainer_cli import load_model_option
 from .training.trainer_cli import non_negative_int as non_negative_int
 from .training.trainer_cli import positive_float as positive_float
@@ -191,13 +195,17 @@ def missing_folders(out: str) -> list[Path]:
 
 
 def check_model_argument(name: str | None) -> None:
-    """``--model``: a path that looks like a folder must exist (else transformers reports a Hub repo-id error)."""
+    """``--model``: a path that looks like a folder must exist (else transformers reports a Hub repo-id error); a Hub
+    id while the Hub is switched off (``HF_HUB_OFFLINE``) must be in the local cache."""
     if name is None:
         return
     path = Path(name).expanduser()
     looks_local = path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1  # Hub ids: org/name
     if looks_local and not path.is_dir():
         raise UsageError(f"--model {name}: no such folder (pass a local model folder or a Hub id like org/name)")
+    not_cached = None if path.is_dir() else offline_miss(name)
+    if not_cached:
+        raise UsageError(f"--model {name}: {not_cached}")
 
 
 def load_model_argument(

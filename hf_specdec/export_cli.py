@@ -9,7 +9,9 @@ an EAGLE-3 head or a DFlash block drafter), or the name of a head that ships wit
 ``medusa``). The head is loaded, bound to its target model (``--model``; default: the default model), which checks
 that their sizes fit and records what the exported config names (the target's architectures; Medusa's vLLM layout
 also stores a copy of the target's lm_head), then saved with ``save_pretrained(format=...)``. The exported folder
-loads back into hf-specdec unchanged.
+loads back into hf-specdec unchanged. The export names its verifier, the target an engine loads beside the head:
+``--verifier``, else the name the target was loaded under when that is an existing folder or a Hub id (a bare name,
+such as a shipped head's ``SmolLM2-135M-Instruct``, no engine could load: it is refused, naming ``--verifier``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import sys
 from pathlib import Path
 
 from .cli_args import UsageError, check_model_argument, positive_int
+from .heads.checks import is_model_reference
+from .heads.hub import base_model_name
 
 # export format -> the shipped head it takes (speculators also takes a DFlash head: `_load_head`)
 FORMATS = {"speculators": "eagle", "eagle": "eagle", "medusa": "medusa"}
@@ -44,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--verifier",
         default=None,
         help="the target's name written into the export (a Hub id such as HuggingFaceTB/SmolLM2-135M-Instruct, or a "
-        "folder the engine can read; default: --model, or the default model's converted folder)",
+        "folder the engine can read; default: the name the target was loaded under (--model, or the default model's "
+        "converted folder) when it is an existing folder or a Hub id)",
     )
     parser.add_argument(
         "--repo-id",
@@ -107,6 +112,27 @@ def _load_head(args: argparse.Namespace):
     raise UsageError(f"cannot load {args.head} as {names}: {'; '.join(errors)}")
 
 
+def _check_verifier_option(verifier: str | None) -> None:
+    """``--verifier``, when given: a name an engine can load the target from (a Hub id or a folder)."""
+    if verifier is not None and not is_model_reference(verifier):
+        raise UsageError(f"--verifier {verifier}: neither an existing folder nor a Hub id (owner/name); pass the "
+                         "target's Hub id (e.g. HuggingFaceTB/SmolLM2-135M-Instruct) or its folder")  # fmt: skip
+
+
+def _verifier(args: argparse.Namespace, model) -> str:
+    """The verifier the export names: ``--verifier``, else the name the target was loaded under when it is an
+    existing folder (made absolute) or a Hub id; a bare name (``SmolLM2-135M-Instruct``) is refused, naming
+    ``--verifier``."""
+    if args.verifier is not None:
+        return args.verifier
+    name = base_model_name(model)
+    if not is_model_reference(name):
+        raise UsageError(f"--verifier: the target was loaded as {name!r}, neither an existing folder nor a Hub id "
+                         "(owner/name), so the export cannot name it for an engine; pass --verifier with the "
+                         "target's Hub id or folder")  # fmt: skip
+    return str(Path(name).resolve()) if Path(name).is_dir() else name
+
+
 def _tree_depth(head, tokens: int | None) -> None:
     """``--speculative-tokens``: an EAGLE head's tree depth; a DFlash head's is its block's (refused otherwise)."""
     if tokens is None:
@@ -123,15 +149,14 @@ def export_main(args: argparse.Namespace) -> int:
     """Load the head and its target, bind them, save the export and print what was written and how to serve it."""
     import torch
 
-    from .models import default_model_dir
-
     check_model_argument(args.model)
+    _check_verifier_option(args.verifier)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a folder")
     head = _load_head(args)
     model, name = _load_target(args.model)
-    verifier = args.verifier or (args.model if args.model else str(default_model_dir()))
+    verifier = _verifier(args, model)
     try:
         head.bind(model)
     except ValueError as err:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ..assistants import SHIPPED_HEADS, saved_head_type
+from ..cli_args import non_negative_int, positive_int
 from ..generation.proposers.ngram import prompt_lookup_predictions
 from ..heads.dflash import DFlashHead
 from ..heads.eagle import EagleHead
@@ -302,9 +303,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--head-dir", action="append", default=[], metavar="NAME=FOLDER", help="also a head saved in FOLDER"
     )
-    parser.add_argument("--per-category", type=int, default=4, help="bench questions per category (default 4)")
-    parser.add_argument("--seed", type=int, default=0, help="the bench's question sample seed (default 0)")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length, as the bench (default 128)")
+    parser.add_argument("--per-category", type=positive_int, default=4, help="bench questions per category (default 4)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="the bench's question sample seed (default 0)")
+    parser.add_argument(
+        "--max-new-tokens", type=positive_int, default=128, help="answer length, as the bench (default 128)"
+    )
     parser.add_argument(
         "--data",
         default=None,

@@ -46,6 +46,7 @@ from ..cli_args import (
     check_out_folder,
     check_sampling_arguments,
     load_model_argument,
+    non_negative_int,
     positive_int,
 )
 from ..generation import draft_dtype
@@ -441,7 +442,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--repeats", type=positive_int, default=1, help="timed calls per method and prompt; fastest kept"
     )
-    parser.add_argument("--seed", type=int, default=0, help="question sampling and generation seed (default 0)")
+    parser.add_argument(
+        "--seed", type=non_negative_int, default=0, help="question sampling and generation seed (default 0)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no per-prompt progress lines on stderr")
     parser.add_argument(
         "--head-dir",

@@ -36,7 +36,7 @@ from .inputs import check_generator, prompt_starts, validate_call
 from .logits import NodeScorer
 from .packed_linears import packed_linears, tuning_calls
 from .proposers import as_proposer
-from .proposers.base import Proposer, ProposerSetup, RowFeedback, RowState
+from .proposers.base import Proposer, ProposerSetup, RowFeedback, RowState, checked_proposals
 from .stats import SpecStats
 from .target import PlannedModel, PlannedOutput, TailMask
 from .tensor_parallel import agreed_seconds, check_same_trees, tp_group
@@ -372,10 +372,7 @@ def _step(call: _Call, active: Sequence[_Row]) -> None:
     t_propose = time.perf_counter() - t0
     propose_tuned = tuning_calls() != tuning
     t0 = time.perf_counter()
-    if len(proposed) != len(active):
-        raise RuntimeError(
-            f"{type(call.proposer).__name__}.propose returned {len(proposed)} trees for {len(active)} rows"
-        )
+    proposed = checked_proposals(call.proposer, proposed, len(active))
     trees, kept = zip(*[_sanitize(t, r, call) for t, r in zip(proposed, active)])
     trees, kept = _budgeted(call.budget, active, trees, kept)
     if call.tp_group is not None:
@@ -517,13 +514,11 @@ def _row_states(rows: Sequence[_Row], max_length: int, budget: TreeBudgeter | No
 
 
 def _sanitize(tree: DraftTree, row: _Row, call: _Call) -> tuple[DraftTree, torch.Tensor | None]:
-    """Check a proposer's tree and cut it to the row's remaining budget.
+    """Cut a proposer's tree (a `DraftTree`: `checked_proposals`) to the row's remaining budget.
 
     Returns:
         the tree to verify, and `[T']` int64 the proposed tree's index of each of its nodes (None: the same nodes).
     """
-    if not isinstance(tree, DraftTree):
-        raise TypeError(f"a proposer must return DraftTree objects, got {type(tree).__name__}")
     if tree.device != row.buf.device:
         tree = tree.to(row.buf.device)
     max_depth = max(0, call.max_length - row.length - 1)

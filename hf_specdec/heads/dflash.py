@@ -32,6 +32,7 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
+from .checks import check_token_ids, check_tree, check_verifier
 from .derived import dense_weight, drafting_copy, lm_head_logits
 from .draft_cache import DraftKVCache
 from .eagle import EagleHead, _architectures, _num_layers
@@ -50,6 +51,7 @@ from .hub import (
     base_model_dims,
     base_model_name,
     check_shapes,
+    config_int,
     read_tensors,
 )
 from .target_layers import copy_target_layers
@@ -219,7 +221,8 @@ class DFlashHead(
 
     # ------------------------------------------------------------------------------------------ target
     def check_compatible(self, model: nn.Module) -> None:
-        """Refuse a target whose hidden size, vocabulary, depth or architecture do not fit (naming both sides)."""
+        """Refuse a target whose hidden size, vocabulary, depth or architecture do not fit (naming both sides), or
+        whose vocabulary lacks the mask token."""
         hidden, vocab = base_model_dims(model)
         trained = f" (it was built for {self.base_model_name_or_path})" if self.base_model_name_or_path else ""
         for what, ours, theirs in (("hidden size", self.hidden_size, hidden), ("vocabulary", self.vocab_size, vocab)):
@@ -235,6 +238,7 @@ class DFlashHead(
             raise ValueError(f"DFlashHead was trained for a verifier {self.base_model_name_or_path or '(unnamed)'} of "
                              f"architecture {self.verifier_architectures}, but the target is {theirs}; load or train "
                              "a head for this model")  # fmt: skip
+        check_token_ids("DFlashHead", "mask_token_id", self.mask_token_id, vocab, self.source or "the head")
         for getter in ("get_input_embeddings",) + (() if self.lm_head is not None else ("get_output_embeddings",)):
             if getattr(model, getter, lambda: None)() is None:
                 raise ValueError(f"DFlashHead uses {type(model).__name__}.{getter}(), which is None")
@@ -400,6 +404,8 @@ class DFlashHead(
         else:
             raise ValueError(f"DFlashHead: {config_path} is neither a speculators 'dflash' config nor an hf-specdec "
                              f"DFlash config (head_type {config.get('head_type')!r})")  # fmt: skip
+        check_tree("DFlashHead", init.get("tree"), config_path)
+        config_int("DFlashHead", init, "mask_token_id", config_path, required=False, minimum=0)
         weights = source.require(WEIGHTS_NAME, "the DFlash head's weights")
         tensors = read_tensors(weights)
         if fmt == "speculators":  # what the library keeps of the verifier: never the head's own
@@ -410,18 +416,19 @@ class DFlashHead(
         except (TypeError, ValueError) as err:
             raise ValueError(f"DFlashHead: cannot build a head from {config_path}: {err}") from err
         check_shapes("DFlashHead", tensors, expected, f"{weights} (config {config_path})")
-        check_d2t("DFlashHead", tensors, int(init["config"]["vocab_size"]), weights)
+        vocab = int(init["config"]["vocab_size"])
+        check_d2t("DFlashHead", tensors, vocab, weights)
+        check_token_ids("DFlashHead", "mask_token_id", init.get("mask_token_id"), vocab, config_path)
         return init, tensors, fmt
 
     def export_checkpoint(self, fmt: str) -> tuple[dict, dict[str, torch.Tensor]]:
         """``(config.json, tensors)`` in vLLM's speculators layout (``fmt="speculators"``)."""
         if fmt != "speculators":
             raise ValueError(f"DFlashHead exports the formats {list(self.export_formats)}, not {fmt!r}")
-        if not self.base_model_name_or_path or not self.verifier_architectures or self.mask_token_id is None:
-            raise ValueError("a speculators config names its verifier (Hub id or folder, and architectures) and the "
-                             "mask token: bind the head to its target first (head.bind(model)) and set "
-                             "head.base_model_name_or_path to the name vLLM should load (now "
-                             f"{self.base_model_name_or_path!r})")  # fmt: skip
+        check_verifier("DFlashHead", self.base_model_name_or_path, self.verifier_architectures)
+        if self.mask_token_id is None:
+            raise ValueError("a speculators DFlash config names its mask token: bind the head to its target first "
+                             "(head.bind(model)), or set head.mask_token_id")  # fmt: skip
         config = speculators_dflash_config(self, _layer_dict(self.config))
         return config, dict(self.state_dict())  # the library's names are ours
 

@@ -30,6 +30,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..cache.model_arg import cache_kwarg
+from .checks import check_verifier
 from .derived import cached_derived, dense_weight, drafting_copy, lm_head_linear, lm_head_logits
 from .draft_cache import DraftKVCache, ExtendKV
 from .formats.eagle import eagle_upstream_config, read_eagle_checkpoint
@@ -485,11 +486,7 @@ class EagleHead(
             if self.version != 3:
                 raise ValueError("the speculators format has no EAGLE-1 kind that vLLM or the speculators library "
                                  "reads; export this EAGLE-1 head with format='eagle'")  # fmt: skip
-            if not self.base_model_name_or_path or not self.verifier_architectures:
-                raise ValueError("a speculators config names its verifier (Hub id or folder, and architectures): "
-                                 "bind the head to its target first (EagleHead.from_pretrained(..., base_model=model) "
-                                 "or head.bind(model)) and set head.base_model_name_or_path to the name vLLM should "
-                                 f"load (now {self.base_model_name_or_path!r})")  # fmt: skip
+            check_verifier("EagleHead", self.base_model_name_or_path, self.verifier_architectures)
             config = speculators_eagle3_config(self, self.base_model_name_or_path, self.verifier_architectures)
             embed = None if self._target_embed is None else self._target_embed.weight
             return config, speculators_eagle3_tensors(state, embed)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import torch
-from huggingface_hub import ModelCard, ModelHubMixin, hf_hub_download
+from huggingface_hub import ModelCard, ModelHubMixin, constants, hf_hub_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
     HFValidationError,
@@ -32,18 +32,18 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.file_download import repo_folder_name
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from ..version import __version__
+from .checks import HUB_ID, check_finite
 from .serving import serving_sections
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 CARD_NAME = "README.md"
 LIBRARY_NAME = "hf-specdec"
-
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
 def _library_version() -> str:
@@ -84,13 +84,16 @@ class HeadSource:
                 self.name.startswith((".", "/", "~"))
                 or os.sep in self.name.replace("/", "", 1)
                 or os.path.exists(self.name)
-                or not _REPO_ID.match(self.name)
+                or not HUB_ID.match(self.name)
             )
             if looks_like_path:
                 raise FileNotFoundError(
                     f"{self.name!r} is neither an existing folder nor a Hub repo id (owner/name); pass the folder "
                     "that holds config.json and the weights, or a repo id such as 'FasterDecoding/medusa-vicuna-7b-v1.3'"
                 )
+            not_cached = offline_miss(self.name, cache_dir, local_files_only)
+            if not_cached:  # fail now, not once per candidate file
+                raise FileNotFoundError(not_cached)
 
     def __str__(self) -> str:
         return self.name
@@ -152,6 +155,24 @@ class HeadSource:
                 f"once with network access (`hf download {self.name}`), or pass a local folder"
             )
         return f"the Hub repo {self.name!r} has none of: {names}"
+
+
+def offline_miss(
+    repo_id: str, cache_dir: str | os.PathLike | None = None, local_files_only: bool = False
+) -> str | None:
+    """Why the Hub repo ``repo_id`` cannot be read, when the Hub is switched off (``HF_HUB_OFFLINE``, or
+    ``local_files_only``) and the local cache holds no copy of it: a message naming the local-folder alternative.
+    None when the Hub may be asked, or the cache has the repo."""
+    if not (constants.HF_HUB_OFFLINE or local_files_only):
+        return None
+    cache = Path(cache_dir or constants.HF_HUB_CACHE)
+    if (cache / repo_folder_name(repo_id=repo_id, repo_type="model")).is_dir():
+        return None
+    why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "local_files_only=True"
+    return (
+        f"the Hub is unreachable ({why}) and the Hub repo {repo_id!r} is not in the local cache ({cache}): pass a "
+        f"local folder that holds its files instead, or download it once with network access (`hf download {repo_id}`)"
+    )
 
 
 def check_reachable(source: HeadSource, found_any: bool) -> None:
@@ -286,7 +307,8 @@ def read_sharded_tensors(
 def check_shapes(
     owner: str, tensors: Mapping[str, torch.Tensor], expected: Mapping[str, tuple[int, ...]], where: str
 ) -> None:
-    """Every expected key present with its shape, nothing else; errors name the key and both shapes.
+    """Every expected key present with its shape, nothing else, every float finite (`checks.check_finite`); errors
+    name the key and both shapes (or the key and the file).
 
     Args:
         owner: what is being loaded, e.g. ``"MedusaHeads"``.
@@ -306,6 +328,7 @@ def check_shapes(
     extra = sorted(set(tensors) - set(expected))
     if extra:
         raise ValueError(f"{owner}: {where} holds unexpected tensors {extra[:5]}{' ...' if len(extra) > 5 else ''}")
+    check_finite(owner, tensors, where)
 
 
 def save_tensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike) -> None:
@@ -384,7 +407,7 @@ def hub_base_model(base: str | None) -> str | None:
     name = os.path.basename(str(base).rstrip("/"))
     if name in KNOWN_BASE_MODELS:
         return KNOWN_BASE_MODELS[name]
-    if _REPO_ID.match(str(base)) and not os.path.exists(str(base)):
+    if HUB_ID.match(str(base)) and not os.path.exists(str(base)):
         return str(base)
     return None
 

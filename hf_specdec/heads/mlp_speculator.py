@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checks import check_token_ids
 from .derived import cached_derived, drafting_copy
 from .formats.mlp_speculator import HEAD_TYPE, OWNER, read_mlp_speculator_checkpoint, speculator_shapes
 from .hub import HeadSource, PretrainedHead, base_model_dims, base_model_name, check_base_model
@@ -192,9 +193,11 @@ class MLPSpeculator(
         return read_mlp_speculator_checkpoint(source)
 
     def check_compatible(self, model: nn.Module) -> None:
-        """Refuse a base model whose hidden size or vocabulary differ from this speculator's (naming both)."""
+        """Refuse a base model whose hidden size or vocabulary differ from this speculator's (naming both), or whose
+        vocabulary lacks a ``token_map`` id."""
         owner = OWNER if self.source is None else f"{OWNER} loaded from {self.source}"
         check_base_model(owner, model, self.emb_dim, self.vocab_size, self.base_model_name_or_path)
+        check_token_ids(OWNER, "token_map", self.token_map, base_model_dims(model)[1], self.source or "the speculator")
 
     # ------------------------------------------------------------------------------------------ math
     def _emb(self, i: int) -> nn.Embedding:

@@ -14,8 +14,7 @@ import argparse
 from pathlib import Path
 
 from .conversation_data import MODES, build_conversation_data
-
-SOURCES = ("sharegpt",)
+from .trainer_cli import SOURCES, non_negative_int, positive_int
 
 
 def add_data_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,12 +27,19 @@ def add_data_source_arguments(parser: argparse.ArgumentParser) -> None:
         help="fixed: the conversations teacher-forced through the model (fast: prefill only), labels from the model; "
         "self: the model answers the conversations' user turns (slow: generation); default fixed",
     )
-    group.add_argument("--conversations", type=int, default=4000, help="conversations taken (default 4000)")
+    group.add_argument("--conversations", type=positive_int, default=4000, help="conversations taken (default 4000)")
     group.add_argument(
-        "--conversation-tokens", type=int, default=1024, help="tokens kept per conversation / prompt (default 1024)"
+        "--conversation-tokens",
+        type=positive_int,
+        default=1024,
+        help="tokens kept per conversation / prompt (default 1024)",
     )
-    group.add_argument("--data-seed", type=int, default=0, help="order the conversations are taken in (default 0)")
-    group.add_argument("--turns", type=int, choices=(1, 2), default=1, help="self: user turns answered (default 1)")
+    group.add_argument(
+        "--data-seed", type=non_negative_int, default=0, help="order the conversations are taken in (default 0)"
+    )
+    group.add_argument(
+        "--turns", type=positive_int, choices=(1, 2), default=1, help="self: user turns answered (default 1)"
+    )
 
 
 def resolve_data(

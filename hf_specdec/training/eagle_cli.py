@@ -28,15 +28,28 @@ from pathlib import Path
 
 from ..models import SHIPPED_HEAD_DIRS
 from .data_arguments import SOURCES, add_data_source_arguments, resolve_data
-from .trainer_cli import TrainerCommand, UsageError, load_target
+from .trainer_cli import (
+    TrainerCommand,
+    UsageError,
+    any_int,
+    int_at_least,
+    load_target,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 
 
 def _add_task_data_arguments(parser: argparse.ArgumentParser) -> None:
     """The options ``train eagle`` and ``train dflash`` share besides every trainer's (`trainer_cli`): the six-task
     data they build by default (or the ``--data`` source), and their window schedule."""
     parser.add_argument("--extra-data", nargs="+", default=[], help="more data folder(s) added to the built data")
-    parser.add_argument("--num-seed", type=int, default=32, help="seed-stage prompts (the target writes material)")
-    parser.add_argument("--num-tasks", type=int, default=120, help="task-stage prompts over the six task kinds")
+    parser.add_argument(
+        "--num-seed", type=positive_int, default=32, help="seed-stage prompts (the target writes material)"
+    )
+    parser.add_argument(
+        "--num-tasks", type=positive_int, default=120, help="task-stage prompts over the six task kinds"
+    )
     parser.add_argument(
         "--real-text",
         action="store_true",
@@ -48,14 +61,16 @@ def _add_task_data_arguments(parser: argparse.ArgumentParser) -> None:
         help="real text saved by LocalText.save (build on a machine without the Debian packages); implies --real-text",
     )
     parser.add_argument("--data-only", action="store_true", help="build the data and stop (no training)")
-    parser.add_argument("--seed-max-new-tokens", type=int, default=96, help="answer cap of the seed stage")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="answer cap of the task stage")
-    parser.add_argument("--batch-size", type=int, default=32, help="prompts per generate call while building data")
-    parser.add_argument("--window", type=int, default=256, help="positions per training window")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--windows-per-step", type=int, default=4, help="training windows per optimizer step")
-    parser.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (0 = full)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed-max-new-tokens", type=positive_int, default=96, help="answer cap of the seed stage")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64, help="answer cap of the task stage")
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=32, help="prompts per generate call while building data"
+    )
+    parser.add_argument("--window", type=positive_int, default=256, help="positions per training window")
+    parser.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    parser.add_argument("--windows-per-step", type=positive_int, default=4, help="training windows per optimizer step")
+    parser.add_argument("--draft-vocab", type=non_negative_int, default=8192, help="draft vocabulary size (0 = full)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="data and training seed (default 0)")
     parser.add_argument(
         "--build-dtype",
         choices=("float32", "bfloat16"),
@@ -89,7 +104,7 @@ def _add_init_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
     )
     parser.add_argument(
         "--init-layer",
-        type=int,
+        type=any_int,
         default=None,
         help="start draft layer i as the target's decoder layer INIT_LAYER + i (negative: from the end, -1 = the "
         "last; EAGLE: version 1 only); default: at random. Measured on the default model: no gain for DFlash, far "
@@ -102,7 +117,7 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     _add_task_data_arguments(parser)
     parser.add_argument(
         "--version",
-        type=int,
+        type=positive_int,
         choices=(1, 3),
         default=1,
         help="1: EAGLE-1/2 (final states); 3: EAGLE-3 (low/mid/high layer states, training-time test); the data "
@@ -110,7 +125,7 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--unroll",
-        type=int,
+        type=positive_int,
         default=None,
         help="draft steps unrolled in training (default: 3 for EAGLE-3, 1 for EAGLE-1)",
     )
@@ -127,10 +142,14 @@ def add_train_eagle_arguments(parser: argparse.ArgumentParser) -> None:
 def add_train_dflash_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``hf-specdec train dflash`` besides every trainer's (defaults: `DFlashTrainingConfig`'s)."""
     _add_task_data_arguments(parser)
-    parser.add_argument("--num-layers", type=int, default=1, help="the head's draft layers")
-    parser.add_argument("--block-size", type=int, default=8, help="tokens one block drafts, the anchor included")
-    parser.add_argument("--anchors-per-window", type=int, default=16, help="blocks trained per window")
-    parser.add_argument("--decay", type=float, default=4.0, help="depth d's loss weight is exp(-(d - 1) / decay)")
+    parser.add_argument("--num-layers", type=positive_int, default=1, help="the head's draft layers")
+    parser.add_argument(
+        "--block-size", type=int_at_least(2), default=8, help="tokens one block drafts, the anchor included"
+    )
+    parser.add_argument("--anchors-per-window", type=positive_int, default=16, help="blocks trained per window")
+    parser.add_argument(
+        "--decay", type=positive_float, default=4.0, help="depth d's loss weight is exp(-(d - 1) / decay)"
+    )
     parser.add_argument(
         "--on-path",
         action="store_true",

@@ -40,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--do-sample", action="store_true", help="sample the answers (T=0.7, top-p 0.9) instead of greedy"
     )
     parser.add_argument("--sample", dest="do_sample", action="store_true", help=argparse.SUPPRESS)  # older spelling
-    parser.add_argument("--prompt-seed", type=int, default=0, help="seed of the prompt set and sampling (default 0)")
+    parser.add_argument(
+        "--prompt-seed", type=non_negative_int, default=0, help="seed of the prompt set and sampling (default 0)"
+    )
     _add_head_arguments(parser)
 
 

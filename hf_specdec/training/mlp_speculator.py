@@ -37,7 +37,7 @@ from .labels import IGNORE, draft_vocabulary, medusa_labels
 from .run import REPORT_NAME, RunConfig, TrainingRun, check_mixed_precision, held_out_split, trainable_copy
 from .shards import DistillationData, load_distillation_data, write_json
 from .step_cost import step_cost_curve
-from .trainer_cli import TrainerCommand, load_target
+from .trainer_cli import TrainerCommand, load_target, non_negative_int, positive_float, positive_int
 
 # level widths tried by `tune_speculator_tree` (each also cut at every depth by the tree budget at run time)
 DEFAULT_WIDTH_CANDIDATES = ((1, 1, 1, 1), (2, 2, 2, 2), (3, 2, 2, 2), (3, 3, 3, 3), (4, 4, 4, 4), (4, 6, 6, 6))
@@ -387,20 +387,36 @@ RECIPE = dict(num_prompts=256, num_context_prompts=0, prompt_seed=1, max_new_tok
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``hf-specdec train mlp-speculator`` besides the shared ones (`trainer_cli`)."""
     d = MLPSpeculatorTrainingConfig()
-    parser.add_argument("--num-prompts", type=int, default=RECIPE["num_prompts"], help="generated prompts")
-    parser.add_argument("--num-context-prompts", type=int, default=RECIPE["num_context_prompts"],
+    parser.add_argument("--num-prompts", type=positive_int, default=RECIPE["num_prompts"], help="generated prompts")
+    parser.add_argument("--num-context-prompts", type=non_negative_int, default=RECIPE["num_context_prompts"],
                         help="stage-2 prompts: tasks over the model's own answers (0: none)")  # fmt: skip
-    parser.add_argument("--prompt-seed", type=int, default=RECIPE["prompt_seed"], help="seed of the prompt set")
-    parser.add_argument("--max-new-tokens", type=int, default=RECIPE["max_new_tokens"], help="answer length cap")
-    parser.add_argument("--gen-batch-size", type=int, default=RECIPE["gen_batch_size"], help="prompts per generate")
-    parser.add_argument("--inner-dim", type=int, default=d.inner_dim, help=f"stage state size (default {d.inner_dim})")
-    parser.add_argument("--n-predict", type=int, default=d.n_predict, help=f"stages (default {d.n_predict})")
+    parser.add_argument(
+        "--prompt-seed", type=non_negative_int, default=RECIPE["prompt_seed"], help="seed of the prompt set"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=positive_int, default=RECIPE["max_new_tokens"], help="answer length cap"
+    )
+    parser.add_argument(
+        "--gen-batch-size", type=positive_int, default=RECIPE["gen_batch_size"], help="prompts per generate"
+    )
+    parser.add_argument(
+        "--inner-dim", type=non_negative_int, default=d.inner_dim, help=f"stage state size (default {d.inner_dim})"
+    )
+    parser.add_argument("--n-predict", type=positive_int, default=d.n_predict, help=f"stages (default {d.n_predict})")
     parser.add_argument("--no-tie-weights", action="store_true", help="one emb / head / norm per stage")
-    parser.add_argument("--draft-vocab", type=int, default=d.draft_vocab, help="draft vocabulary size (0: full)")
-    parser.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate (default {d.lr})")
-    parser.add_argument("--positions-per-step", type=int, default=d.positions_per_step, help="positions per step")
-    parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="steps between checkpoints")
-    parser.add_argument("--eval-every", type=int, default=0, help="steps between held-out evaluations (0: at the end)")
+    parser.add_argument(
+        "--draft-vocab", type=non_negative_int, default=d.draft_vocab, help="draft vocabulary size (0: full)"
+    )
+    parser.add_argument("--lr", type=positive_float, default=d.lr, help=f"AdamW learning rate (default {d.lr})")
+    parser.add_argument(
+        "--positions-per-step", type=positive_int, default=d.positions_per_step, help="positions per step"
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=non_negative_int, default=d.checkpoint_every, help="steps between checkpoints"
+    )
+    parser.add_argument(
+        "--eval-every", type=non_negative_int, default=0, help="steps between held-out evaluations (0: at the end)"
+    )
     parser.add_argument("--no-tune-tree", action="store_true", help="skip choosing the tree widths on this machine")
     parser.add_argument(
         "--save-dtype",

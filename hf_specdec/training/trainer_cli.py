@@ -10,18 +10,22 @@ the kind's check and main run.
     MEDUSA_COMMAND = TrainerCommand("medusa", "Medusa-1 heads by self-distillation", add_arguments, main)
     add_trainer_arguments(train_subparsers.add_parser(MEDUSA_COMMAND.name), MEDUSA_COMMAND)
 
-The argument types below (`positive_int`, `non_negative_int`, `positive_float`) and `UsageError` are the package's
-command-line vocabulary; they live here, in the lowest layer that has a command line, so that the trainers' options
-can use them, and ``hf_specdec.cli_args`` re-exports them for the other subcommands.
+The argument types below (`positive_int`, `non_negative_int`, `int_at_least`, `any_int`, `positive_float`) and
+`UsageError` are the package's command-line vocabulary; they live here, in the lowest layer that has a command line,
+so that the trainers' options can use them, and ``hf_specdec.cli_args`` re-exports them for the other subcommands.
+Every number of every subcommand has one of them as its argparse type (never a bare ``int`` or ``float``: ``float``
+takes ``nan`` and ``inf``), so that a value that cannot work is refused while the arguments are parsed, before any
+data are built or a model is loaded (``tests/unit/test_cli_errors.py`` walks every subcommand's options).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .data_arguments import SOURCES
+SOURCES = ("sharegpt",)  # the named ``--data`` sources (`data_arguments` builds them)
 
 
 class UsageError(ValueError):
@@ -29,33 +33,47 @@ class UsageError(ValueError):
     (exit code 2)."""
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """argparse type: an int >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"  # argparse's "invalid <name> value: 'abc'"
+    return parse
+
+
+positive_int = int_at_least(1)
 
 
 def non_negative_int(text: str) -> int:
-    """argparse type: an int >= 0."""
+    """argparse type: an int >= 0 (seeds, counts where 0 means none or the default)."""
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return value
 
 
+def any_int(text: str) -> int:
+    """argparse type: any int, negative too (an index counted from the end)."""
+    return int(text)
+
+
 def positive_float(text: str) -> float:
-    """argparse type: a float > 0."""
+    """argparse type: a finite float > 0 (``nan`` and ``inf`` parse as floats, and are refused)."""
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number greater than 0, got {text}")
     return value
 
 
 # how argparse names each type in its "invalid <name> value: 'abc'" message
 positive_int.__name__ = "positive integer"
 non_negative_int.__name__ = "non-negative integer"
+any_int.__name__ = "integer"
 positive_float.__name__ = "positive number"
 
 
@@ -162,9 +180,12 @@ def load_target(args: argparse.Namespace, device: str | None = None):
 
 __all__ = [
     "SHARED_OPTIONS",
+    "SOURCES",
     "TrainerCommand",
     "UsageError",
     "add_trainer_arguments",
+    "any_int",
+    "int_at_least",
     "load_model_option",
     "load_target",
     "non_negative_int",

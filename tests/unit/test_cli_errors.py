@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 
 import pytest
 
-from hf_specdec.cli import main
+from hf_specdec.cli import build_parser, main
 from hf_specdec.models import SHIPPED_HEAD_DIRS
 
 # one row per case: the command line, and the words its one error line must contain (the option, the value, what is
@@ -75,6 +76,31 @@ CASES = [
     (["train", "dflash", "--out", "/dev/null/f"], ["--out", "/dev/null/f", "cannot create"]),
     (["export", "medusa", "--format", "medusa", "--out", "/dev/null/m"], ["--out", "/dev/null/m", "cannot create"]),
     (["export", "eagle", "--format", "eagle", "--out", "/proc/hf-specdec-x"], ["--out", "/proc/hf-specdec-x"]),
+    # every number is checked by its argparse type, before any data are built: finite, positive where it must be
+    (["train", "eagle", "--out", "x", "--lr", "nan"], ["--lr", "finite number greater than 0", "nan"]),
+    (["train", "eagle", "--out", "x", "--lr", "inf"], ["--lr", "finite number greater than 0", "inf"]),
+    (["train", "eagle", "--out", "x", "--num-seed", "0"], ["--num-seed", "at least 1", "0"]),
+    (["train", "eagle", "--out", "x", "--window", "-4"], ["--window", "at least 1", "-4"]),
+    (["train", "eagle", "--out", "x", "--draft-vocab", "-1"], ["--draft-vocab", "0 or more", "-1"]),
+    (["train", "eagle", "--out", "x", "--seed", "-1"], ["--seed", "0 or more", "-1"]),
+    (["train", "eagle", "--out", "x", "--unroll", "0"], ["--unroll", "at least 1"]),
+    (["train", "eagle", "--out", "x", "--conversations", "0"], ["--conversations", "at least 1"]),
+    (["train", "eagle", "--out", "x", "--epochs", "nan"], ["--epochs", "finite", "nan"]),
+    (["train", "dflash", "--out", "x", "--decay=-inf"], ["--decay", "finite number greater than 0", "-inf"]),
+    (["train", "dflash", "--out", "x", "--block-size", "1"], ["--block-size", "at least 2", "1"]),
+    (["train", "dflash", "--out", "x", "--init-layer", "x"], ["--init-layer", "invalid integer value", "'x'"]),
+    (["train", "mlp-speculator", "--out", "x", "--lr", "-0.1"], ["--lr", "greater than 0", "-0.1"]),
+    (["train", "mlp-speculator", "--out", "x", "--n-predict", "0"], ["--n-predict", "at least 1"]),
+    (["train", "mlp-speculator", "--out", "x", "--eval-every", "-1"], ["--eval-every", "0 or more"]),
+    (["train", "medusa", "--out", "x", "--prompt-seed", "-2"], ["--prompt-seed", "0 or more", "-2"]),
+    (["bench", "--do-sample", "--temperature", "inf"], ["--temperature", "finite", "inf"]),
+    (["bench", "--seed", "-1"], ["--seed", "0 or more", "-1"]),
+    (["generate", "hello", "--seed", "-3"], ["--seed", "0 or more", "-3"]),
+    (["eval-heads", "--per-category", "0"], ["--per-category", "at least 1"]),
+    (
+        ["export", "eagle", "--format", "eagle", "--out", "x", "--verifier", "SmolLM2-135M-Instruct"],
+        ["--verifier", "SmolLM2-135M-Instruct", "Hub id", "folder"],
+    ),
     (["demo", "--threads", "0"], ["--threads", "at least 1", "0"]),
     (["demo", "--port", "70000"], ["--port", "between 1 and 65535", "70000"]),
     (["demo", "--concurrency", "0"], ["--concurrency", "at least 1", "0"]),
@@ -102,6 +128,38 @@ def test_bad_values_are_refused_in_one_line_before_loading_a_model(capsys, monke
     line = _error_line(capsys, argv)
     missing = [w for w in words if w not in line]
     assert not missing, f"{missing} not in {line!r}"
+
+
+def _numeric_options(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """``(subcommand, option, type)`` of every option of every subcommand that has an argparse type."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _numeric_options(sub, (*path, name))
+        elif action.type is not None:
+            yield " ".join(path), "/".join(action.option_strings) or action.dest, action.type
+
+
+def test_every_number_of_every_subcommand_has_a_checking_type():
+    """No option of any subcommand takes a bare ``int`` (no range) or ``float`` (``nan`` and ``inf`` parse): each
+    has one of the command line's types, so a value that cannot work fails while the arguments are parsed."""
+    options = list(_numeric_options(build_parser()))
+    assert any(command == "train eagle" and option == "--lr" for command, option, _ in options)
+    bare = [f"{command} {option}" for command, option, kind in options if kind in (int, float)]
+    assert not bare, f"options without a checking type: {bare}"
+
+
+def test_a_hub_model_while_offline_fails_before_loading(capsys, monkeypatch, tmp_path):
+    """``--model ORG/NAME`` with the Hub switched off and no copy cached: one line naming the local-folder way, at
+    once (no model load, no retries)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", lambda *a, **k: 1 / 0)
+    for argv in (["generate", "hi"], ["bench"], ["train", "medusa", "--out", str(tmp_path / "o")]):
+        line = _error_line(capsys, [*argv, "--model", "someone/some-model"])
+        assert "--model someone/some-model" in line and "HF_HUB_OFFLINE" in line and "local folder" in line, line
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,30 @@ def register_assistant_resolver(fn: Callable) -> Callable:
     return fn
 
 
+# functions listing the names of ready-made assistants (``hf_specdec.assistants``, a layer above, registers its own
+# through the package's __init__), for the error a string ``assistant=`` gets
+_NAME_LISTS: list[Callable[[], list[str]]] = []
+
+
+def register_assistant_names(fn: Callable[[], list[str]]) -> Callable[[], list[str]]:
+    """``fn()`` lists names of ready-made assistants: an ``assistant=`` string names them in its error."""
+    _NAME_LISTS.append(fn)
+    return fn
+
+
+def _not_an_assistant(obj) -> str:
+    """The error of an ``assistant=`` nothing can draft with; a string lists the ready-made assistants' names."""
+    usual = ("a draft model (a PreTrainedModel sharing the target's vocabulary), hf_specdec.NgramAssistant(), "
+             "MedusaHeads, or any hf_specdec Proposer")  # fmt: skip
+    if not isinstance(obj, str):
+        return f"assistant= does not know how to draft with a {type(obj).__name__}. Pass {usual}."
+    names = [name for fn in _NAME_LISTS for name in fn()]
+    known = ", ".join(names) or "none registered"
+    hint = f"hf_specdec.load_default_assistant({obj!r})" if obj in names else "hf_specdec.load_default_assistant(name)"
+    return (f"assistant= does not know how to draft with a str ({obj!r}): a ready-made assistant is built by name "
+            f"with {hint} (names: {known}); or pass {usual}.")  # fmt: skip
+
+
 def as_proposer(obj, target) -> Proposer:
     """Turn whatever the user passed as ``assistant=`` into the `Proposer` that drafts for ``target``.
 
@@ -51,11 +75,14 @@ def as_proposer(obj, target) -> Proposer:
         proposer = fn(obj, target)
         if proposer is not None:
             return proposer
-    raise TypeError(
-        f"assistant= does not know how to draft with a {type(obj).__name__}. Pass a draft model (a "
-        "PreTrainedModel sharing the target's vocabulary), hf_specdec.NgramAssistant(), MedusaHeads, or any "
-        "hf_specdec Proposer."
-    )
+    raise TypeError(_not_an_assistant(obj))
 
 
-__all__ = ["Proposer", "ProposerSetup", "RowState", "as_proposer", "register_assistant_resolver"]
+__all__ = [
+    "Proposer",
+    "ProposerSetup",
+    "RowState",
+    "as_proposer",
+    "register_assistant_names",
+    "register_assistant_resolver",
+]

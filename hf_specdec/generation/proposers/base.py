@@ -198,6 +198,28 @@ class Proposer:
             lock.release()
 
 
+def checked_proposals(proposer: Proposer, proposed, rows: int) -> list[DraftTree]:
+    """What ``proposer.propose`` returned for ``rows`` rows, checked: one `DraftTree` per row, in a list or tuple.
+    Anything else is an error naming the proposer's class, the method and what it returned, so that a proposer of
+    one's own fails here rather than deep inside the loop."""
+    where = f"{type(proposer).__name__}.propose"
+    if not isinstance(proposed, (list, tuple)):
+        raise TypeError(f"{where} must return a list of one DraftTree per row ({rows} rows), got {_shown(proposed)}")
+    if len(proposed) != rows:
+        raise ValueError(f"{where} returned {len(proposed)} trees for {rows} rows ({_shown(proposed)}); return one "
+                         "DraftTree per row, DraftTree.empty() for a row without a guess")  # fmt: skip
+    bad = next((t for t in proposed if not isinstance(t, DraftTree)), None)
+    if bad is not None:
+        raise TypeError(f"{where} must return DraftTree objects, one per row; it returned {_shown(bad)} among them")
+    return list(proposed)
+
+
+def _shown(value) -> str:
+    """``value`` for an error message: its type and a short repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 80 else text[:77] + '...'}"
+
+
 def drafting_head(head: torch.nn.Module) -> torch.nn.Module:
     """``head`` as it drafts on this machine: in the dtype `draft_dtype` finds fastest for its weights (a
     cached bf16 copy where this CPU multiplies bf16 faster than fp32, else the head itself; ``head.drafting_copy``).

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ...heads.checks import check_tree_sizes
 from ...heads.dflash import DFlashHead
 from ...heads.draft_cache import DraftKVCache
 from ..cost_model import PriorCurve
@@ -102,8 +103,7 @@ class DFlashAssistant(Proposer):
         self.head = head
         self.top_k = int(top_k or tree.get("top_k") or DEFAULT_TOP_K)
         self.num_nodes = int(num_nodes if num_nodes is not None else tree.get("num_nodes") or DEFAULT_NUM_NODES)
-        if self.top_k < 1 or self.num_nodes < 0:
-            raise ValueError(f"invalid DDTree: top_k={self.top_k}, num_nodes={self.num_nodes}")
+        check_tree_sizes("DFlashAssistant", "the DDTree", top_k=self.top_k, num_nodes=self.num_nodes)
         cost = step_cost if step_cost is not None else tree.get("step_cost")
         self.prior_cost = PriorCurve.from_node_costs({int(n): float(c) for n, c in cost.items()}) if cost else None
         self.hidden_state_layers = head.feature_layers if head.aux_layers else None

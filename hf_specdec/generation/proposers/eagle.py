@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ...heads.checks import check_tree_sizes
 from ...heads.draft_cache import DraftKVCache
 from ...heads.eagle import EagleHead
 from ..cost_model import PriorCurve
@@ -168,8 +169,7 @@ class EagleAssistant(Proposer):
         self.top_k = int(top_k or tree.get("top_k") or DEFAULT_TOP_K)
         self.depth = int(depth or tree.get("depth") or DEFAULT_DEPTH)
         self.num_nodes = int(num_nodes if num_nodes is not None else tree.get("num_nodes") or DEFAULT_NUM_NODES)
-        if self.top_k < 1 or self.depth < 1 or self.num_nodes < 0:
-            raise ValueError(f"invalid EAGLE tree: top_k={self.top_k}, depth={self.depth}, num_nodes={self.num_nodes}")
+        check_tree_sizes("EagleAssistant", "the tree", top_k=self.top_k, depth=self.depth, num_nodes=self.num_nodes)
         cost = step_cost if step_cost is not None else tree.get("step_cost")
         self.step_cost = {int(n): float(c) for n, c in cost.items()} if cost else None
         self.prior_cost = PriorCurve.from_node_costs(self.step_cost) if self.step_cost else None

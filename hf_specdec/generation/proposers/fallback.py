@@ -25,7 +25,7 @@ import torch
 from ..budget import RowCandidates
 from ..tree import DraftTree
 from . import as_proposer
-from .base import Proposer, ProposerSetup, RowFeedback, RowState
+from .base import Proposer, ProposerSetup, RowFeedback, RowState, checked_proposals
 
 
 class FallbackAssistant(Proposer):
@@ -125,7 +125,7 @@ class FallbackAssistant(Proposer):
         for a, p in enumerate(self.proposers):
             if not waiting:
                 break
-            proposed = p.propose([_row_for(p, rows[i]) for i in waiting])
+            proposed = checked_proposals(p, p.propose([_row_for(p, rows[i]) for i in waiting]), len(waiting))
             candidates = {i: _candidates(rows[i].row, tree) for i, tree in zip(waiting, proposed) if tree.num_nodes}
             budget.read_candidates(list(candidates.values()))  # one read of every row's tree
             for i, tree in zip(waiting, proposed):

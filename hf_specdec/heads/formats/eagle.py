@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 import torch
 from huggingface_hub.errors import StrictDataclassError
 
+from ..checks import check_choice, check_tree
 from ..hub import CONFIG_NAME, HeadSource, check_shapes, config_int, read_json, read_tensors
 from .common import check_d2t, rename_prefixes
 
@@ -82,7 +83,9 @@ def check_eagle_tensors(
     init: dict, tensors: dict[str, torch.Tensor], where: str, config_path: str, expected_shapes: ExpectedShapes
 ) -> None:
     """Every tensor of the head ``init`` builds present with its shape, nothing else, and ``d2t`` mapping into the
-    vocabulary (made int64 in place); errors name the file, the key and both shapes."""
+    vocabulary (made int64 in place), the tree defaults within the limits (`checks.check_tree`); errors name the
+    file, the key and both shapes."""
+    check_tree(OWNER, init.get("tree"), config_path)
     try:
         expected = expected_shapes(init=init)
     except (TypeError, ValueError, StrictDataclassError) as err:  # transformers' config checks name the field
@@ -105,6 +108,7 @@ def read_eagle_checkpoint(
     config, config_path = _read_config(source)
     tensors, where = read_eagle_weights(source)
     tensors, version = _eagle_layout(rename_prefixes(tensors, {"model.": ""}), where)
+    _check_version(config, version, config_path, where)
     draft = config.get("draft_vocab_size") if version == 3 or "d2t" in tensors else None
     if draft is not None and int(draft) == int(config["vocab_size"]) and "d2t" not in tensors:
         draft = None
@@ -141,6 +145,16 @@ def _eagle_layout(tensors: dict[str, torch.Tensor], where: str) -> tuple[dict[st
         f"{OWNER}: {where} holds neither EAGLE-1 (layers.0.*) nor EAGLE-3 (midlayer.*) decoder tensors; found "
         f"{sorted(tensors)[:6]}"
     )
+
+
+def _check_version(config: Mapping, version: int, config_path: str, where: str) -> None:
+    """Our config's ``eagle_version`` (upstream ones have none) is a version EagleHead runs, and the one the tensors
+    hold: a value this version does not know is refused, never read as EAGLE-1."""
+    check_choice(OWNER, config, "eagle_version", (1, 3), config_path)
+    stated = config.get("eagle_version")
+    if stated is not None and stated != version:
+        raise ValueError(f"{OWNER}: {config_path} field 'eagle_version' is {stated}, but {where} holds EAGLE-{version} "
+                         f"tensors ({'midlayer' if version == 3 else 'layers.0'}.*)")  # fmt: skip
 
 
 def _upstream_aux_layers(config: Mapping) -> list[int] | None:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 import torch
 
+from ..checks import check_token_ids, check_tree
 from ..hub import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -98,6 +99,7 @@ def _config_kwargs(config: Mapping, where: str) -> tuple[dict, str]:
             f"{OWNER}: {where} field 'hidden_size' is {hidden} but 'emb_dim' is {config['emb_dim']}; a speculator "
             "reads the base model's hidden states, so both are the base model's hidden size"
         )
+    check_tree(OWNER, config.get("tree"), where)
     n = config["n_predict"]
     top_k = config.get("top_k_tokens_per_head") or [1] * n
     if not isinstance(top_k, list) or len(top_k) != n or not all(isinstance(k, int) and k > 0 for k in top_k):
@@ -165,12 +167,14 @@ def _collapse_tied(tensors: dict[str, torch.Tensor], kwargs: Mapping, where: str
 
 def read_mlp_speculator_checkpoint(source: HeadSource) -> tuple[dict, dict[str, torch.Tensor], str]:
     """``(init kwargs, tensors in our layout, source format)`` of a speculator folder or Hub repo; every shape is
-    checked against the config (errors name the file, the key and both shapes)."""
+    checked against the config (errors name the file, the key and both shapes), every ``token_map`` id against its
+    vocabulary."""
     config, config_path = _read_config(source)
     kwargs, source_format = _config_kwargs(config, config_path)
     tensors, weights_path = _read_weights(source)
     tensors = _collapse_tied(tensors, kwargs, weights_path)
     check_shapes(OWNER, tensors, speculator_shapes(kwargs), f"{weights_path} (config {config_path})")
+    check_token_ids(OWNER, "token_map", tensors.get("token_map"), kwargs["vocab_size"], weights_path)
     return kwargs, tensors, source_format
 
 
