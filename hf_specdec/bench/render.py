@@ -29,7 +29,6 @@ from .questions import category_sort_key
 from .report import OVERALL, mismatch_text, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
-REPOSITORY = "https://github.com/hf-specdec/hf-specdec"  # pyproject's [project.urls]: a model card on the Hub links here
 
 # the pages that hold generated blocks (the test holds every one of them to the data)
 PAGE_GLOBS = ("README.md", "docs/*.md", "hf_specdec/assets/*/README.md", "custom_generate/README.md")
@@ -231,7 +230,7 @@ def render_card(runs: list[Run], page: Path, options: dict) -> str:
     lines = [
         f"Measured {run.date()} on {machine(run)}: {meta.get('questions')}, greedy, {meta.get('max_new_tokens')} "
         "new tokens; speedup = total tokens / total time against vanilla `generate` on the same prompts "
-        f"([the run's report]({REPOSITORY}/blob/main/{Path(run.path).with_suffix('.md').as_posix()})).",
+        f"(the run's report: `{Path(run.path).with_suffix('.md').as_posix()}` in hf-specdec's source).",
         "",
         "| method | mean accepted length τ | speedup over vanilla `generate` | median per prompt |",
         "|---|---:|---:|---:|",

@@ -266,3 +266,95 @@ def test_the_custom_generate_readme_follows_the_hub_layout():
     internal = {"hf_specdec_streamer", "model_kwargs"}  # the hook's way to pass streamer=; generate's own kwargs
     missing = [p for p in ours if p not in internal and f"`{p}`" not in arguments]
     assert not missing, f"custom_generate/README.md does not describe {missing}"
+
+
+# An address no one can open: the package has no public repository at it. Spelled in two pieces so that this file
+# does not hold it either.
+DEAD_ADDRESS = "github.com/" + "hf-specdec/hf-specdec"
+# what is not the repository's own text: version control, environments, caches, build outputs
+NOT_SOURCE = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist", ".ruff_cache", ".pytest_cache",
+              ".mypy_cache", ".benchmarks"}  # fmt: skip
+BINARY = {".safetensors", ".png", ".jpg", ".gguf", ".bin", ".pt", ".so", ".whl", ".gz", ".zip"}
+
+
+def repository_files(root: Path) -> list[Path]:
+    out = []
+    for path in root.iterdir():
+        if path.name in NOT_SOURCE or path.name.endswith(".egg-info"):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            out += repository_files(path)
+        elif path.is_file() and path.suffix.lower() not in BINARY:
+            out.append(path)
+    return out
+
+
+def test_no_file_names_the_dead_repository_address():
+    """The package is installed from a checkout of its source (``pip install -e .``); no page, card, requirements
+    file or package metadata points at a repository address that does not exist."""
+    found = [
+        str(path.relative_to(ROOT))
+        for path in repository_files(ROOT)
+        if DEAD_ADDRESS.encode() in path.read_bytes().lower()
+    ]
+    assert not found, f"{DEAD_ADDRESS} named in: {', '.join(sorted(found))}"
+
+
+def test_the_dead_address_check_finds_it(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text(f"see https://{DEAD_ADDRESS}/issues\n", encoding="utf-8")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text(DEAD_ADDRESS, encoding="utf-8")
+    assert [p.relative_to(tmp_path).as_posix() for p in repository_files(tmp_path)] == ["docs/a.md"]
+
+
+def python_code(path: Path) -> str:
+    """The Python a page shows: its fenced ```python blocks, or a notebook's code cells."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".ipynb":
+        cells = json.loads(text)["cells"]
+        return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    return "\n".join(re.findall(r"^```python[ \t]*\n(.*?)^```[ \t]*$", text, flags=re.MULTILINE | re.DOTALL))
+
+
+def calls(code: str, name: str) -> list[str]:
+    """The text of every call ``name(...)`` in ``code``, parentheses balanced."""
+    out = []
+    for found in re.finditer(rf"\b{re.escape(name)}\(", code):
+        depth, end = 0, found.end() - 1
+        for end in range(found.end() - 1, len(code)):
+            depth += {"(": 1, ")": -1}.get(code[end], 0)
+            if depth == 0:
+                break
+        out.append(code[found.start() : end + 1])
+    return out
+
+
+def chat_template_tensor_calls(code: str) -> list[str]:
+    """``apply_chat_template(..., return_tensors="pt")`` calls without ``return_dict=True``: in transformers 5 they
+    return a BatchEncoding, which ``generate`` does not take as its ids."""
+    return [
+        " ".join(call.split())
+        for call in calls(code, "apply_chat_template")
+        if "return_tensors" in call and "return_dict=True" not in call and "tokenize=False" not in call
+    ]
+
+
+def test_the_chat_template_check_catches_a_batch_encoding_passed_as_ids():
+    bad = 'ids = tok.apply_chat_template(m, add_generation_prompt=True,\n    return_tensors="pt").to("cuda")\n'
+    good = 'x = tok.apply_chat_template(m, return_tensors="pt", return_dict=True)["input_ids"]\n'
+    assert chat_template_tensor_calls(bad + good) == [
+        'apply_chat_template(m, add_generation_prompt=True, return_tensors="pt")'
+    ]
+
+
+USER_PAGES = [*PAGES, *CARDS, *OTHER, ROOT / "demo" / "README.md"]
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_page_passes_a_chat_template_batch_encoding_as_ids(page):
+    found = chat_template_tensor_calls(python_code(page))
+    assert not found, (
+        f"{page.relative_to(ROOT)}: apply_chat_template(..., return_tensors='pt') returns a BatchEncoding in "
+        "transformers 5; add return_dict=True and pass **inputs (or ['input_ids']):\n" + "\n".join(found)
+    )
