@@ -1,4 +1,4 @@
-"""The Gradio demo (``hf-specdec demo``): vanilla `generate` against speculative decoding, side by side.
+"""The Gradio demo (``hf-specdec demo``): vanilla `generate`, then speculative decoding, in two panes side by side.
 
 Needs the ``demo`` extra (``bash scripts/install.sh demo`` in a checkout): gradio is imported only when the app is built.
 """

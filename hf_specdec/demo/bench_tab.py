@@ -4,10 +4,14 @@
 How it times, so that no figure comes from a cold or busy moment: every method first runs once untimed (the
 warm-up); then, question by question and run by run, vanilla and each method take turns (interleaved, the order
 rotating), so a drifting machine load falls on all of them alike. A method's speedup is over its fastest runs, shown
-with the spread of the per-run speedups, next to the bound τ and the measured steps put on it (`bounds`); a figure
-above its bound is flagged. Stop ends the run within one decoding step: the questions every run of a method and of
-vanilla finished on stay in its line, the call cut short is dropped, and a method with none finished is marked
-stopped.
+with the spread of the per-run speedups, next to τ and the step cost those runs measured (`speed`). Stop ends the run
+within one decoding step: the questions every run of a method and of vanilla finished on stay in its line, the call
+cut short is dropped, and a method with none finished is marked stopped; a run stopped before any method finished a
+question says that nothing was measured (no table, no chart).
+
+Before a run the tab estimates how long it will take (`estimate_text`: every call counted at vanilla's speed for the
+full token budget, vanilla's tokens/s as last measured on this server); while it runs, each finished question updates
+the estimate of the time left from the questions' own pace.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -25,8 +30,8 @@ from ..assistants import available_assistants
 from ..bench.methods import BenchContext, Method, resolve_methods
 from ..bench.questions import category_sort_key, find_questions_file, load_questions, sample_questions
 from ..bench.spec_bench import Prompt, build_prompts, count_new_tokens, first_difference, timed_generate
-from .bounds import Pair, Spread, speedup_bound
 from .render import bench_chart, bench_table
+from .speed import Pair, Spread, step_cost
 from .streaming import CancelCriteria
 
 MAX_PER_CATEGORY = 8
@@ -38,9 +43,10 @@ NOISE_NOTE = (
     "How to read this: every method and vanilla ran {runs} per question, taking turns after an untimed warm-up; "
     "**speedup** = total tokens / total time over vanilla's, each over its fastest runs (the two fastest may come "
     "from different runs, so it can fall outside the spread); **spread** = the lowest and highest per-run speedup (a CPU shared with other work moves them; differences inside the spread are "
-    "noise). **bound** = the largest speedup drafting can give with this τ and these step counts: a verify step "
-    "runs the target once, so it costs at least one vanilla decode step, hence speedup ≤ τ for greedy output "
-    "(see the assistant help in the Compare tab). A speedup above it is flagged: a timing was disturbed. "
+    "noise). **step cost** = a speculative step's time (drafting and verifying) over vanilla's time per token, on "
+    "those fastest runs: speedup ≈ τ ÷ step cost. τ is not a ceiling: a verify forward over a few tokens can cost "
+    "less than a vanilla decode step (on a CPU it runs on pre-packed weights, vanilla on stock kernels), so a "
+    "step cost below 1 and a speedup above τ are measurements, not errors. "
     "`hf-specdec bench --full` (24 prompts) is the careful measurement."
 )
 
@@ -49,6 +55,34 @@ def bench_categories() -> list[str]:
     """The pooled Spec-Bench categories of the question file, in Spec-Bench's order."""
     questions = load_questions(find_questions_file())
     return sorted({q["pooled_category"] for q in questions}, key=category_sort_key)
+
+
+def duration_text(seconds: float) -> str:
+    """``"45 s"``, ``"3 min 20 s"``, ``"1 h 05 min"``."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds // 60 % 60:02d} min"
+
+
+def estimate_text(methods: int, questions: int, max_new_tokens: int, repeats: int, rate: float | None) -> str:
+    """The estimate shown before a run: ``questions × repeats`` rounds of vanilla and ``methods`` methods, each call
+    counted at vanilla's ``rate`` (tokens/s; None: not measured yet) for the whole ``max_new_tokens``, plus the
+    warm-up call of each (`WARMUP_TOKENS`). Answers that end early and methods faster than vanilla take less."""
+    calls = (1 + methods) * questions * repeats
+    what = (f"{questions} question(s) × {repeats} run(s) × {1 + methods} calls (vanilla + {methods} method(s)) of "
+            f"up to {max_new_tokens} new tokens, after a warm-up call of each")  # fmt: skip
+    if not methods or calls <= 0:
+        return "**Estimated time:** pick one or more methods."
+    if not rate:
+        return (f"**Estimated time:** not known yet: no vanilla call has been measured on this server. The run "
+                f"estimates it after its first question. {what}.")  # fmt: skip
+    tokens = calls * max_new_tokens + (1 + methods) * min(WARMUP_TOKENS, max_new_tokens)
+    return (f"**Estimated time: up to about {duration_text(tokens / rate)}**: {what}, each counted at vanilla's "
+            f"{rate:.1f} tokens/s measured on this server; answers that end early and methods faster than vanilla "
+            "take less.")  # fmt: skip
 
 
 def _check(category: str, methods: Sequence[str], per_category: int, max_new_tokens: int, repeats: int = 1) -> None:
@@ -115,11 +149,11 @@ class Board:
         per_run = [self._run_speedup(method, qs, r) for r in range(self.repeats)]
         steps, accepted = sum(c.steps or 0 for c in fast), sum(c.accepted or 0 for c in fast)
         drafted = sum(c.drafted or 0 for c in fast)
-        pairs = [Pair(b.seconds, b.tokens, b.forwards, c.tokens, c.steps or 0) for b, c in zip(base, fast)]
+        pairs = [Pair(b.seconds, b.tokens, c.seconds, c.steps or 0) for b, c in zip(base, fast)]
         same = sum(first_difference(c.sequences, b.sequences, 0) is None for b, c in zip(base, fast))
         return {**row, "speedup": rate / (sum(b.tokens for b in base) / sum(b.seconds for b in base)),
                 "spread": Spread.of(per_run), "tau": 1.0 + accepted / steps if steps else 1.0,
-                "acceptance": accepted / drafted if drafted else 0.0, "bound": speedup_bound(pairs),
+                "acceptance": accepted / drafted if drafted else 0.0, "step_cost": step_cost(pairs),
                 "identical": f"{same}/{len(qs)}"}  # fmt: skip
 
     def _run_speedup(self, method: str, qs: list[int], r: int) -> float:
@@ -134,11 +168,14 @@ class Board:
 class Runner:
     """Runs the warm-up and the interleaved timed calls (`run`) in a worker thread, reporting through ``log``."""
 
-    def __init__(self, model, prompts: list[Prompt], methods: list[Method], budget: int, repeats: int, cancel, log):
+    def __init__(self, model, prompts: list[Prompt], methods: list[Method], budget: int, repeats: int, cancel, log,
+                 on_vanilla=None):  # fmt: skip
         self.model, self.prompts, self.methods = model, prompts, methods
         self.budget, self.repeats, self.cancel, self.log = budget, repeats, cancel, log
+        self.on_vanilla = on_vanilla  # called with (tokens, seconds) of every timed vanilla call
         self.ctx = BenchContext(model)
         self.stopped = False  # whether Stop ended the run before its last call
+        self.warmed_up = False  # whether the warm-up ran to its end (Stop during it: nothing was measured)
         self.board = Board([m.name for m in methods], len(prompts), repeats)
         eos = model.generation_config.eos_token_id
         self.eos = set() if eos is None else set(torch.as_tensor(eos).reshape(-1).tolist())
@@ -179,10 +216,13 @@ class Runner:
             if isinstance(result, str):
                 self.board.errors[method.name] = result
                 self.log(f"  {method.name} fails, skipped: {result.splitlines()[0]}")
+        self.warmed_up = not self.stopped
 
     def run(self) -> None:
-        """The timed calls: per question, ``repeats`` rounds of vanilla and every method, the order rotating."""
+        """The timed calls: per question, ``repeats`` rounds of vanilla and every method, the order rotating; each
+        finished question logs the estimated time left (the questions' pace so far times the questions left)."""
         turn = 0
+        start = time.perf_counter()
         for qi, prompt in enumerate(self.prompts):
             for r in range(self.repeats):
                 k = turn % len(self.methods)
@@ -192,7 +232,10 @@ class Runner:
                         self.stopped = True
                         return
                     self._timed(method, qi, r, prompt)
-            self.log(f"question {qi + 1}/{len(self.prompts)} done")
+            left = len(self.prompts) - qi - 1
+            pace = (time.perf_counter() - start) / (qi + 1)
+            estimate = f"; about {duration_text(pace * left)} left" if left else ""
+            self.log(f"question {qi + 1}/{len(self.prompts)} done{estimate}")
 
     def _timed(self, method: Method, qi: int, r: int, prompt: Prompt) -> None:
         if method.name in self.board.errors:
@@ -206,6 +249,8 @@ class Runner:
             self.log(f"  {where}: {method.name} failed: {result.splitlines()[0]}")
         else:
             self.board.add(method.name, qi, result)
+            if method.name == "vanilla" and self.on_vanilla is not None:
+                self.on_vanilla(result.tokens, result.seconds)
             self.log(f"  {where}: {method.name} {result.tokens} tokens in {result.seconds:.2f} s")
 
 
@@ -219,6 +264,8 @@ def run_category(
     cancel,
     lock=None,
     repeats: int = 1,
+    vanilla_rate: float | None = None,
+    on_vanilla=None,
 ) -> Iterator[tuple[str, str, object]]:
     """Benchmark ``methods`` against vanilla on ``per_category`` questions of ``category`` (greedy, batch 1).
 
@@ -231,6 +278,9 @@ def run_category(
         cancel: a `threading.Event`; once set the running call ends within one step and the run stops.
         lock: held for the whole run (the demo's one-generation-at-a-time lock), or None.
         repeats: timed runs per method and question (interleaved with vanilla's).
+        vanilla_rate: vanilla's tokens/s as last measured on this server, for the time estimate (None: the estimate
+            comes after the first question).
+        on_vanilla: called with (tokens, seconds) of every timed vanilla call (the server keeps vanilla's speed).
     Yields:
         (log text, Markdown results, matplotlib figure or None) as each call starts and each question ends; the
         results grow question by question, and the last one says whether the run was stopped.
@@ -240,13 +290,21 @@ def run_category(
     prompts = build_prompts(tokenizer, questions)
     lines: queue.Queue = queue.Queue()
     runner = Runner(model, prompts, resolve_methods(["vanilla", *methods]), int(max_new_tokens), int(repeats),
-                    cancel, lines.put)  # fmt: skip
-    yield from _follow(runner, lock, lines, category, _header(len(prompts), category, methods, max_new_tokens, repeats))
+                    cancel, lines.put, on_vanilla)  # fmt: skip
+    header = _header(len(prompts), category, methods, max_new_tokens, repeats, vanilla_rate)
+    yield from _follow(runner, lock, lines, category, header)
 
 
-def _header(n: int, category: str, methods: Sequence[str], max_new_tokens: int, repeats: int) -> str:
+def _header(n: int, category: str, methods: Sequence[str], max_new_tokens: int, repeats: int,
+            rate: float | None = None) -> str:  # fmt: skip
+    calls = (1 + len(methods)) * n * repeats
+    if rate:
+        tokens = calls * max_new_tokens + (1 + len(methods)) * min(WARMUP_TOKENS, max_new_tokens)
+        estimate = f"estimated time: up to about {duration_text(tokens / rate)} (at vanilla's {rate:.1f} tokens/s)"
+    else:
+        estimate = "estimated time: after the first question (vanilla's speed is not measured yet)"
     return (f"{n} {category} questions × vanilla, {', '.join(methods)}; {max_new_tokens} new tokens, greedy, "
-            f"{repeats} timed run(s) each, interleaved after a warm-up")  # fmt: skip
+            f"{repeats} timed run(s) each, interleaved after a warm-up; {estimate}")  # fmt: skip
 
 
 def _follow(runner: Runner, lock, lines: queue.Queue, category: str, text: str):
@@ -272,6 +330,8 @@ def _follow(runner: Runner, lock, lines: queue.Queue, category: str, text: str):
             text += "\n" + msg
             if msg.startswith("question "):
                 table = bench_table(runner.board.rows(), category) + f"\n\n_{msg}; running…_"
+            elif not table and msg.startswith("  q"):
+                table = "_Running the first question; the estimate of the time left comes once it is done…_"
             yield text, table, None
     finally:
         runner.cancel.set()  # the page stopped listening (or the run ended): stop the worker too
@@ -281,10 +341,16 @@ def _follow(runner: Runner, lock, lines: queue.Queue, category: str, text: str):
 
 
 def _final(runner: Runner, text: str, category: str) -> tuple[str, str, object]:
-    """The last page: the table, the stopped-or-done note, the note on noise and the chart."""
+    """The last page: the table, the stopped-or-done note, the note on noise and the chart; a run stopped before
+    any method finished a question says so instead (no lines of zeros, no empty chart)."""
     board = runner.board
     stopped = runner.stopped
     rows = board.rows(stopped=stopped)
+    if stopped and not any(r["status"] == "done" and r["method"] != "vanilla" for r in rows):
+        where = "during the warm-up" if not runner.warmed_up else "before any method finished a question"
+        note = (f"**Stopped by the user {where}: nothing was measured.** Press Run benchmark to start again "
+                "(the estimate above says how long a run takes).")  # fmt: skip
+        return text + f"\nstopped by the user {where}; nothing was measured.", note, None
     runs = "once" if board.repeats == 1 else f"{board.repeats} times"
     parts = [bench_table(rows, category), NOISE_NOTE.format(runs=runs)]
     if stopped:

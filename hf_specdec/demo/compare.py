@@ -19,8 +19,8 @@ from transformers.generation import StoppingCriteriaList
 from ..assistants import available_assistants, load_default_assistant
 from ..bench.spec_bench import left_pad
 from ..models import chat_prompt_ids
-from .bounds import Pair, Spread, above, speedup_bound
-from .render import FLAG, depth_chart, origin_counts, pane, speed_line, speedup_text, spread_text
+from .render import depth_chart, origin_counts, pane, speed_line, speedup_text, spread_text
+from .speed import Spread
 from .streaming import CancelCriteria, IncrementalText, Progress, follow_generate, mark_origins
 
 MAX_NEW_TOKENS = 1024
@@ -140,6 +140,7 @@ def compare_one(model, tokenizer, req: Request, cancel: threading.Event, lock=No
     runs = {"vanilla": [(len(van.tokens), van.elapsed)], "speculative": [(len(spec.tokens), spec.elapsed)]}
     yield from _more_runs(model, inputs, kwargs, req, cancel, lock, runs, view)
     spec_side = _side(spec, "".join(pieces), {"drafted_tokens_emitted": drafted, "own_tokens_emitted": own,
+                                              "accepted_tokens_not_emitted": max(0, stats.accepted_tokens - drafted),
                                               **stats.to_dict()})  # fmt: skip
     view.details = {
         "method": req.method,
@@ -147,7 +148,7 @@ def compare_one(model, tokenizer, req: Request, cancel: threading.Event, lock=No
         "seed": req.seed,
         "identical_to_vanilla": None if cancel.is_set() else spec.tokens == van.tokens,
         "cancelled": cancel.is_set(),
-        **_timing(runs, Pair(van.elapsed, len(van.tokens), len(van.tokens) - 1, len(spec.tokens), stats.steps)),
+        **_timing(runs, stats),
         "vanilla": _side(van, vanilla_text),
         "speculative": spec_side,
     }
@@ -176,16 +177,28 @@ def _more_runs(model, inputs: dict, kwargs: dict, req: Request, cancel, lock, ru
                 runs[name].append((out.sequences.shape[1] - inputs["input_ids"].shape[1], seconds))
 
 
-def _timing(runs: dict, pair: Pair | None) -> dict:
+def _timing(runs: dict, stats) -> dict:
     """The speedup over the fastest run of each side, the per-run speedups (runs where both sides finished), the
-    tokens/s of every run and the bound (`bounds.speedup_bound`; None for a batch)."""
+    tokens/s of every run, and the step cost of those fastest runs (`speed`: a speculative step's time over
+    vanilla's time per token, so that speedup = (tokens / steps) / step cost), with its split by what the
+    speculative call spent its time on (``spec_stats``' propose, verify and other times)."""
     rates = {name: [n / s if s > 0 else 0.0 for n, s in pairs] for name, pairs in runs.items()}
     van, spec = rates["vanilla"], rates["speculative"]
     per_run = [s / v for v, s in zip(van, spec) if v > 0]
+    speedup = max(spec) / max(van) if max(van) > 0 else None
+    per_step = runs["speculative"][0][0] / stats.steps if stats.steps else None  # output tokens per step
+    cost = per_step / speedup if speedup and per_step else None
+    spent = stats.time_propose + stats.time_verify + stats.time_other
+    split = None
+    if cost is not None and spent > 0:
+        split = {"drafting": cost * stats.time_propose / spent, "verifying": cost * stats.time_verify / spent,
+                 "other": cost * stats.time_other / spent}  # fmt: skip
     return {
-        "speedup": max(spec) / max(van) if max(van) > 0 else None,
+        "speedup": speedup,
         "speedup_per_run": per_run,
-        "bound": speedup_bound([pair]) if pair is not None else None,
+        "step_cost": cost,
+        "step_cost_split": split,
+        "tokens_per_step": per_step,
         "tokens_per_s_per_run": rates,
     }
 
@@ -199,20 +212,13 @@ def stopped_markdown(vanilla_tokens: int, speculative_tokens: int | None) -> str
 
 
 def summary_markdown(details: dict) -> str:
-    """The verdict under the panes: speedup with its bound and noise, τ, acceptance and whether the output equals
-    vanilla's (greedy) or what equal or different samples mean (sampling)."""
+    """The verdict under the panes: speedup with its step cost and noise, τ, acceptance and whether the output
+    equals vanilla's (greedy) or what equal or different samples mean (sampling)."""
     spec = details["speculative"]
     lines = _speed_lines(details)
-    lines.append(
-        f"- **τ = {spec['tau']:.2f}** tokens per target forward ({spec['steps']} verification steps); "
-        f"acceptance rate {spec['acceptance_rate']:.2f} of {spec['drafted_tokens']} drafted tokens"
-    )
-    if "drafted_tokens_emitted" in spec:
-        lines.append(
-            f"- {spec['drafted_tokens_emitted']} of {spec['new_tokens']} output tokens were accepted draft tokens"
-        )
+    lines.extend(acceptance_lines(spec))
     if details["cancelled"]:
-        so_far = f" · speedup so far **{speedup_text(details['speedup'], details['bound'])}**"
+        so_far = f" · speedup so far **{speedup_text(details['speedup'])}**"
         lines[0] = "### Stopped" + (so_far if details["speedup"] else "")
         lines.append(
             "- Stopped by the user during the speculative run: both outputs are kept as far as they got (the "
@@ -223,35 +229,58 @@ def summary_markdown(details: dict) -> str:
     return "\n".join(lines)
 
 
+def acceptance_lines(spec: dict) -> list[str]:
+    """τ and the acceptance rate with the counts they are made of (``spec_stats``' definitions: accepted draft
+    tokens exclude the target's own token of each step, τ = 1 + accepted / steps counts it), then how many output
+    tokens are accepted draft tokens. The loop counts a draft token as accepted once verification accepts it, also
+    when the answer ends before it (an end-of-text token earlier in the same accepted draft, the token budget, Stop),
+    so the output may hold fewer accepted draft tokens than ``spec_stats``; the difference is said, not hidden."""
+    accepted, drafted, steps = spec["accepted_tokens"], spec["drafted_tokens"], spec["steps"]
+    lines = [f"- **τ = {spec['tau']:.2f}** tokens per verify step (1 + {accepted} accepted draft tokens / {steps} "
+             f"steps); acceptance rate {spec['acceptance_rate']:.2f} = {accepted} of {drafted} drafted tokens "
+             "accepted"]  # fmt: skip
+    if "drafted_tokens_emitted" in spec:
+        shown = spec["drafted_tokens_emitted"]
+        line = f"- In the output: {shown} of {spec['new_tokens']} tokens are accepted draft tokens"
+        cut = accepted - shown
+        if cut > 0:
+            line += (f"; {cut} more accepted draft token{'s' if cut > 1 else ''} came after the answer ended (at an "
+                     "end-of-text token inside the accepted draft, the token budget or Stop) and "
+                     f"{'were' if cut > 1 else 'was'} cut with the rest of that draft (τ and the acceptance rate "
+                     f"count {'them' if cut > 1 else 'it'})")  # fmt: skip
+        lines.append(line)
+    return lines
+
+
 def _speed_lines(details: dict) -> list[str]:
-    """The speedup (over the fastest run of each side) with its bound, a flag when above it, and its noise."""
-    speedup, bound = details["speedup"], details.get("bound")
+    """The speedup (over the fastest run of each side), what it is made of (τ and the step cost), and its noise."""
+    speedup, cost = details["speedup"], details.get("step_cost")
     rates = details["tokens_per_s_per_run"]
     if speedup is None:
         return ["### Speedup: n/a"]
     n = min(len(rates["vanilla"]), len(rates["speculative"]))
     runs = "one run each" if n == 1 else f"fastest of {n} runs each"
-    lines = [f"### Speedup: **{speedup_text(speedup, bound)}** ({max(rates['speculative']):.1f} vs "
+    lines = [f"### Speedup: **{speedup_text(speedup)}** ({max(rates['speculative']):.1f} vs "
              f"{max(rates['vanilla']):.1f} tokens/s, {runs})"]  # fmt: skip
-    if bound is None:
-        lines.append("- Bound: none for a batch (its rows finish after different numbers of steps)")
-    else:
-        lines.append(f"- Bound: drafting can give at most **{bound:.2f}×** here: a verify step runs the target once, "
-                     "so it costs at least one vanilla decode step, and speedup ≤ τ (greedy)")  # fmt: skip
-    if above(speedup, bound):
-        lines.append(f"- {FLAG}: this figure is not a gain from drafting; a timing was disturbed (a busy machine, "
-                     "a cold cache). Run it again or raise **Timed runs**")  # fmt: skip
+    if cost is not None:
+        split = details.get("step_cost_split")
+        parts = f" (drafting {split['drafting']:.2f}×, verifying {split['verifying']:.2f}×)" if split else ""
+        lines.append(f"- Step cost: a speculative step took **{cost:.2f}×** vanilla's time per token{parts}, so "
+                     f"speedup = {details['tokens_per_step']:.2f} output tokens per step ÷ {cost:.2f} (about τ ÷ "
+                     "step cost). τ is not a ceiling: a verify forward over a few tokens can cost less than a "
+                     "vanilla decode step (on a CPU it runs on pre-packed weights, vanilla on stock kernels)")  # fmt: skip
     spread = Spread.of(details["speedup_per_run"])
     if spread is not None and spread.n > 1:
-        lines.append(f"- Noise: per-run speedups {spread_text(spread, bound)}; differences inside it are noise")
+        lines.append(f"- Noise: per-run speedups {spread_text(spread)}; differences inside it are noise")
     else:
         lines.append("- Noise: one run each, so the run-to-run noise is not measured: on a CPU shared with other "
                      "work two runs of one call often differ by 10-20%, and a figure that close to 1.00× is neither "
                      "a gain nor a loss. Raise **Timed runs** to see the spread")  # fmt: skip
-    if speedup < 1 and not above(speedup, bound):
-        lines.append(f"- Slower than vanilla here: a verify step costs more than a vanilla step (drafting, a wider "
-                     f"forward) and τ = {details['speculative']['tau']:.2f} did not pay for it on this prompt, or "
-                     "the gap is noise (above)")  # fmt: skip
+    if speedup < 1:
+        cost_text = f" ({cost:.2f}× vanilla's time per token)" if cost is not None else ""
+        lines.append(f"- Slower than vanilla here: a speculative step{cost_text} cost more than "
+                     f"τ = {details['speculative']['tau']:.2f} tokens pay for on this prompt, or the gap is noise "
+                     "(above)")  # fmt: skip
     return lines
 
 
@@ -342,7 +371,7 @@ def _batch_details(req: Request, outs: dict, width: int, tokenizer, pad: int, ca
         "method": req.method,
         "do_sample": req.do_sample,
         "seed": req.seed,
-        **_timing(runs, None),  # one run each; no bound for a batch
+        **_timing(runs, outs["speculative"][0].spec_stats),  # one run each
         "identical_to_vanilla": (van.shape == spec.shape and bool(torch.equal(van, spec)))
         if not cancel.is_set()
         else None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from .bounds import Spread, above
+from .speed import Spread
 from .streaming import DRAFTED
 
 CSS = """
@@ -16,7 +16,6 @@ CSS = """
 .hfsd-target {background: rgba(59, 130, 246, 0.18); border-radius: 3px; box-shadow: inset -1px 0 0 rgba(0,0,0,0.25);}
 .hfsd-legend span {padding: 1px 6px; margin-right: 8px;}
 .hfsd-sampling:has(input:disabled) {opacity: 0.45;}
-.hfsd-flag {color: #d97706; font-weight: 600;}
 #bench-chart img {max-width: 760px;}
 @media (max-width: 600px) {
   .hfsd-stack {flex-direction: column !important; flex-wrap: nowrap !important;}
@@ -34,25 +33,16 @@ LEGEND = (
 )
 
 
-FLAG = "⚠️ above its bound"  # follows every speedup shown above what τ and the measured steps allow (`bounds`)
+def speedup_text(value: float | None) -> str:
+    """``"1.23×"`` ("n/a" when not measured)."""
+    return "n/a" if value is None else f"{value:.2f}×"
 
 
-def speedup_text(value: float | None, bound: float | None) -> str:
-    """``"1.23×"``; a speedup above its bound (`bounds.speedup_bound`) is followed by `FLAG` and the bound, so the
-    page never shows an impossible figure without saying so."""
-    if value is None:
-        return "n/a"
-    text = f"{value:.2f}×"
-    return f"{text} {FLAG} {bound:.2f}×" if above(value, bound) else text
-
-
-def spread_text(spread: Spread | None, bound: float | None = None, unit: str = "×") -> str:
-    """``"1.10× – 1.31× (median 1.20×, 3 runs)"``, flagged like `speedup_text` when its high end is above ``bound``;
-    "" for fewer than two runs (one run measures no spread)."""
+def spread_text(spread: Spread | None, unit: str = "×") -> str:
+    """``"1.10× – 1.31× (median 1.20×, 3 runs)"``; "" for fewer than two runs (one run measures no spread)."""
     if spread is None or spread.n < 2:
         return ""
-    flag = f" {FLAG} {bound:.2f}×" if above(spread.high, bound) else ""
-    return f"{spread.low:.2f}{unit} – {spread.high:.2f}{unit}{flag} (median {spread.median:.2f}{unit}, {spread.n} runs)"
+    return f"{spread.low:.2f}{unit} – {spread.high:.2f}{unit} (median {spread.median:.2f}{unit}, {spread.n} runs)"
 
 
 def speed_line(tokens: int, seconds: float, done: bool, extra: str = "", stopped: bool = False) -> str:
@@ -95,7 +85,7 @@ def origin_counts(origins: Sequence[str]) -> tuple[int, int]:
 # Charts are drawn on a transparent background in a grey that reads on Gradio's light and dark themes alike.
 INK = "#8b95a5"
 CHART_FONT = 12  # points, on figures about 5 inches wide: still legible when a phone shows them 330 px wide
-GREEN, BLUE, ORANGE, RED = "#22c55e", "#3b82f6", "#d97706", "#ef4444"
+GREEN, BLUE = "#22c55e", "#3b82f6"
 
 
 def _pyplot():
@@ -144,12 +134,13 @@ def depth_chart(per_depth: Sequence[float]):
     return fig
 
 
-BENCH_COLUMNS = "| method | questions | tokens/s | speedup | spread over runs | τ | bound | acceptance | identical |"
+BENCH_COLUMNS = (
+    "| method | questions | tokens/s | speedup | spread over runs | τ | step cost | acceptance | identical |"
+)
 
 
 def bench_line(row: dict) -> str:
-    """One Markdown line of the Benchmark tab's table (`bench_tab.Board.rows`): the speedup and its spread are
-    flagged when above the bound."""
+    """One Markdown line of the Benchmark tab's table (`bench_tab.Board.rows`)."""
     questions = f"{row['questions']}/{row['of']}"
     if row["status"] != "done":
         note = f"error: {str(row['error']).splitlines()[0][:90]}" if row["status"] == "error" else row["status"]
@@ -157,10 +148,10 @@ def bench_line(row: dict) -> str:
     rate = f"{row['tokens_per_s']:.1f}"
     if row["method"] == "vanilla":
         return f"| vanilla | {questions} | {rate} | 1.00× (baseline) | | | | | |"
-    bound = row["bound"]
-    cells = [row["method"], questions, rate, f"**{speedup_text(row['speedup'], bound)}**",
-             spread_text(row["spread"], bound) or "one run", f"{row['tau']:.2f}",
-             "n/a" if bound is None else f"{bound:.2f}×", f"{row['acceptance']:.2f}", row["identical"]]  # fmt: skip
+    cost = row["step_cost"]
+    cells = [row["method"], questions, rate, f"**{speedup_text(row['speedup'])}**",
+             spread_text(row["spread"]) or "one run", f"{row['tau']:.2f}",
+             "n/a" if cost is None else f"{cost:.2f}×", f"{row['acceptance']:.2f}", row["identical"]]  # fmt: skip
     return "| " + " | ".join(cells) + " |"
 
 
@@ -171,9 +162,8 @@ def bench_table(rows: Sequence[dict], category: str) -> str:
 
 
 def bench_chart(rows: Sequence[dict], category: str):
-    """The speedup per method (bars, with the spread over runs as a whisker and the bound as a black tick; a bar
-    above its bound is orange, hatched and labelled) and τ, as horizontal bars in two panels one above the other
-    (readable on a phone's narrow screen as on a desktop).
+    """The speedup per method (bars, with the spread over runs as a whisker) and τ, as horizontal bars in two panels
+    one above the other (readable on a phone's narrow screen as on a desktop).
 
     Args:
         rows: `bench_tab.Board.rows` (methods without a finished question are left out).
@@ -186,14 +176,10 @@ def bench_chart(rows: Sequence[dict], category: str):
     names = [r["method"] for r in rows]
     height = 1.2 + 0.42 * max(1, len(rows))
     fig, (ax_s, ax_t) = plt.subplots(2, 1, figsize=(4.8, 2 * height), sharey=True)
-    flagged = [above(r["speedup"], r["bound"]) for r in rows]
-    bars = ax_s.barh(names, [r["speedup"] for r in rows], color=[ORANGE if f else BLUE for f in flagged],
-                     hatch=None)  # fmt: skip
-    for bar, flag in zip(bars, flagged):
-        bar.set_hatch("//" if flag else None)
-    _whiskers_and_bounds(ax_s, rows, flagged)
+    ax_s.barh(names, [r["speedup"] for r in rows], color=BLUE)
+    _whiskers(ax_s, rows)
     ax_s.axvline(1.0, color=INK, linewidth=0.8, linestyle="--")
-    ax_s.set_xlabel("speedup over vanilla (| = bound from τ)")
+    ax_s.set_xlabel("speedup over vanilla (— = spread over runs)")
     ax_t.barh(names, [r["tau"] for r in rows], color=GREEN)
     ax_t.axvline(1.0, color=INK, linewidth=0.8, linestyle="--")
     ax_t.set_xlabel("τ (tokens per verify step)")
@@ -204,16 +190,11 @@ def bench_chart(rows: Sequence[dict], category: str):
     return fig
 
 
-def _whiskers_and_bounds(ax, rows: Sequence[dict], flagged: Sequence[bool]) -> None:
-    """The spread over runs as a whisker, the bound as a black tick, "⚠ above bound" beside flagged bars."""
-    for y, (row, flag) in enumerate(zip(rows, flagged)):
+def _whiskers(ax, rows: Sequence[dict]) -> None:
+    """The spread over runs as a whisker on each bar."""
+    for y, row in enumerate(rows):
         spread = row.get("spread")
         if spread is not None and spread.n > 1:
             ax.plot([spread.low, spread.high], [y, y], color=INK, linewidth=1.5)
-        if row["bound"] is not None:
-            ax.plot([row["bound"]], [y], marker="|", markersize=16, markeredgewidth=2.5, color=RED)
-        if flag:
-            ax.text(row["speedup"], y, "  ⚠ above bound", va="center", color=ORANGE, fontsize=CHART_FONT - 1)
     highs = [r["spread"].high for r in rows if r.get("spread") is not None]
-    right = max([r["speedup"] for r in rows] + [r["bound"] or 0 for r in rows] + highs + [1.0])
-    ax.set_xlim(0, right * (1.45 if any(flagged) else 1.15))
+    ax.set_xlim(0, max([r["speedup"] for r in rows] + highs + [1.0]) * 1.15)
