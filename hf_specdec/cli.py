@@ -38,6 +38,7 @@ from .cli_args import (
     add_quantization_argument,
     add_sampling_arguments,
     add_threads_argument,
+    check_chat_template_option,
     check_device_argument,
     check_draft_layers,
     check_model_argument,
@@ -184,10 +185,12 @@ def _export_main(args: argparse.Namespace) -> int:
 
 def run_trainer(command: TrainerCommand, args: argparse.Namespace) -> int:
     """``hf-specdec train <kind>``: the shared values checked (``--out`` / ``--data-dir`` folders, ``--model``,
-    ``--device``), then the kind's own (``command.check``), all before any model is loaded; then its main."""
+    ``--device``, ``--chat-template`` with the model's tokenizer), then the kind's own (``command.check``), all
+    before any model is loaded; then its main."""
     _check_out_folders(args)
     check_model_argument(args.model)
     check_device_argument(args.device)
+    check_chat_template_option(args)
     command.check(args)
     return command.main(args)
 

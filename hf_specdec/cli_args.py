@@ -22,10 +22,11 @@ from pathlib import Path
 
 # defined with the trainers' command line (the lowest layer that has one), re-exported here for every subcommand
 from .heads.hub import offline_miss
+from .training.trainer_cli import CHAT_TEMPLATE_OPTION, load_model_option
 from .training.trainer_cli import UsageError as UsageError
 from .training.trainer_cli import any_int as any_int
+from .training.trainer_cli import check_chat_template_option as check_chat_template_option
 from .training.trainer_cli import int_at_least as int_at_least
-from .training.trainer_cli import load_model_option
 from .training.trainer_cli import non_negative_int as non_negative_int
 from .training.trainer_cli import positive_float as positive_float
 from .training.trainer_cli import positive_int as positive_int
@@ -44,6 +45,12 @@ def add_model_argument(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a local model folder or Hub id instead of the default model (SmolLM2-135M-Instruct)",
     )
+
+
+def add_chat_template_argument(parser: argparse.ArgumentParser) -> None:
+    """``--chat-template``: a Jinja chat template for the model's tokenizer (checked by `check_chat_template_option`;
+    the train commands share the same option)."""
+    parser.add_argument("--chat-template", **CHAT_TEMPLATE_OPTION)
 
 
 def add_device_argument(
@@ -209,10 +216,15 @@ def check_model_argument(name: str | None) -> None:
 
 
 def load_model_argument(
-    name: str | None, device: str | None = None, dtype: str | None = None, quantization: str | None = None
+    name: str | None,
+    device: str | None = None,
+    dtype: str | None = None,
+    quantization: str | None = None,
+    chat_template: str | None = None,
 ):
     """``(model, tokenizer, name)`` of ``--model`` (`models.load_causal_lm`: in ``--dtype``, fp32 by default, eval
-    mode, on ``--device``, weight-only quantized as ``--quantization`` asks), or of the default model when None.
+    mode, on ``--device``, weight-only quantized as ``--quantization`` asks), or of the default model when None;
+    ``--chat-template`` set on the tokenizer when given.
 
     Raises:
         UsageError: transformers cannot load ``name`` (`load_model_option`).
@@ -220,7 +232,7 @@ def load_model_argument(
     check_model_argument(name)
     config = quantization_config(quantization)
     extra = {} if config is None else {"quantization_config": config}
-    return load_model_option(name, device, dtype=torch_dtype(dtype), **extra)
+    return load_model_option(name, device, chat_template, dtype=torch_dtype(dtype), **extra)
 
 
 def check_draft_layers(draft_layers: int, model) -> None:

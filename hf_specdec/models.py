@@ -11,6 +11,7 @@ a layer-skip self-draft built from the target's own first layers.
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib.util
 import json
 import logging
@@ -261,18 +262,62 @@ def load_causal_lm(
     return (model.to(device) if device else model), tokenizer, name
 
 
+# ---------------------------------------------------------------------------------------------------- chat prompts
+# A tokenizer without a chat template (base models, code models, most fine-tuning starting points) gets conversations
+# as plain text: one "Role: content" paragraph per turn, the assistant prompt "Assistant:" (no trailing space, so
+# that the answer's first token is the one the model writes after it in a whole conversation too).
+PLAIN_TURN = "{role}: {content}\n\n"
+PLAIN_PROMPT = "Assistant:"
+PLAIN_RENDERING = "plain text (no chat template): 'User: ...' and 'Assistant: ...' turns, prompt ending 'Assistant:'"
+
+
+def has_chat_template(tokenizer) -> bool:
+    """Whether ``tokenizer`` has a chat template (else `chat_text` writes `PLAIN_RENDERING`)."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def chat_rendering(tokenizer) -> str:
+    """How `chat_text` renders conversations for ``tokenizer``, for reports: its chat template (named by the first
+    12 hex digits of its sha256), or `PLAIN_RENDERING`."""
+    if not has_chat_template(tokenizer):
+        return PLAIN_RENDERING
+    digest = hashlib.sha256(json.dumps(tokenizer.chat_template, sort_keys=True).encode()).hexdigest()[:12]
+    return f"the tokenizer's chat template (sha256 {digest})"
+
+
+def chat_text(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    """``messages`` as text: ``tokenizer``'s chat template, or when it has none the plain rendering (`PLAIN_TURN`
+    per message, `PLAIN_PROMPT` when ``add_generation_prompt``)."""
+    if has_chat_template(tokenizer):
+        return tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+    turns = "".join(PLAIN_TURN.format(role=m["role"].capitalize(), content=m["content"]) for m in messages)
+    return turns + (PLAIN_PROMPT if add_generation_prompt else "")
+
+
+def encode_chat(tokenizer, text: str, **kwargs):
+    """``tokenizer(text, **kwargs)`` of a `chat_text`: a chat template writes its own special tokens; plain text gets
+    the ones the tokenizer adds to any text (a BOS where the model expects one)."""
+    return tokenizer(text, add_special_tokens=not has_chat_template(tokenizer), **kwargs)
+
+
+def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of ``messages`` (`chat_text`) with the assistant prompt appended: ready for the model to answer."""
+    return list(encode_chat(tokenizer, chat_text(tokenizer, messages, add_generation_prompt=True))["input_ids"])
+
+
 def chat_prompt_ids(tokenizer, question: str, system: str | None = None) -> torch.LongTensor:
-    """`[1, n]` token ids of a one-turn chat: the tokenizer's chat template with the assistant prompt appended.
+    """`[1, n]` token ids of a one-turn chat (`chat_ids`): the tokenizer's chat template, or the plain rendering
+    when it has none, with the assistant prompt appended.
 
     Args:
-        tokenizer: a tokenizer with a chat template.
+        tokenizer: the model's tokenizer.
         question: the user's message.
         system: optional system message (SmolLM2's template inserts its default one when omitted).
     """
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    return ids.long()
+    return torch.tensor([chat_ids(tokenizer, messages)], dtype=torch.long)
 
 
 # ---------------------------------------------------------------------------------------------------- self-draft
@@ -339,11 +384,17 @@ def draft_model_from_layers(model, num_layers: int):
 
 
 __all__ = [
+    "PLAIN_RENDERING",
     "cache_root",
+    "chat_ids",
     "chat_prompt_ids",
+    "chat_rendering",
+    "chat_text",
     "convert_default_model",
     "default_model_dir",
     "draft_model_from_layers",
+    "encode_chat",
     "gguf_path",
+    "has_chat_template",
     "load_default_model",
 ]

@@ -455,10 +455,11 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
-def tiny_chat_tokenizer(words: list[str], vocab_size: int = 97):
+def tiny_chat_tokenizer(words: list[str], vocab_size: int = 97, chat_template: str | None = TINY_CHAT_TEMPLATE):
     """A real fast tokenizer (word level, split on whitespace) over ``words`` and the chat markers, with a ChatML
-    chat template, for the tiny models: ids 0-4 are pad, bos, ``<|im_end|>`` (the tiny models' EOS), unk and
-    ``<|im_start|>``; unknown words map to unk. Needs ``len(set(words)) + 5 <= vocab_size``."""
+    chat template (``chat_template=None``: none, as a base model's tokenizer), for the tiny models: ids 0-4 are pad,
+    bos, ``<|im_end|>`` (the tiny models' EOS), unk and ``<|im_start|>``; unknown words map to unk. Needs
+    ``len(set(words)) + 5 <= vocab_size``."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -470,7 +471,7 @@ def tiny_chat_tokenizer(words: list[str], vocab_size: int = 97):
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>",
                                   eos_token="<|im_end|>", unk_token="<unk>")  # fmt: skip
-    tok.chat_template = TINY_CHAT_TEMPLATE
+    tok.chat_template = chat_template
     return tok
 
 

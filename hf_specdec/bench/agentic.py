@@ -29,9 +29,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..cli_args import UsageError, check_model_argument, load_model_argument
+from ..cli_args import UsageError, check_chat_template_option, check_model_argument, load_model_argument
 from ..generation.packed_linears import packed_weights
 from ..generation.proposers.base import Proposer
+from ..models import chat_ids, chat_rendering
 from .arctic import arctic_available
 from .methods import BenchContext, Method, resolve_methods
 from .report import (
@@ -172,8 +173,7 @@ def turn_prompt(tokenizer, session: Session, turn: int, answers: Sequence[str]) 
         messages = [{"role": "system", "content": _AGENT_SYSTEM}, {"role": "user", "content": request}]
     else:  # the agent's first request, or one independent structured-output call
         messages = [{"role": "user", "content": session.turns[turn]}]
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0].long()
+    return torch.tensor(chat_ids(tokenizer, messages), dtype=torch.long)
 
 
 # ------------------------------------------------------------------------------------------------- the run
@@ -339,6 +339,7 @@ def checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Sett
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out}: a file is there; pass a folder for results.md, results.json, results.png")
     check_model_argument(args.model)
+    check_chat_template_option(args)
     return methods, settings, chosen
 
 
@@ -359,7 +360,7 @@ def main(args: argparse.Namespace) -> int:
             bar.write(msg, file=sys.stderr)
 
     t0 = time.perf_counter()
-    model, tokenizer, model_name = load_model_argument(args.model)
+    model, tokenizer, model_name = load_model_argument(args.model, chat_template=getattr(args, "chat_template", None))
     records: list[dict] = []
     assistants: dict[str, Proposer] = {}
 
@@ -372,6 +373,7 @@ def main(args: argparse.Namespace) -> int:
             "max_new_tokens": max_new,
             "clock": "CPU time of the process" if getattr(args, "cpu_time", False) else "wall time",
             "questions": f"agentic workload: {len(chosen)} sessions, {sum(len(s.turns) for s in chosen)} turns",
+            "prompt_format": chat_rendering(tokenizer),
             "methods": {m.name: m.description for m in methods},
             "wall_s": time.perf_counter() - t0,
             "complete": done,

@@ -255,6 +255,7 @@ def markdown_report(summary: Sequence[dict], meta: dict, records: Sequence[dict]
         "draft",
         "draft_dtype",
         "questions",
+        "prompt_format",
         "clock",
         "heads_from",
         "candidate_heads",

@@ -34,12 +34,14 @@ from tqdm.auto import tqdm
 from ..assistants import check_head_folders, heads_from_folders
 from ..cli_args import (
     UsageError,
+    add_chat_template_argument,
     add_device_argument,
     add_dtype_argument,
     add_model_argument,
     add_quantization_argument,
     add_sampling_arguments,
     add_threads_argument,
+    check_chat_template_option,
     check_device_argument,
     check_draft_layers,
     check_model_argument,
@@ -75,7 +77,8 @@ DEFAULT_OUT = "hf-specdec-bench"  # results.md, results.json and results.png are
 
 @dataclass
 class Prompt:
-    """One benchmark prompt: its question id, pooled category and `[n]` token ids (chat template applied)."""
+    """One benchmark prompt: its question id, pooled category and `[n]` token ids (chat template applied, or the
+    plain rendering where the tokenizer has none: `hf_specdec.models.chat_text`)."""
 
     question_id: object
     category: str
@@ -108,7 +111,8 @@ def settings_for(
 
 
 def build_prompts(tokenizer, questions: Sequence[dict]) -> list[Prompt]:
-    """The first turn of each question through the tokenizer's chat template (assistant prompt appended)."""
+    """The first turn of each question through the tokenizer's chat template, or the plain rendering where it has
+    none (`chat_prompt_ids`; assistant prompt appended)."""
     from ..models import chat_prompt_ids
 
     return [
@@ -436,6 +440,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"decoder layers of the layer-skip draft model (default {DEFAULT_DRAFT_LAYERS})",
     )
     add_model_argument(parser)
+    add_chat_template_argument(parser)
     add_device_argument(parser)
     add_dtype_argument(parser)
     add_quantization_argument(parser)
@@ -507,6 +512,7 @@ def _checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Set
     if args.out:
         check_out_folder(args.out, holds="results.md, results.json, results.png")
     check_device_argument(args.device)
+    check_chat_template_option(args)
     args.head_folders = _head_folders(args.head_dir, "--head-dir")
     args.candidate_folders = _head_folders(args.candidate_head, "--candidate-head")
     try:
@@ -562,7 +568,7 @@ def main(args: argparse.Namespace) -> int:
     """
     import hf_specdec  # noqa: F401  (registers assistant=)
 
-    from ..models import draft_model_from_layers
+    from ..models import chat_rendering, draft_model_from_layers
 
     methods, settings, path, questions = _checked_arguments(args)
     if args.threads:
@@ -579,7 +585,7 @@ def main(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     model, tokenizer, model_name = load_model_argument(
-        args.model, args.device, args.dtype, getattr(args, "quantization", None)
+        args.model, args.device, args.dtype, getattr(args, "quantization", None), getattr(args, "chat_template", None)
     )
     log(f"model {model_name} loaded in {time.perf_counter() - t0:.1f} s")
     draft_layers, total_layers = args.draft_layers, model.config.num_hidden_layers
@@ -595,6 +601,7 @@ def main(args: argparse.Namespace) -> int:
 
     def meta(done: bool) -> dict:
         out = _meta(args, model_name, methods, draft_layers, total_layers, path, len(prompts), t0, done)
+        out["prompt_format"] = chat_rendering(tokenizer)
         out["verify_cost"] = _verify_cost(model)
         out["budgets"] = budgets_by_method(records)
         out["depth_acceptance"] = depth_acceptance_by_method(records)

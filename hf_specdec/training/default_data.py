@@ -1,6 +1,6 @@
-"""The project's default self-distillation data: `template_prompts`' prompt set in the tokenizer's chat template,
-answered by the target (`distillation_data`), in one or two stages, with any prompt that matches a Spec-Bench
-question dropped.
+"""The project's default self-distillation data: `template_prompts`' prompt set in the tokenizer's chat template (or
+`chat_template`'s plain rendering when it has none), answered by the target (`distillation_data`), in one or two
+stages, with any prompt that matches a Spec-Bench question dropped.
 
     folders = build_default_data(model, tok, "out/data", num_prompts=2000, num_context_prompts=500)
     data = load_distillation_data(folders)
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from .benchmark_questions import find_questions_file, spec_bench_overlap
-from .chat_template import chat_ids
+from .chat_template import chat_ids, chat_rendering
 from .distillation_data import build_distillation_data
 from .shards import load_distillation_data
 from .template_prompts import context_prompt_recipe, make_context_prompts, make_prompts, prompt_recipe
@@ -44,7 +44,7 @@ def build_default_data(
         dropped = set(spec_bench_overlap(prompts, questions_file))
         prompts = [p for p in prompts if p not in dropped]
         recipe["dropped_spec_bench_overlap"] = len(dropped)
-        recipe["chat_template"] = True
+        recipe["chat_template"] = chat_rendering(tokenizer)
         ids = [chat_ids(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
         build_distillation_data(model, ids, folder, recipe=recipe, seed=seed, **kwargs)
 

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..heads.derived import dense_weight
+from ..models import PLAIN_RENDERING
 from .labels import head_positions
 from .shards import DistillationData
 
@@ -399,6 +400,7 @@ class TrainingRun:
             "train_positions": int(split.train_pos.shape[0]),
             "eval_positions": int(split.eval_pos.numel()),
             "generation": manifest.get("generation"),
+            "prompt_format": prompt_format(manifest),
             "steps": self.step,
             "training_time_s": round(self.elapsed, 1),
             "config": dataclasses.asdict(self.config),
@@ -445,4 +447,18 @@ def data_description(manifest: dict) -> str:
             described.append(f"{sequences:,} {how} answers (max {max_new} new tokens, {answers:,} answer tokens) to "
                              f"{sequences:,} of {planned:,} planned prompts ({kind})")  # fmt: skip
     base = without_local_paths(str(manifest.get("base_model")))
-    return f"distillation of {base}: " + "; ".join(described) + "; no benchmark questions"
+    plain = f"; rendered as {PLAIN_RENDERING}" if PLAIN_RENDERING in (prompt_format(manifest) or "") else ""
+    return f"distillation of {base}: " + "; ".join(described) + "; no benchmark questions" + plain
+
+
+def prompt_format(manifest: dict) -> str | None:
+    """How the text of ``manifest``'s data was rendered: each part's recipe ``chat_template``
+    (`models.chat_rendering`; ``True`` in data recorded before it was named), the distinct ones joined; None where no
+    part records it."""
+    found: list[str] = []
+    for part in manifest.get("parts") or [manifest]:
+        value = (part.get("prompt_recipe") or {}).get("chat_template")
+        value = "the tokenizer's chat template" if value is True else value
+        if value and value not in found:
+            found.append(value)
+    return "; ".join(found) or None

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from .benchmark_questions import find_questions_file, spec_bench_overlap
-from .chat_template import chat_ids
+from .chat_template import chat_ids, chat_rendering
 from .distillation_data import build_distillation_data
 from .shards import load_distillation_data
 from .task_prompts import TaskPrompt, collect_seed_material, recipe, seed_prompts, task_prompts
@@ -50,9 +50,8 @@ def _build_stage(
     folder.mkdir(parents=True, exist_ok=True)
     kinds = {"kinds": [p.kind for p in prompts], "dropped_spec_bench_overlap": dropped}
     (folder / KINDS_NAME).write_text(json.dumps(kinds) + "\n", encoding="utf-8")
-    build_distillation_data(
-        model, ids, folder, recipe={**stage_recipe, "dropped_spec_bench_overlap": dropped}, **kwargs
-    )
+    described = {**stage_recipe, "dropped_spec_bench_overlap": dropped, "chat_template": chat_rendering(tokenizer)}
+    build_distillation_data(model, ids, folder, recipe=described, **kwargs)
     return prompts
 
 

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from .chat_template import PLAIN_RENDERING, check_chat_template, first_line, has_chat_template, read_chat_template
 
 SOURCES = ("sharegpt",)  # the named ``--data`` sources (`data_arguments` builds them)
 
@@ -109,6 +112,14 @@ class TrainerCommand:
         return self.help[0].upper() + self.help[1:] + "."
 
 
+# ``--chat-template``: the trainers' (shared) and the bench's
+CHAT_TEMPLATE_OPTION = dict(
+    default=None,
+    metavar="FILE_OR_STRING",
+    help="a Jinja chat template (a file, or the template itself) set on the model's tokenizer; default: the "
+    "tokenizer's own, or where it has none plain 'User: ...' / 'Assistant: ...' turns (docs/own_model.md)",
+)
+
 # the options every trainer shares: flags -> add_argument keywords (the same for every kind)
 SHARED_OPTIONS: dict[tuple[str, ...], dict] = {
     ("--out",): dict(required=True, help="output folder: the trained head, training_report.json, data/, checkpoints/"),
@@ -143,6 +154,7 @@ SHARED_OPTIONS: dict[tuple[str, ...], dict] = {
     ),
     ("--resume",): dict(action="store_true", help="continue from the latest checkpoint in OUT"),
     ("--threads",): dict(type=positive_int, default=None, help="torch CPU threads (default: torch's choice)"),
+    ("--chat-template",): CHAT_TEMPLATE_OPTION,
 }
 
 
@@ -156,9 +168,10 @@ def add_trainer_arguments(parser: argparse.ArgumentParser, command: TrainerComma
     command.add_arguments(parser)
 
 
-def load_model_option(name: str | None, device: str | None = None, **load_kwargs):
+def load_model_option(name: str | None, device: str | None = None, chat_template: str | None = None, **load_kwargs):
     """``(model, tokenizer, name)`` of ``--model NAME`` (`models.load_causal_lm` with ``load_kwargs``: fp32 unless
-    ``dtype=``, eval mode, on ``device`` when given), or of the default model when None.
+    ``dtype=``, eval mode, on ``device`` when given), or of the default model when None; ``--chat-template``
+    (`read_chat_template`) set on the tokenizer when given.
 
     Raises:
         UsageError: transformers cannot load ``name`` (not a model folder, an unknown Hub id, offline); the first line
@@ -167,27 +180,77 @@ def load_model_option(name: str | None, device: str | None = None, **load_kwargs
     from ..models import load_causal_lm
 
     try:
-        return load_causal_lm(name, device, **load_kwargs)
+        model, tokenizer, name = load_causal_lm(name, device, **load_kwargs)
     except OSError as err:  # transformers' "not a local folder nor a Hub repo" / offline messages
         raise UsageError(f"--model {name}: {str(err).splitlines()[0]}") from err
+    if chat_template:
+        tokenizer.chat_template = read_chat_template(chat_template)
+    return model, tokenizer, name
+
+
+def load_tokenizer_option(name: str | None):
+    """The tokenizer of ``--model NAME`` (seconds: no weights), or of the default model once it is converted (None
+    before: it has a chat template). Raises `UsageError` where transformers cannot load it."""
+    from transformers import AutoTokenizer
+
+    from ..models import default_model_dir
+
+    folder = default_model_dir(convert=False) if name is None else name
+    if name is None and not (folder / "tokenizer_config.json").is_file():
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--model {name}: {first_line(err)}") from err
+
+
+def check_chat_template_option(args: argparse.Namespace) -> None:
+    """Before any weights load: ``--chat-template`` must render a conversation with the tokenizer's special tokens
+    (`check_chat_template`); without it, a tokenizer with no chat template is announced on stderr (its conversations
+    go as plain text); ``--data sharegpt`` (assistant turns found by character offsets) needs a fast tokenizer.
+    Raises `UsageError` naming the option."""
+    value, data = getattr(args, "chat_template", None), getattr(args, "data", None) or ()
+    tokenizer = load_tokenizer_option(args.model) if value or args.model else None
+    if value:
+        _check_template_value(value, tokenizer)
+    elif tokenizer is not None and not has_chat_template(tokenizer):
+        print(f"[--model {args.model}: no chat template, conversations rendered as {PLAIN_RENDERING}; "
+              "--chat-template names one]", file=sys.stderr)  # fmt: skip
+    if tokenizer is not None and set(data) & set(SOURCES) and not tokenizer.is_fast:
+        raise UsageError(f"--data {' '.join(data)}: the tokenizer of --model {args.model} is not a fast one (no "
+                         "character offsets to find the assistant's turns by); pass --data FOLDER instead")  # fmt: skip
+
+
+def _check_template_value(value: str, tokenizer) -> None:
+    """``--chat-template VALUE`` read (`read_chat_template`) and, given ``tokenizer``, rendered once."""
+    try:
+        template = read_chat_template(value)
+        if tokenizer is not None:
+            check_chat_template(tokenizer, template)
+    except (OSError, ValueError) as err:
+        shown = value if len(value) <= 60 and "\n" not in value else value.splitlines()[0][:57] + "..."
+        raise UsageError(f"--chat-template {shown}: {err}") from err
 
 
 def load_target(args: argparse.Namespace, device: str | None = None):
     """A trainer's target: ``--model`` (`load_model_option`) in fp32, on ``device`` when given (a kind passes
     ``args.device`` or keeps the target where it loads)."""
-    return load_model_option(args.model, device)
+    return load_model_option(args.model, device, getattr(args, "chat_template", None))
 
 
 __all__ = [
+    "CHAT_TEMPLATE_OPTION",
     "SHARED_OPTIONS",
     "SOURCES",
     "TrainerCommand",
     "UsageError",
     "add_trainer_arguments",
     "any_int",
+    "check_chat_template_option",
     "int_at_least",
     "load_model_option",
     "load_target",
+    "load_tokenizer_option",
     "non_negative_int",
     "positive_float",
     "positive_int",

@@ -32,6 +32,12 @@ def word_chat():
     return model, tiny_chat_tokenizer(WORDS + ["user", "assistant"], vocab_size=64)
 
 
+@pytest.fixture(scope="module")
+def base_word_tokenizer():
+    """A tokenizer over WORDS and the plain rendering's role words without a chat template (as a base model's)."""
+    return tiny_chat_tokenizer(WORDS + ["System:", "User:", "Assistant:"], vocab_size=64, chat_template=None)
+
+
 @pytest.fixture(scope="session")
 def word_conversations():
     """``word_conversations(count, lengths)``: conversations of random WORDS (`_word_conversations`)."""

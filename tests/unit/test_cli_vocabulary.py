@@ -30,9 +30,10 @@ SHARED = {
     "--do-sample": ["generate", "bench", "train medusa"],
     "--temperature": ["generate", "bench"],
     "--top-p": ["generate", "bench"],
+    "--chat-template": ["bench", "train medusa", "train mlp-speculator", "train eagle", "train dflash"],
 }
 VALUES = {"--threads": "2", "--device": "cpu", "--model": "org/name", "--dtype": "bfloat16", "--quantization": "int8", "--max-new-tokens": "16", "--temperature": "0.5",
-          "--top-p": "0.8"}  # fmt: skip
+          "--top-p": "0.8", "--chat-template": "chat.jinja"}  # fmt: skip
 # spellings that must not be the visible name of anything (the vocabulary's words are the ones above)
 NOT_THE_VOCABULARY = {"--sample", "--num-threads", "--max-tokens", "--new-tokens", "--temp", "--topp", "--cuda",
                       "--model-name", "--model-dir"}  # fmt: skip
