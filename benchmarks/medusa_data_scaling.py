@@ -1,4 +1,4 @@
-"""How Medusa heads for the default model improve with training data (docs/results.md, "Data scaling").
+"""How Medusa heads for the default model improve with training data (docs/lab/changelog.md, "Data scaling").
 
 Trains the shipped recipe (hyper-parameters from the heads' training_report.json) on random fractions of the
 training sequences of its self-distillation data, and measures for each the exact τ of static Sequoia trees

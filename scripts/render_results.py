@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Regenerates every figure block of the README, docs/*.md and the model cards from the bench's results files
-(docs/results/*.json): `python scripts/render_results.py`, or `--check` to list stale blocks without writing.
+"""Regenerates every figure block of the README, docs/*.md, docs/lab/*.md and the model cards from the bench's results
+files (docs/results/*.json): `python scripts/render_results.py`, or `--check` to list stale blocks without writing.
 The blocks and their renderers: hf_specdec/bench/render.py."""
 
 import sys

@@ -31,7 +31,7 @@ from .report import OVERALL, mismatch_text, summarize
 ROOT = Path(__file__).resolve().parents[2]
 
 # the pages that hold generated blocks (the test holds every one of them to the data)
-PAGE_GLOBS = ("README.md", "docs/*.md", "hf_specdec/assets/*/README.md", "custom_generate/README.md")
+PAGE_GLOBS = ("README.md", "docs/*.md", "docs/lab/*.md", "hf_specdec/assets/*/README.md", "custom_generate/README.md")
 
 BLOCK = re.compile(
     r"(?P<begin><!-- results:begin (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(?P<end><!-- results:end -->)", re.DOTALL

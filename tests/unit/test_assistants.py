@@ -34,7 +34,7 @@ def test_default_medusa_assistant_is_the_shipped_heads_with_their_tuned_costs():
 
 def test_registry_lists_the_shipped_assistants_best_first():
     names = available_assistants()
-    # measured on the Spec-Bench sample (docs/results.md): ngram+medusa 1.44x > ngram 1.35x > medusa 1.06x
+    # measured on the Spec-Bench sample (docs/lab/changelog.md): ngram+medusa 1.44x > ngram 1.35x > medusa 1.06x
     assert names[:3] == ["ngram+medusa", "ngram", "medusa"]
     assert DEFAULT_ASSISTANT in names
     assert "Medusa" in describe_assistant("medusa") and "NgramAssistant" in describe_assistant("ngram")

@@ -41,9 +41,12 @@ def notebook_markdown(path: Path) -> str:
     return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
 
 
+# docs/cli.md is left out: it is the argparse help of the commands, generated (scripts/write_cli_reference.py), and
+# its figures are the code's help strings
 PAGES = [
     ROOT / "README.md",
-    *sorted((ROOT / "docs").glob("*.md")),
+    *(p for p in sorted((ROOT / "docs").glob("*.md")) if p.name != "cli.md"),
+    *sorted((ROOT / "docs" / "lab").glob("*.md")),
     *sorted((ROOT / "hf_specdec" / "assets").glob("*/README.md")),
     ROOT / "custom_generate" / "README.md",
     *sorted((ROOT / "notebooks").glob("*.ipynb")),
