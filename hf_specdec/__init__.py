@@ -94,6 +94,7 @@ _LAZY = {
     "packed_weights": ".generation.packed_linears",
     "build_cpu_kernels": ".generation.packed_linears",
     "release_packed_weights": ".generation.packed_linears",
+    "packed_bytes": ".generation.packed_linears",
 }
 
 
@@ -144,4 +145,5 @@ __all__ = [
     "packed_weights",
     "build_cpu_kernels",
     "release_packed_weights",
+    "packed_bytes",
 ]

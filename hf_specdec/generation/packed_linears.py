@@ -7,7 +7,7 @@ Verifying a draft tree multiplies every weight matrix by ``n + 1`` rows instead 
 runs a matrix-vector kernel that streams the weights once; from four rows on it runs a GEMM that first *re-packs*
 the weight matrix into its blocked layout on every call, an extra read and write of every weight. On the default
 model (2-core Xeon, fp32) that makes a 4-row forward cost ~1.5x a 1-row forward although the arithmetic is
-negligible; it is what kept trees on this machine at one or two nodes (docs/results.md).
+negligible; it is what kept trees on this machine at one or two nodes (docs/lab/measurements.md).
 
 `packed_linears(model)` removes that cost: inside the block, every plain `nn.Linear` of the model whose input has
 2 to `TUNE_MAX_ROWS` rows runs the GEMM form measured fastest on this machine for its shape and row count (above 8
@@ -33,9 +33,13 @@ Thread safety: the patched layers run packed weights only for the thread (contex
 model (a `contextvars.ContextVar`); any other caller of the same model, a vanilla ``generate`` in another thread
 say, runs stock `F.linear`. Concurrent blocks on one model share the patch (reference-counted under a lock).
 
-Memory and when it runs. MKL's packed buffer is larger than the weight (3.35x allocated for SmolLM2's matrices, of
-which ~2.4x becomes resident), so the copies roughly triple the linear weights' footprint while they are held. They
-are therefore made only where they pay and dropped when they stop paying:
+Memory and when it runs. A weight has at most one copy, in one form for the whole process (`available_forms`): the
+few-rows kernel's panels where it is built (the weight's size again, so the copies at most double the linear
+weights' footprint), else MKL's packed buffer (3.35x the weight allocated for SmolLM2's matrices, ~2.4x resident).
+Copies are keyed by weight tensor, so every call and every head over one model shares them, and they are freed with
+the weight. ``HF_SPECDEC_PACKED_MEMORY_MB`` caps the bytes all copies may hold together (a model whose copies would
+pass it runs stock kernels); without it, a model packs only while its copies fit in `MEMORY_FRACTION` of the
+memory available. Copies are made only where they pay and dropped when they stop paying:
 
 - only forwards of 2 (MKL's: `MIN_ROWS`) to `MAX_ROWS` rows (verify forwards of small trees) use them; a prefill of
   a long prompt runs stock `F.linear` and packs nothing (its GEMM amortises MKL's re-pack over all its rows);
@@ -45,7 +49,7 @@ are therefore made only where they pay and dropped when they stop paying:
   live until the weights change or are freed, or `release_packed_weights`. Releasing them at the end of every call
   made a plain series of calls re-pack the weights and run its first `PACK_AFTER` verify forwards on stock kernels
   each time, which cost the default model's EAGLE calls their whole gain on a 2-core AMD EPYC (12 prompts in a row:
-  0.87x vanilla, against 1.20x once kept; docs/results.md). When a call ends, the copies of forms the tuner chose for none of the
+  0.87x vanilla, against 1.20x once kept; docs/lab/measurements.md). When a call ends, the copies of forms the tuner chose for none of the
   weight's row counts are dropped (`_drop_unchosen_copies`: the first process on a machine times every form, so it
   packs every form once). ``keep_packed=False`` releases them when the call ends; ``keep_packed=True`` also packs
   from the call's first verify forward; the ``with packed_weights(model):`` block packs at once (the warm-up) and
@@ -84,6 +88,7 @@ ENV_FLAG = "HF_SPECDEC_PACKED_LINEAR"
 KERNELS_ENV_FLAG = "HF_SPECDEC_CPU_KERNELS"  # 0: the compiled few-rows GEMM is not loaded (MKL's forms only)
 # Fraction of the machine's available memory the packed copies may take.
 MEMORY_FRACTION = 0.5
+MEMORY_ENV = "HF_SPECDEC_PACKED_MEMORY_MB"  # a cap, in MB, on the bytes every model's copies may hold together
 
 # weight tensor -> (weight._version when packed, packed weight)
 _PACKED = WeakIdKeyDictionary()
@@ -193,7 +198,7 @@ def _packed_forward(module: nn.Linear, model: nn.Module):
         can_copy = seen >= PACK_AFTER or weight in _PACKED or weight in _PANELS or _kept(model)
         x2 = x.reshape(rows, x.shape[-1]).contiguous()  # [rows, in]
         if rows > TUNE_MAX_ROWS:  # a prompt's prefill: every length would be a new shape to time
-            y = _gemm("packed" if can_copy and available() else "linear", x2, weight, bias)
+            y = _gemm("packed" if "packed" in available_forms(can_copy, rows) else "linear", x2, weight, bias)
         else:
             y = _fastest_gemm(x2, weight, bias, can_copy)
         return y.reshape(*x.shape[:-1], weight.shape[0])
@@ -344,7 +349,29 @@ def _layers_to_pack(model: nn.Module, enabled: bool | None) -> list[nn.Linear]:
         free = _available_memory_bytes()
         if free is not None and need > MEMORY_FRACTION * free:
             return []
+        cap = _memory_cap_bytes()
+        if cap is not None and need + _held_bytes() > cap:
+            return []
     return layers
+
+
+def _memory_cap_bytes() -> int | None:
+    """``HF_SPECDEC_PACKED_MEMORY_MB`` in bytes (None when unset); a value that is no number >= 0 is refused."""
+    text = os.environ.get(MEMORY_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = -1.0
+    if not mb >= 0 or mb == float("inf"):
+        raise ValueError(f"{MEMORY_ENV}={text!r}: expected a number of megabytes >= 0 (0 packs nothing)")
+    return int(mb * 1e6)
+
+
+def _held_bytes() -> int:
+    """Bytes every packed copy of this process holds now, whatever model it belongs to."""
+    return sum(copy.numel() * copy.element_size() for cache in (_PACKED, _PANELS) for _, copy in cache.values())
 
 
 @contextlib.contextmanager

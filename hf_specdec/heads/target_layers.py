@@ -1,7 +1,7 @@
 """Starting a head's draft decoder layers as its target's decoder layers (EAGLE-1's layer, DFlash's layers).
 
 A head trained on the little data a CPU builds may learn more starting from a layer that already computes what the
-target's layers do than from random weights (docs/heads_training.md measures it). The draft layer's parameters are
+target's layers do than from random weights (docs/lab/heads_experiments.md measures it). The draft layer's parameters are
 copied by name from the target layer's: attention projections, MLP, norms. A parameter the draft layer has and the
 target's lacks is refused, except the ones named ``may_lack`` (a Qwen3-style draft layer's q / k norms over a Llama
 target: they stay as initialised, ones); a parameter the target has and the draft layer lacks (EAGLE-1's layer has

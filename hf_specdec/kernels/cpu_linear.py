@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from . import few_rows_gemm
 
 GEMM_FORMS = ("packed", "linear", "weight_major", "few_rows")
-MIN_PACKED_ROWS = 4  # below this MKL's matrix-vector path is as fast as its packed GEMM (measured; docs/results.md)
+MIN_PACKED_ROWS = 4  # below this MKL's matrix-vector path is as fast as its packed GEMM (measured; docs/lab/measurements.md)
 
 
 def available() -> bool:
@@ -35,10 +35,11 @@ def available() -> bool:
 
 def available_forms(can_copy: bool, rows: int = MIN_PACKED_ROWS) -> tuple[str, ...]:
     """The forms this process can run over ``rows`` rows: those on the weight as it is, and where packed copies are
-    allowed (``can_copy``) "packed" from `MIN_PACKED_ROWS` rows where MKL has it and "few_rows" where its kernel
-    is loaded."""
-    packed = can_copy and rows >= MIN_PACKED_ROWS and available()
+    allowed (``can_copy``) one form on a copy: "few_rows" where its kernel is loaded (a copy the weight's size),
+    else "packed" from `MIN_PACKED_ROWS` rows where MKL has it (3.35x the weight's size). One copy form, so a
+    weight never holds two copies whatever row counts its layer meets."""
     few_rows = can_copy and few_rows_gemm.loaded()
+    packed = can_copy and rows >= MIN_PACKED_ROWS and available() and not few_rows
     return tuple(f for f in GEMM_FORMS if (f != "packed" or packed) and (f != "few_rows" or few_rows))
 
 

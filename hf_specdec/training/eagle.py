@@ -24,7 +24,7 @@ step-0 pairs up to r plus its own chain (steps 1..j of root r), exactly what a d
 time; its loss (weight ``0.8 ** j``) is the target's token r + j + 2. Low-layer states carry the identity of each
 context token, which one layer needs to copy from the prompt (an induction match on the token, the value its
 successor) and which the final states of human-written text carry little of; whether that closes the default
-model's copy gap on the benchmark is measured in docs/heads_training.md (not at a CPU budget, so far).
+model's copy gap on the benchmark is measured in docs/lab/heads_experiments.md (not at a CPU budget, so far).
 
     head, report = train_eagle(model, load_distillation_data(folders), "out/eagle", EagleTrainingConfig())
 """

@@ -349,14 +349,14 @@ def _init_head(folder: str | None, kind: str):
 
 EAGLE_COMMAND = TrainerCommand(
     "eagle",
-    "an EAGLE head (EAGLE-1/2, or EAGLE-3 with --version 3) on six-task self-distillation data",
+    "an EAGLE head (EAGLE-1/2, or EAGLE-3 with --version 3) on the target's own answers to prompts of six task kinds",
     add_train_eagle_arguments,
     train_eagle_main,
     check_train_eagle_arguments,
 )
 DFLASH_COMMAND = TrainerCommand(
     "dflash",
-    "a DFlash block drafter (anchored blocks, target frozen) on six-task self-distillation data",
+    "a DFlash block drafter (anchored blocks, target frozen) on the target's own answers to prompts of six task kinds",
     add_train_dflash_arguments,
     train_dflash_main,
     check_train_dflash_arguments,

@@ -9,14 +9,23 @@ from torch import nn
 import hf_specdec
 from hf_specdec.generation import packed_linears as cpu_linear
 from hf_specdec.generation.packed_linears import packed_linears, release_packed_weights
+from hf_specdec.kernels import few_rows_gemm
 from hf_specdec.testing import OracleProposer, RandomTreeProposer, assert_same_tokens, left_pad, tiny_causal_lm
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="this torch build has no MKL packed linear")
 
 
+cpu_linear.load_cpu_kernels()
+_MACHINE_KERNEL = list(few_rows_gemm._MODULE)  # the few-rows kernel as this machine has it (built or not)
+
+
 @pytest.fixture(autouse=True)
 def _pack_at_once(monkeypatch):
-    """Tests of the packed path pack at the first verify forward (a call waits PACK_AFTER forwards by default)."""
+    """Tests of the packed path pack at the first verify forward (a call waits PACK_AFTER forwards by default), with
+    MKL's forms only: where the few-rows kernel is loaded it is a weight's one copy form and MKL's packed form is not
+    offered (tests/unit/test_few_rows_gemm.py tests that)."""
+    monkeypatch.setattr(few_rows_gemm, "_MODULE", [None])
+    monkeypatch.setattr(cpu_linear, "_KERNELS_LOOKED_UP", [True])
     monkeypatch.setattr(cpu_linear, "PACK_AFTER", 1)
     monkeypatch.setattr(cpu_linear, "_GEMM_CHOICE", {})  # every test tunes the GEMM forms of its shapes afresh
     monkeypatch.setattr(cpu_linear, "_GEMM_TRIALS", {})
@@ -368,6 +377,7 @@ def test_draft_heads_linears_run_the_tuned_forms_for_the_call_and_are_restored(m
     head's copies are kept (small, and costly to make again every call) until released.
     (Medusa's heads multiply their own stacked weights, no `nn.Linear`; a shared lm_head is the target's.)"""
     monkeypatch.setenv("HF_SPECDEC_DRAFT_DTYPE", "float32")  # not a bf16 drafting copy, whatever a probe measures
+    monkeypatch.setattr(few_rows_gemm, "_MODULE", list(_MACHINE_KERNEL))  # every form this machine has
     model = tiny_causal_lm("llama", hidden_size=64, num_layers=2)
     head, assistant = _random_head(kind, model)
     ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9]])
@@ -383,3 +393,25 @@ def test_draft_heads_linears_run_the_tuned_forms_for_the_call_and_are_restored(m
     assert cpu_linear.packed_bytes(head) > 0, "the head's copies are kept for its next call"
     release_packed_weights(head)
     assert cpu_linear.packed_bytes(head) == 0
+
+
+def test_a_memory_cap_on_the_copies_of_every_model(monkeypatch):
+    """HF_SPECDEC_PACKED_MEMORY_MB caps what the copies of every model hold together: a model whose copies would
+    pass it runs stock kernels (nothing patched, nothing packed); a cap that is no number is refused by name."""
+    net, other = _net(), _net()
+    x = torch.randn(cpu_linear.MIN_ROWS, 24)
+    monkeypatch.setenv(cpu_linear.MEMORY_ENV, "1000")
+    with torch.no_grad(), packed_linears(other, keep=True) as patched:
+        other(x)
+    assert patched == 2 and cpu_linear.packed_bytes(other) > 0
+    held = cpu_linear.packed_bytes(other)
+    monkeypatch.setenv(cpu_linear.MEMORY_ENV, str(held / 1e6))  # the other model's copies fill the cap
+    with torch.no_grad(), packed_linears(net) as patched:
+        torch.testing.assert_close(net(x), F.linear(F.gelu(F.linear(x, net[0].weight, net[0].bias)),
+                                   net[2].weight, net[2].bias))  # fmt: skip
+    assert patched == 0 and cpu_linear.packed_bytes(net) == 0
+    for bad in ("lots", "-1", "nan", "inf"):
+        monkeypatch.setenv(cpu_linear.MEMORY_ENV, bad)
+        with pytest.raises(ValueError, match=f"{cpu_linear.MEMORY_ENV}="), packed_linears(net):
+            pass
+    release_packed_weights(other)

@@ -157,9 +157,6 @@ INSIDER = {
 KNOWN_ELSEWHERE: dict[str, set[str]] = {
     "docs/design.md": {"τ"},
     "docs/formats.md": {"τ"},
-    # generated from the train commands' help (hf_specdec/training), which still says "six-task": fix the help there,
-    # then python scripts/write_cli_reference.py
-    "docs/cli.md": {"six-task data"},
 }
 # A term the glossary defines may be used only with a link to its definition somewhere on the page:
 # term: (the link, pages that define it themselves). τ is held to it on the README and docs/ (the model cards and

@@ -156,3 +156,24 @@ def test_the_avx2_build_computes_the_same(monkeypatch, tmp_path):
         x, w, b = torch.randn(rows, 77), torch.randn(50, 77), torch.randn(50)
         got = few_rows_gemm.linear(x, few_rows_gemm.pack_weight(w), 50, b)
         torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-4, atol=1e-4)
+
+
+def test_a_weight_holds_one_copy_whatever_row_counts_its_layer_meets(monkeypatch, built):
+    """Where the kernel is loaded its panels are a weight's one copy form (the weight's size again): MKL's packed
+    form (3.35x) is not offered beside it, so copies kept across calls stay bounded by the weights' own size."""
+    monkeypatch.setattr(pl, "_GEMM_CHOICE", {})
+    monkeypatch.setattr(pl, "_GEMM_TRIALS", {})
+    assert all("packed" not in pl.available_forms(True, rows) for rows in (2, 4, 8, 14, 64, 200))
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(24, 40), nn.GELU(), nn.Linear(40, 16)).eval()
+    inputs = {rows: torch.randn(rows, 24) for rows in (2, 4, 8, 14, 16, 100)}  # tree levels, verifies, a prefill
+    with torch.no_grad():
+        expected = {rows: net(x) for rows, x in inputs.items()}
+    with torch.no_grad(), pl.packed_linears(net, enabled=True, keep=True):
+        for rows, x in inputs.items():
+            for _ in range(len(pl.available_forms(True, rows)) * pl.TUNE_TRIALS + 1):
+                torch.testing.assert_close(net(x), expected[rows], rtol=1e-5, atol=1e-5)
+    assert not any(m.weight in pl._PACKED for m in (net[0], net[2])), "an MKL copy beside the panels"
+    weights = sum(m.weight.numel() * 4 for m in (net[0], net[2]))
+    assert pl.packed_bytes(net) <= 2 * weights, "more than one copy's worth (panels round out_features up)"
+    pl.release_packed_weights(net)

@@ -15,6 +15,7 @@ import torch
 import hf_specdec
 from hf_specdec.generation import gemm_cache
 from hf_specdec.generation import packed_linears as cpu_linear
+from hf_specdec.kernels import few_rows_gemm
 from hf_specdec.testing import assert_same_tokens, tiny_causal_lm
 
 KEY_PACKED = (1536, 576, 5, False, 1, True)
@@ -22,7 +23,10 @@ KEY_STOCK = (576, 1536, 3, False, 1, False)
 
 
 def new_process(monkeypatch) -> None:
-    """What a fresh process holds: no GEMM choice, no trial, the cache file not read yet."""
+    """What a fresh process holds: no GEMM choice, no trial, the cache file not read yet; MKL's forms only (where the
+    few-rows kernel is loaded MKL's packed form is not offered, and these tests save and read its choices)."""
+    monkeypatch.setattr(few_rows_gemm, "_MODULE", [None])
+    monkeypatch.setattr(cpu_linear, "_KERNELS_LOOKED_UP", [True])
     monkeypatch.setattr(cpu_linear, "_GEMM_CHOICE", {})
     monkeypatch.setattr(cpu_linear, "_GEMM_TRIALS", {})
     monkeypatch.setattr(gemm_cache, "_STATE", {"loaded": False, "saved_at": None, "saved": {}})
