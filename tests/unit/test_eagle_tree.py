@@ -118,8 +118,7 @@ def test_batched_expansion_equals_the_node_by_node_reference(setup):
     model, head = setup
     a, rows = prefilled(model, head, CONTEXTS, top_k=3, depth=3, num_nodes=12)
     slots = torch.arange(len(CONTEXTS))
-    pending = [a._pending.pop(r.row) for r in rows]
-    root_out = a._commit(slots, pending)
+    root_out = a._commit([r.row for r in rows])  # every row's queued pairs into the head's cache
     root_logp = torch.log_softmax(head.logits(root_out), -1)
     with torch.no_grad():
         score, token, parent, depth = expand_dynamic_tree(head, a.cache, slots, root_out, root_logp, 3, 3)

@@ -33,10 +33,9 @@ import torch
 
 from ...heads.checks import check_tree_sizes
 from ...heads.dflash import DFlashHead
-from ...heads.draft_cache import DraftKVCache
-from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
-from .base import Proposer, ProposerSetup, RowFeedback, RowState, drafting_head
+from .base import Proposer, RowState
+from .hidden_states import HiddenStateProposer
 
 DEFAULT_TOP_K = 8
 DEFAULT_NUM_NODES = 48  # candidates per row; the loop's tree budget keeps what pays
@@ -75,8 +74,9 @@ def ddtree(
     return parent, depth, rank, score
 
 
-class DFlashAssistant(Proposer):
-    """Drafts DDTrees with a `DFlashHead`.
+class DFlashAssistant(HiddenStateProposer):
+    """Drafts DDTrees with a `DFlashHead`; the life cycle (binding, the head's cache, the queued states) is
+    `HiddenStateProposer`'s.
 
     Args:
         head: the drafter, or a folder / Hub id `DFlashHead.from_pretrained` reads (ours or the speculators layout).
@@ -87,6 +87,7 @@ class DFlashAssistant(Proposer):
     """
 
     sampling = DraftSampling.DETERMINISTIC
+    default_top_k, default_num_nodes = DEFAULT_TOP_K, DEFAULT_NUM_NODES
 
     def __init__(
         self,
@@ -99,64 +100,18 @@ class DFlashAssistant(Proposer):
             head = DFlashHead.from_pretrained(head)
         if not isinstance(head, DFlashHead):
             raise TypeError(f"DFlashAssistant needs a DFlashHead (or its folder), got {type(head).__name__}")
-        tree = head.tree or {}
-        self.head = head
-        self.top_k = int(top_k or tree.get("top_k") or DEFAULT_TOP_K)
-        self.num_nodes = int(num_nodes if num_nodes is not None else tree.get("num_nodes") or DEFAULT_NUM_NODES)
+        super().__init__(head, top_k, num_nodes, step_cost)
         check_tree_sizes("DFlashAssistant", "the DDTree", top_k=self.top_k, num_nodes=self.num_nodes)
-        cost = step_cost if step_cost is not None else tree.get("step_cost")
-        self.prior_cost = PriorCurve.from_node_costs({int(n): float(c) for n, c in cost.items()}) if cost else None
-        self.hidden_state_layers = head.feature_layers if head.aux_layers else None
-        self.draft_head = head  # what drafts during a call: the head or its copy in another dtype
-        self.cache: DraftKVCache | None = None
-        self._pending: dict[int, torch.Tensor] = {}
 
     def __repr__(self) -> str:
         return f"DFlashAssistant(block_size={self.head.block_size}, top_k={self.top_k}, num_nodes={self.num_nodes})"
 
-    # ------------------------------------------------------------------ lifecycle
-    def validate(self, target: torch.nn.Module) -> None:
-        self.head.bind(target)
-        self.hidden_state_layers = self.head.feature_layers
-
-    def start(self, setup: ProposerSetup) -> None:
-        super().start(setup)
-        self.draft_head = drafting_head(self.head)
-        if self.draft_head is not self.head:
-            self.draft_head.bind(setup.target)
-        self.cache = self.draft_head.new_cache(max(1, setup.batch_size))
-        self._pending = {}
-
-    def finish(self) -> None:
-        self.cache, self.draft_head, self._pending = None, self.head, {}
-
-    def drafting_modules(self) -> tuple[torch.nn.Module, ...]:
-        return (self.draft_head,)
-
-    def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
-        layers = self.head.feature_layers
-        for row, fb in zip(rows, feedback):
-            if fb.hidden_states is None or any(layer not in fb.hidden_states for layer in layers):
-                raise RuntimeError(f"DFlashAssistant needs the target's hidden states of layers {list(layers)}")
-            feats = torch.cat([fb.hidden_states[layer] for layer in layers], dim=-1).detach()  # [m, n H]
-            old = self._pending.get(row.row)
-            self._pending[row.row] = feats if old is None else torch.cat([old, feats])
-
     # ------------------------------------------------------------------ drafting
-    def _commit(self, slots: list[int]) -> None:
-        """Turn the rows' queued states into their layers' keys and values in the cache (one head pass)."""
-        pending = [self._pending.pop(s) for s in slots]
-        cache, dev = self.cache, self.cache.key.device
-        m = torch.tensor([p.shape[0] for p in pending], device=dev)  # [B]
-        feats = torch.nn.utils.rnn.pad_sequence([p.to(dev) for p in pending], batch_first=True)  # [B, q, n H]
-        lengths = cache.lengths[slots]  # [B]
-        cache.reserve(int((lengths + m).max()))
-        positions = lengths[:, None] + torch.arange(feats.shape[1], device=dev)  # [B, q]
+    def _context_kv(self, slots: list[int], lengths: torch.Tensor, m: torch.Tensor, feats: torch.Tensor):
+        """The layers' keys and values of the rows' queued `[B, q, n H]` states: ``(None, key, value)``."""
+        positions = lengths[:, None] + torch.arange(feats.shape[1], device=feats.device)  # [B, q]
         key, value = self.draft_head.context_kv(feats, positions)  # [B, layers * kvh, q, D]
-        for i, slot in enumerate(slots):
-            n0, n = int(lengths[i]), int(m[i])
-            cache.key[slot, :, n0 : n0 + n], cache.value[slot, :, n0 : n0 + n] = key[i, :, :n], value[i, :, :n]
-        cache.lengths[slots] = lengths + m
+        return None, key, value
 
     def _block_logp(self, slots: list[int], roots: torch.Tensor) -> torch.Tensor:
         """`[B, D, V']` log-probabilities of every drafted depth, one block per row after its cached context."""
@@ -172,21 +127,14 @@ class DFlashAssistant(Proposer):
         first = 0 if head.sample_from_anchor else 1
         return torch.log_softmax(head.logits(hidden[:, first : first + head.num_depths]), dim=-1)
 
-    @torch.no_grad()
-    def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
-        trees = [DraftTree.empty(r.tokens.device) for r in rows]
-        # every observed row has states queued (each step commits the old root at least); a paused row's queue up
-        ready = [i for i, r in enumerate(rows) if r.max_depth > 0 and r.row in self._pending]
-        if not ready or self.num_nodes == 0:
-            return trees
-        slots = [rows[i].row for i in ready]
+    def _draft(self, rows: list[RowState]) -> list[DraftTree]:
+        slots = [r.row for r in rows]
         self._commit(slots)
-        logp = self._block_logp(slots, torch.tensor([rows[i].root for i in ready]))  # [B, D, V']
+        logp = self._block_logp(slots, torch.tensor([r.root for r in rows]))  # [B, D, V']
         values, index = logp.topk(min(self.top_k, logp.shape[-1]), dim=-1)  # [B, D, K]
         tokens = self.draft_head.draft_to_token(index)
-        for j, (i, row_logp) in enumerate(zip(ready, values.tolist())):  # one read of the [B, D, K] values
-            trees[i] = self._row_tree(rows[i], row_logp, tokens[j])
-        return trees
+        # one read of the [B, D, K] values
+        return [self._row_tree(r, row_logp, tokens[j]) for j, (r, row_logp) in enumerate(zip(rows, values.tolist()))]
 
     def _row_tree(self, row: RowState, logp: list[list[float]], tokens: torch.Tensor) -> DraftTree:
         """One row's DDTree from its `[D][K]` top-k log-probabilities and `[D, K]` tokens."""

@@ -24,16 +24,14 @@ verifies the candidates whole. The head's step-cost table (``head.tree["step_cos
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from ...heads.checks import check_tree_sizes
 from ...heads.draft_cache import DraftKVCache
 from ...heads.eagle import EagleHead
-from ..cost_model import PriorCurve
 from ..tree import DraftSampling, DraftTree
-from .base import Proposer, ProposerSetup, RowFeedback, RowState, drafting_head
+from .base import Proposer, RowFeedback, RowState
+from .hidden_states import HiddenStateProposer
 
 DEFAULT_TOP_K = 6
 DEFAULT_DEPTH = 5
@@ -140,8 +138,9 @@ def select_tree_nodes(
     return keep & allowed
 
 
-class EagleAssistant(Proposer):
-    """Drafts EAGLE-2 dynamic trees with an `EagleHead` (EAGLE-1/2 or EAGLE-3 weights).
+class EagleAssistant(HiddenStateProposer):
+    """Drafts EAGLE-2 dynamic trees with an `EagleHead` (EAGLE-1/2 or EAGLE-3 weights); the life cycle (binding,
+    the head's cache, the queued pairs) is `HiddenStateProposer`'s.
 
     Args:
         head: the draft head.
@@ -153,6 +152,7 @@ class EagleAssistant(Proposer):
     """
 
     sampling = DraftSampling.DETERMINISTIC
+    default_top_k, default_num_nodes = DEFAULT_TOP_K, DEFAULT_NUM_NODES
 
     def __init__(
         self,
@@ -164,102 +164,53 @@ class EagleAssistant(Proposer):
     ):
         if not isinstance(head, EagleHead):
             raise TypeError(f"EagleAssistant needs an EagleHead, got {type(head).__name__}")
-        tree = head.tree or {}
-        self.head = head
-        self.top_k = int(top_k or tree.get("top_k") or DEFAULT_TOP_K)
-        self.depth = int(depth or tree.get("depth") or DEFAULT_DEPTH)
-        self.num_nodes = int(num_nodes if num_nodes is not None else tree.get("num_nodes") or DEFAULT_NUM_NODES)
+        super().__init__(head, top_k, num_nodes, step_cost)
+        self.depth = int(depth or (head.tree or {}).get("depth") or DEFAULT_DEPTH)
         check_tree_sizes("EagleAssistant", "the tree", top_k=self.top_k, depth=self.depth, num_nodes=self.num_nodes)
-        cost = step_cost if step_cost is not None else tree.get("step_cost")
-        self.step_cost = {int(n): float(c) for n, c in cost.items()} if cost else None
-        self.prior_cost = PriorCurve.from_node_costs(self.step_cost) if self.step_cost else None
-        self.hidden_state_layers = head.feature_layers if head.version == 1 or head.aux_layers else None
-        self.draft_head = head  # what drafts during a call (`start`): the head or its copy in another dtype
-        self.cache: DraftKVCache | None = None
-        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __repr__(self) -> str:
         return f"EagleAssistant(top_k={self.top_k}, depth={self.depth}, num_nodes={self.num_nodes})"
 
-    # ------------------------------------------------------------------ lifecycle
-    def validate(self, target: torch.nn.Module) -> None:
-        self.head.bind(target)
-        self.hidden_state_layers = self.head.feature_layers
-
-    def start(self, setup: ProposerSetup) -> None:
-        super().start(setup)
-        self.draft_head = drafting_head(self.head)  # the head, or its copy in this machine's fastest dtype
-        if self.draft_head is not self.head:
-            self.draft_head.bind(setup.target)
-        self.cache = self.draft_head.new_cache(max(1, setup.batch_size))
-        self._pending = {}
-
-    def finish(self) -> None:
-        self.cache, self.draft_head = None, self.head
-        self._pending = {}
+    def _layers_before_bind(self, head: EagleHead) -> tuple[int, ...] | None:
+        return head.feature_layers if head.version == 1 or head.aux_layers else None  # EAGLE-1 reads the final state
 
     def drafting_modules(self) -> tuple[torch.nn.Module, ...]:
         return (self.draft_head, *self.draft_head.drafting_linears())  # EAGLE-1: its gathered lm_head rows too
 
-    def observe(self, rows: Sequence[RowState], feedback: Sequence[RowFeedback]) -> None:
-        layers = self.head.feature_layers
-        for row, fb in zip(rows, feedback):
-            if fb.hidden_states is None or any(layer not in fb.hidden_states for layer in layers):
-                raise RuntimeError(f"EagleAssistant needs the target's hidden states of layers {list(layers)}")
-            feats = torch.cat([fb.hidden_states[layer] for layer in layers], dim=-1)  # [m, F]
-            nxt = torch.cat([fb.new_tokens[1:].long(), fb.new_tokens.new_tensor([fb.next_token]).long()])  # [m]
-            if row.row in self._pending:  # not drafted for since: the pairs queue up
-                old_f, old_t = self._pending[row.row]
-                feats, nxt = torch.cat([old_f, feats]), torch.cat([old_t, nxt])
-            self._pending[row.row] = (feats.detach(), nxt)
+    def _row_states(self, fb: RowFeedback, feats: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A row's pairs (feature t, token t + 1): `[m, F]` the features at ``new_tokens``, `[m]` the tokens after
+        them (the last one the new root)."""
+        nxt = torch.cat([fb.new_tokens[1:].long(), fb.new_tokens.new_tensor([fb.next_token]).long()])  # [m]
+        return feats, nxt
 
     # ------------------------------------------------------------------ drafting
-    def _commit(self, slots: torch.Tensor, pending: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """Run the rows' pending pairs through the head into its cache; `[B, H]` output at each row's last pair."""
-        cache, head = self.cache, self.draft_head
-        b, m = len(pending), [p[1].numel() for p in pending]
-        q = max(m)
-        dev = cache.key.device
-        feats = torch.zeros(b, q, pending[0][0].shape[-1], dtype=pending[0][0].dtype, device=dev)
-        toks = torch.zeros(b, q, dtype=torch.long, device=dev)
-        for i, (f, t) in enumerate(pending):
-            feats[i, : m[i]], toks[i, : m[i]] = f.to(dev), t.to(dev)
-        lengths = cache.lengths[slots]  # [B]
-        cache.reserve(int((lengths + torch.tensor(m, device=dev)).max()))
+    def _context_kv(self, slots: list[int], lengths: torch.Tensor, m: torch.Tensor, feats: torch.Tensor, toks):
+        """The head's pass over the rows' queued pairs (`[B, q, F]` features, `[B, q]` tokens) after their cached
+        ones: ``(out, key, value)``, ``out`` `[B, H]` the head's output at each row's last pair (the root's)."""
+        cache, dev = self.cache, self.cache.key.device
+        b, q = feats.shape[:2]
         past = int(lengths.max())
         seen = (torch.arange(past, device=dev)[None, :] < lengths[:, None])[:, None, :].expand(b, q, past)
-        valid = torch.arange(q, device=dev)[None, :] < torch.tensor(m, device=dev)[:, None]  # [B, q]
+        valid = torch.arange(q, device=dev)[None, :] < m[:, None]  # [B, q]
         causal = torch.ones(q, q, dtype=torch.bool, device=dev).tril() & valid[:, None, :]
         causal = causal | torch.eye(q, dtype=torch.bool, device=dev)  # padding queries see themselves only
         mask = torch.cat([seen & valid[..., None], causal], dim=-1)  # [B, q, L + q]
         positions = lengths[:, None] + torch.arange(q, device=dev)[None, :]
         pk, pv = cache.key[slots, :, :past], cache.value[slots, :, :past]
-        out, nk, nv = head.layer_forward(toks, feats, positions, mask, pk, pv)  # [B, q, H]
-        for i, slot in enumerate(slots.tolist()):
-            n0 = int(lengths[i])
-            cache.key[slot, :, n0 : n0 + m[i]] = nk[i, :, : m[i]]
-            cache.value[slot, :, n0 : n0 + m[i]] = nv[i, :, : m[i]]
-        cache.lengths[slots] = lengths + torch.tensor(m, device=dev)
-        return out[torch.arange(b, device=dev), torch.tensor(m, device=dev) - 1]
+        out, nk, nv = self.draft_head.layer_forward(toks, feats, positions, mask, pk, pv)  # [B, q, H]
+        return out[torch.arange(b, device=dev), m - 1], nk, nv
 
-    @torch.no_grad()
-    def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
-        trees = [DraftTree.empty(r.tokens.device) for r in rows]
-        ready = [i for i, r in enumerate(rows) if r.max_depth > 0 and r.row in self._pending]
-        if not ready or self.num_nodes == 0:
-            return trees
-        slots = torch.tensor([rows[i].row for i in ready], device=self.cache.key.device)
-        root_out = self._commit(slots, [self._pending.pop(rows[i].row) for i in ready])  # [B, H]
+    def _draft(self, rows: list[RowState]) -> list[DraftTree]:
+        slots = [r.row for r in rows]
+        root_out = self._commit(slots)  # [B, H]
         root_logp = torch.log_softmax(self.draft_head.logits(root_out), dim=-1)  # [B, V']
-        max_depth = torch.tensor([min(rows[i].max_depth, self.depth) for i in ready], device=root_logp.device)
-        depth = int(max_depth.max())
+        max_depth = torch.tensor([min(r.max_depth, self.depth) for r in rows], device=root_logp.device)
         score, token, parent, node_depth = expand_dynamic_tree(
-            self.draft_head, self.cache, slots, root_out, root_logp, self.top_k, depth
-        )
+            self.draft_head, self.cache, torch.tensor(slots, device=self.cache.key.device), root_out, root_logp,
+            self.top_k, int(max_depth.max()),
+        )  # fmt: skip
         keep = select_tree_nodes(score, node_depth, max_depth, self.num_nodes)  # [B, C]
-        for j, i in enumerate(ready):
-            trees[i] = self._row_tree(rows[i], score[j], token[j], parent[j], node_depth[j], keep[j])
-        return trees
+        return [self._row_tree(r, score[j], token[j], parent[j], node_depth[j], keep[j]) for j, r in enumerate(rows)]
 
     def _row_tree(self, row: RowState, score, token, parent, node_depth, keep) -> DraftTree:
         """One row's kept candidates as a `DraftTree` (candidate order: parents first)."""
