@@ -54,6 +54,7 @@ The user guide is docs/usage.md; the terms (τ, acceptance, tree budget) are def
 
 import importlib
 
+from . import quiet_imports  # noqa: F401 - first: transformers' modeling code loads without CPU-irrelevant noise
 from .attention.backend import register as _register_attention
 from .attention.unsupported import UnsupportedModelError
 from .cache.paged import PagedCache
