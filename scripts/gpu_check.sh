@@ -11,7 +11,9 @@
 #    a reduced grid), its one-token rows giving the SDPA decode crossover (HF_SPECDEC_SDPA_DECODE_KEYS);
 # 5. runs the end-to-end check (python -m hf_specdec.bench.gpu): generate with the default model, its shipped heads
 #    and n-gram against vanilla generate (SDPA) in the same process, bf16 and fp32, batch 1 and 8; then the verify
-#    cost of random Llama-3.2-1B- and Llama-3.1-8B-shaped models, ours against SDPA.
+#    cost of random Llama-3.2-1B- and Llama-3.1-8B-shaped models, ours against SDPA;
+# 6. runs the docs' GPU code blocks as written, "cuda" kept (docs/gpu.md, docs/own_model.md: the pages whose blocks
+#    tests/unit/test_doc_blocks.py runs on the CPU in CI by substituting "cpu"; HF_SPECDEC_DOC_BLOCKS_DEVICE=cuda).
 #
 # Every table goes to OUT_DIR with the GPU's name and the date in its file name; a stage that fails is reported and
 # the next one still runs; the exit status is the first failure's.
@@ -67,6 +69,10 @@ stage "kernel bench" 150 python -m hf_specdec.bench.kernels "$OUT/kernels_${GPU}
 
 # 5. end-to-end generate, and the verify-cost curves of 1B- and 8B-shaped models
 stage "end-to-end" 240 python -m hf_specdec.bench.gpu "$OUT" --dtypes bf16 fp32 --batches 1 8
+
+# 6. the docs' GPU blocks on the GPU (Hub ids still become the default model: no network needed)
+stage "doc blocks (GPU)" 120 env HF_SPECDEC_DOC_BLOCKS_DEVICE=cuda python -m pytest -q -p no:cacheprovider -x \
+  tests/unit/test_doc_blocks.py -k test_the_python_blocks_of_a_page_run
 
 echo "tables in $OUT: host_step_${GPU}_${DATE}.md, kernels_${GPU}_${DATE}/kernels.md, gpu_e2e_${GPU}_${DATE}.md"
 exit "$status"

@@ -1,26 +1,39 @@
-"""The README's Python code blocks run as written (each ```python block in order, in one namespace), so they cannot
-rot: every name they use is defined in them or imported. docs/usage.md (every way to call it, moved out of the
-README) is held to the same rule."""
+"""The README's and docs/usage.md's Python code blocks exist, and the README's test command is CI's. Running them (and
+every other user page's ```python blocks) is tests/unit/test_doc_blocks.py, which reads the blocks with
+`python_blocks` / `marked_blocks` here."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-import pytest
-
 README = Path(__file__).resolve().parents[2] / "README.md"
 USAGE = README.parent / "docs" / "usage.md"
 
 
+def marked_blocks(text: str, language: str = "python") -> list[tuple[str | None, str]]:
+    """``(reason, body)`` of each ```LANGUAGE fenced block of a Markdown text, in order: ``reason`` is the text of a
+    ``<!-- not run in CI: REASON -->`` comment on the line before the fence (stripped; "" when empty), else None."""
+    fence = re.compile(
+        rf"^(?:<!-- not run in CI:(?P<reason>[^\n]*?)-->[ \t]*\n)?```{re.escape(language)}[ \t]*\n(?P<body>.*?)^```[ \t]*$",
+        flags=re.MULTILINE | re.DOTALL,
+    )
+    return [(None if m["reason"] is None else m["reason"].strip(), m["body"]) for m in fence.finditer(text)]
+
+
 def python_blocks(text: str) -> list[str]:
     """The bodies of the ```python fenced blocks of a Markdown text, in order."""
-    return re.findall(r"^```python[ \t]*\n(.*?)^```[ \t]*$", text, flags=re.MULTILINE | re.DOTALL)
+    return [body for _, body in marked_blocks(text)]
 
 
 def test_the_extraction_finds_fenced_python_blocks_only():
     text = "x\n```python\na = 1\n```\n```bash\nls\n```\n```python\nb = a + 1\n```\n"
     assert python_blocks(text) == ["a = 1\n", "b = a + 1\n"]
+
+
+def test_the_extraction_reads_the_not_run_comment_before_a_block():
+    text = "<!-- not run in CI: needs a GPU -->\n```python\na = 1\n```\n\n<!-- x -->\n```python\nb = 2\n```\n"
+    assert marked_blocks(text) == [("needs a GPU", "a = 1\n"), (None, "b = 2\n")]
 
 
 def test_the_readme_has_python_snippets():
@@ -29,15 +42,6 @@ def test_the_readme_has_python_snippets():
 
 def test_the_usage_page_has_python_snippets():
     assert python_blocks(USAGE.read_text(encoding="utf-8")), "docs/usage.md has no ```python block"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("page", [README, USAGE], ids=["README.md", "docs/usage.md"])
-def test_readme_python_snippets_run_as_written(page, monkeypatch):
-    monkeypatch.chdir(README.parent)  # custom_generate="." (docs/usage.md) is the repository root
-    namespace: dict = {"__name__": "__readme__"}
-    for i, code in enumerate(python_blocks(page.read_text(encoding="utf-8"))):
-        exec(compile(code, f"{page.name} python block {i + 1}", "exec"), namespace)  # noqa: S102 - the page's own code
 
 
 def test_the_readme_test_command_installs_what_ci_installs():
