@@ -64,7 +64,10 @@ def main(argv: list[str] | None = None) -> dict:
     ]
     marks = {int(m) for m in args.marks.split(",")}
     record = {"calls": args.calls, "assistants": names, "rss_mapped_mib": mapped / 2**20,
-              "rss_loaded_mib": loaded / 2**20, "at": {}}  # fmt: skip
+              "rss_loaded_mib": loaded / 2**20, "at": {},
+              "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads",
+              "torch": torch.__version__, "transformers": transformers.__version__,
+              "date": time.strftime("%Y-%m-%d")}  # fmt: skip
     print(f"RSS after loading: {mapped / 2**20:.0f} MiB, {loaded / 2**20:.0f} MiB once a vanilla call read the "
           f"weights; {len(names)} assistants: {', '.join(names)}", flush=True)  # fmt: skip
     start = time.perf_counter()
@@ -85,10 +88,6 @@ def main(argv: list[str] | None = None) -> dict:
         peak_over_loaded=peak / loaded,
         peak_over_mapped=peak / mapped,
         seconds=time.perf_counter() - start,
-        machine=f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads",
-        torch=torch.__version__,
-        transformers=transformers.__version__,
-        date=time.strftime("%Y-%m-%d"),
     )
     print(f"peak RSS {peak / 2**20:.0f} MiB = {peak / loaded:.2f}x the RSS of the loaded model "
           f"({peak / mapped:.2f}x the RSS before its weights were read)", flush=True)  # fmt: skip
