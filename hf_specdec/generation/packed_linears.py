@@ -342,7 +342,8 @@ def _layers_to_pack(model: nn.Module, enabled: bool | None) -> list[nn.Linear]:
     layers = [m for m in model.modules() if _eligible(m)]
     if enabled is None and layers:
         weights = {id(m.weight): m.weight for m in layers}.values()
-        mkl, panels = PACKED_SIZE_FACTOR * available(), float(few_rows_gemm.loaded())  # copies' size / weight's
+        forms = available_forms(True, MAX_ROWS)  # the copy form this process makes, if any (one per weight)
+        mkl, panels = PACKED_SIZE_FACTOR * ("packed" in forms), float("few_rows" in forms)  # copy size / weight's
         need = sum(
             w.numel() * w.element_size() * (mkl * (w not in _PACKED) + panels * (w not in _PANELS)) for w in weights
         )
