@@ -11,7 +11,6 @@ build/api/. tests/unit/test_api_docs.py fails when docs/api/README.md is stale."
 
 from __future__ import annotations
 
-import argparse
 import enum
 import inspect
 import re
@@ -20,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from scripts.generated_page import write_or_check  # noqa: E402
 
 OUT = ROOT / "docs" / "api" / "README.md"
 
@@ -126,19 +126,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="only say whether docs/api/README.md is stale")
-    args = ap.parse_args(argv)
-    text = render()
-    rel = OUT.relative_to(ROOT)
-    if args.check:
-        fresh = OUT.exists() and OUT.read_text(encoding="utf-8") == text
-        print(f"{rel} is fresh" if fresh else f"{rel} is stale: python scripts/write_api_reference.py")
-        return 0 if fresh else 1
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(text, encoding="utf-8")
-    print(f"wrote {rel}")
-    return 0
+    return write_or_check(OUT, ROOT, render, "write_api_reference.py", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from scripts.generated_page import write_or_check  # noqa: E402
 
 OUT = ROOT / "docs" / "cli.md"
 WIDTH = 100  # argparse's usage lines are wrapped at this width, whatever the terminal
@@ -96,17 +97,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="only say whether docs/cli.md is stale")
-    args = ap.parse_args(argv)
-    text = render()
-    if args.check:
-        fresh = OUT.exists() and OUT.read_text(encoding="utf-8") == text
-        print("docs/cli.md is fresh" if fresh else "docs/cli.md is stale: python scripts/write_cli_reference.py")
-        return 0 if fresh else 1
-    OUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUT.relative_to(ROOT)}")
-    return 0
+    return write_or_check(OUT, ROOT, render, "write_cli_reference.py", __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":
