@@ -182,7 +182,7 @@ def load_model_option(name: str | None, device: str | None = None, chat_template
     try:
         model, tokenizer, name = load_causal_lm(name, device, **load_kwargs)
     except OSError as err:  # transformers' "not a local folder nor a Hub repo" / offline messages
-        raise UsageError(f"--model {name}: {str(err).splitlines()[0]}") from err
+        raise UsageError(f"--model {name}: {first_line(err)}") from err
     if chat_template:
         tokenizer.chat_template = read_chat_template(chat_template)
     return model, tokenizer, name
