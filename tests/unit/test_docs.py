@@ -399,3 +399,164 @@ def test_no_page_passes_a_chat_template_batch_encoding_as_ids(page):
         f"{page.relative_to(ROOT)}: apply_chat_template(..., return_tensors='pt') returns a BatchEncoding in "
         "transformers 5; add return_dict=True and pass **inputs (or ['input_ids']):\n" + "\n".join(found)
     )
+
+
+# ------------------------------------------------------------------------------------------ a speedup above its τ
+# τ is the tokens one speculative step emits; the speedup is τ over the step cost, a speculative step's time over
+# vanilla's time per token (hf_specdec/demo/speed.py). A speedup above its own τ is real only where a step costs
+# less than a decoding step (a verify forward on the few-rows GEMM, a batch that vanilla pads and the loop packs),
+# and a reader who knows τ takes it for an error unless the page says so where the figure stands.
+SPEEDUP_FIGURE = re.compile(r"(?<![\w.])(\d+\.\d+)\s?[x×](?!\w)")
+TAU_FIGURE = re.compile(r"(?:τ|\btau\b)\s*(?:=|≈|of|is|:)?\s*(\d+\.\d+)(?![\w.]|\s?[x×])")
+# the reason, in words: a step costs less than (or a fraction of) a decoding step, or a step cost below 1
+STEP_REASON = re.compile(
+    r"\bcosts?\s+(?:less\s+than|under|below|0\.\d+(?:\s*[-–]\s*0\.\d+)?\s?[x×])\s[^|]{0,80}?"
+    r"\b(?:decod\w*|vanilla(?:'s)?)\s+(?:\w+\s+)?step"
+    r"|\bstep\s+cost\s+(?:of\s+)?(?:0\.\d+|below\s+1|under\s+1|<\s*1)\b",
+    re.IGNORECASE,
+)
+SENTENCE_END = re.compile(r"(?<=[.;!?])\s+(?=[A-Z`(*\[])")
+TAU_PAGES = [
+    ROOT / "README.md",
+    # every page under docs/ but the maintainers' log and the runs' own reports (docs/results/*.md are what
+    # `hf-specdec bench` wrote for each record, the data the pages cite, not a page quoting it)
+    *sorted(p for p in (ROOT / "docs").rglob("*.md") if not {"lab", "results"} & set(p.relative_to(ROOT).parts)),
+    *CARDS,
+    ROOT / "custom_generate" / "README.md",
+    ROOT / "demo" / "README.md",
+]
+GENERATED_BLOCK = re.compile(r"<!-- results:begin [^>]*-->\n.*?<!-- results:end -->", re.DOTALL)
+
+
+def _speedup_columns(header: list[str]) -> list[tuple[int, int]]:
+    """``(speedup column, its τ column)`` of a table: a column headed ``overall``, ``... overall`` or ``speedup
+    ...`` (the total over the prompts the τ beside it counts, not a category's or a median), with the nearest τ column
+    (headed ``τ`` or ``... τ``) not past another speedup column, to its right first."""
+    is_tau = [h == "τ" or h.endswith(" τ") for h in header]
+    is_speedup = [h == "overall" or h.endswith(" overall") or h.startswith("speedup") for h in header]
+    pairs = []
+    for col, speedup in enumerate(is_speedup):
+        if not speedup:
+            continue
+        right = next((j for j in range(col + 1, len(header)) if is_speedup[j] or is_tau[j]), None)
+        left = next((j for j in range(col - 1, -1, -1) if is_speedup[j] or is_tau[j]), None)
+        for j in (right, left):
+            if j is not None and is_tau[j]:
+                pairs.append((col, j))
+                break
+    return pairs
+
+
+def _number(cell: str, pattern: re.Pattern) -> float | None:
+    found = pattern.fullmatch(cell.strip().strip("*").strip())
+    return float(found.group(1)) if found else None
+
+
+def speedups_above_tau(text: str) -> list[str]:
+    """``line: figures`` of every speedup quoted above its own τ without the reason beside it (`STEP_REASON`).
+
+    In prose, a τ goes with the speedup quoted closest before it in the same sentence (``1.59x, τ 2.65``,
+    ``1.09x (τ 1.36)``), else the first after it. In a table, an overall speedup goes with its τ column
+    (`_speedup_columns`) and the reason belongs in the row; a generated table's rows are the generator's
+    (hf_specdec/bench/render.py), so for them the reason stands in the paragraph that introduces the block (the lines
+    right above its ``<!-- results:begin`` marker)."""
+    found = []
+    lines = text.splitlines()
+    generated_rows: dict[int, str] = {}  # line index of a generated row -> the paragraph above its block
+    for block in GENERATED_BLOCK.finditer(text):
+        first = text.count("\n", 0, block.start())
+        last = first + block.group(0).count("\n")
+        above, i = [], first - 1
+        while i >= 0 and not lines[i].strip():
+            i -= 1
+        while i >= 0 and lines[i].strip() and not lines[i].startswith(("#", "|", "```", "<!--")):
+            above.insert(0, lines[i])
+            i -= 1
+        for j in range(first, last + 1):
+            generated_rows[j] = " ".join(above)
+    # tables
+    header: list[str] | None = None
+    for index, line in enumerate(lines):
+        if not line.lstrip().startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = [c.strip("*").strip() for c in cells]
+            continue
+        for col, tau_col in _speedup_columns(header):
+            if max(col, tau_col) >= len(cells):
+                continue
+            speedup, tau = _number(cells[col], SPEEDUP_FIGURE), _number(cells[tau_col], re.compile(r"(\d+\.\d+)"))
+            if speedup is None or tau is None or speedup <= tau:
+                continue
+            if STEP_REASON.search(line) or STEP_REASON.search(generated_rows.get(index, "")):
+                continue
+            found.append(
+                f"line {index + 1}: {cells[0]}: {header[col]} {cells[col].strip('*')} above τ {cells[tau_col]}"
+            )
+    # prose: paragraphs outside code and tables, one sentence at a time
+    keep = dict(prose_lines(text))
+    paragraph: list[tuple[int, str]] = []
+    for number in range(1, len(lines) + 2):
+        line = keep.get(number, "") if number <= len(lines) else ""
+        if line.strip() and not line.lstrip().startswith(("|", "<!--")):
+            paragraph.append((number, line))
+            continue
+        starts, parts, offset = [], [], 0  # where each line's text begins in the joined paragraph
+        for at, part in paragraph:
+            starts.append((offset, at))
+            parts.append(part.strip())
+            offset += len(parts[-1]) + 1
+        joined = " ".join(parts)
+        paragraph = []
+        bounds = [0, *(m.end() for m in SENTENCE_END.finditer(joined)), len(joined)]
+        for begin, end in zip(bounds, bounds[1:]):
+            sentence = joined[begin:end]
+            start = max((at for off, at in starts if off <= begin), default=0)
+            speedups = [(m.start(), float(m.group(1)), m.group(0)) for m in SPEEDUP_FIGURE.finditer(sentence)]
+            for tau_match in TAU_FIGURE.finditer(sentence):
+                before = [s for s in speedups if s[0] < tau_match.start()]
+                after = [s for s in speedups if s[0] > tau_match.start()]
+                mine = before[-1] if before else after[0] if after else None
+                if mine is None or mine[1] <= float(tau_match.group(1)) or STEP_REASON.search(sentence):
+                    continue
+                found.append(f"line {start}: {mine[2]} above {tau_match.group(0)}: {sentence.strip()[:160]}")
+    return found
+
+
+def test_the_speedup_check_catches_a_speedup_above_its_tau():
+    assert speedups_above_tau("The heads: `medusa` 1.35x (τ 1.27), `eagle` 1.09x (τ 1.36).\n") == [
+        "line 1: 1.35x above τ 1.27: The heads: `medusa` 1.35x (τ 1.27), `eagle` 1.09x (τ 1.36)."
+    ]
+    # each τ goes with its own speedup; a reason in the sentence makes it a measurement
+    assert speedups_above_tau("A 1.20x at τ 1.30.\nThe\nother, 1.45x (tau\n1.40).\n") == [
+        "line 2: 1.45x above tau 1.40: The other, 1.45x (tau 1.40)."
+    ]
+    reason = "`medusa` 1.47x (τ 1.39): with the kernel a verify step costs 0.72-0.87x a stock decoding step.\n"
+    assert speedups_above_tau(reason) == []
+    assert speedups_above_tau("`medusa` 1.47x (τ 1.39): a verify forward can cost less than a decode step.\n") == []
+    # a table's overall column against its own τ column (two runs side by side), not a category's speedup
+    table = (
+        "| method | qa | fp32 overall | τ | bf16 overall | τ |\n|---|---:|---:|---:|---:|---:|\n"
+        "| `a` | 1.90x | **1.05x** | 1.15 | 1.18x | 1.47 |\n| `b` | 1.00x | 1.10x | 1.20 | 1.50x | 1.40 |\n"
+    )
+    assert speedups_above_tau(table) == ["line 4: `b`: bf16 overall 1.50x above τ 1.40"]
+    assert speedups_above_tau(table.replace("| 1.40 |", "| 1.40 (a step costs less than a decoding step) |")) == []
+    # a model card's columns: τ first, then the speedup
+    card = "| method | mean accepted length τ | speedup over vanilla `generate` |\n|---|---:|---:|\n| `m` | 1.27 | 1.35x |\n"
+    assert speedups_above_tau(card) == ["line 3: `m`: speedup over vanilla `generate` 1.35x above τ 1.27"]
+    # a generated table's reason stands in the paragraph right above it
+    block = "<!-- results:begin runs x.json -->\n" + table + "<!-- results:end -->\n"
+    assert len(speedups_above_tau("On this CPU:\n\n" + block)) == 1
+    assert speedups_above_tau("Here a verify step costs less than a decoding step:\n\n" + block) == []
+
+
+@pytest.mark.parametrize("page", TAU_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_speedup_above_its_tau_without_the_reason(page):
+    found = speedups_above_tau(page_text(page))
+    assert not found, (
+        f"{page.relative_to(ROOT)} quotes speedups above their τ without saying why (τ is the tokens per step; a "
+        "speedup above it means a step cost less than a decoding step: say so in the sentence or the row, or for a "
+        "generated table in the paragraph above it):\n" + "\n".join(found)
+    )
