@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from hf_specdec.architectures import causal_lm_types, read_table, sweep_type
+from tools.architectures import causal_lm_types, read_table, sweep_type  # tools/ of this checkout (the working folder)
 
 documented = read_table(Path(sys.argv[1]))
 types = causal_lm_types()

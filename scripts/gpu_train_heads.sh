@@ -7,11 +7,11 @@
 #   bash scripts/gpu_train_heads.sh                 # the recipe (BUDGET_S seconds from now, default 540)
 #   bash scripts/gpu_train_heads.sh --stage-only    # only copy what this call carried (.gpu_carry/) to /tmp
 #   bash scripts/gpu_train_heads.sh --dry-run       # CPU, tiny sizes, the real default model: the whole path
-#   (any other arguments go to `python -m hf_specdec.training.gpu_recipe run`, e.g. --heads eagle --workers 6)
+#   (any other arguments go to `python -m tools.gpu_recipe run`, e.g. --heads eagle --workers 6)
 #
 # 1. prints what the machine has (python, torch, CUDA, GPU, transformers, ...) and stops at once, naming it, if a
 #    package the recipe needs is missing (nothing can be installed there: no network);
-# 2. stages what the calls carried (.gpu_carry/, made here by `python -m hf_specdec.training.gpu_recipe pack`) in
+# 2. stages what the calls carried (.gpu_carry/, made here by `python -m tools.gpu_recipe pack`) in
 #    /tmp/hfsd_carry: the default model's GGUF in parts, joined and checked once all are there, the pure-Python gguf
 #    package, the ShareGPT conversations; the package itself runs from this checkout (PYTHONPATH), nothing is
 #    pip-installed; then checks that the model, gguf and the conversations are all there;
@@ -77,7 +77,7 @@ EOF
   exit $?
 fi
 if [ -f "$STAGE_DIR/carry.json" ]; then
-  staged=$("$PY" -m hf_specdec.training.gpu_recipe stage --stage-dir "$STAGE_DIR") || {
+  staged=$("$PY" -m tools.gpu_recipe stage --stage-dir "$STAGE_DIR") || {
     echo "$staged"; echo "gpu_train_heads.sh: the model's parts above are missing or damaged: carry them first"; exit 4; }
   echo "$staged"
   if [ -d "$STAGE_DIR/py" ]; then export PYTHONPATH="$PYTHONPATH:$STAGE_DIR/py"; fi
@@ -90,7 +90,7 @@ try:
 except (ModuleNotFoundError, FileNotFoundError) as err:
     if not _is_complete(default_model_dir(convert=False), None):
         sys.exit(f"gpu_train_heads.sh: the default model is not here ({err}); carry it in parts: "
-                 "python -m hf_specdec.training.gpu_recipe pack, then the calls it lists (docs/heads_training.md)")
+                 "python -m tools.gpu_recipe pack, then the calls it lists (docs/heads_training.md)")
     print("default model: converted folder", default_model_dir(convert=False))
 import importlib.util, os
 if importlib.util.find_spec("gguf") is None and not _is_complete(default_model_dir(convert=False), None):
@@ -104,7 +104,7 @@ EOF
 # 3. the recipe
 args=(--out "$OUT" --started-at "$T0" --budget-s "$BUDGET_S")
 if [ "$mode" = dry ]; then args+=(--dry-run); fi
-"$PY" -m hf_specdec.training.gpu_recipe run "${args[@]}" "$@" 2>&1 | tee "$OUT/gpu_recipe.log"
+"$PY" -m tools.gpu_recipe run "${args[@]}" "$@" 2>&1 | tee "$OUT/gpu_recipe.log"
 rc=${PIPESTATUS[0]}
 echo "gpu_train_heads.sh: exit $rc after $(( $(date +%s) - T0 )) s; files in $OUT:"
 ls -la "$OUT"

@@ -5,20 +5,23 @@ static-cache loop whose steps replay one CUDA graph (`hf_specdec.training.static
     PYTHONPATH=$PWD:/tmp/hfsd_carry/py python scripts/profile_builder.py cuda /tmp/hfsd_carry/conversations.json.xz
     python scripts/profile_builder.py cpu .gpu_carry/base/conversations.json.xz 0.03   # a CPU dry run, tiny batches
 
-Arguments: device, a carried conversations file (`python -m hf_specdec.training.gpu_recipe pack` writes one), and a
+Arguments: device, a carried conversations file (`python -m tools.gpu_recipe pack` writes one), and a
 scale for the batch sizes (default 1).
 """
 
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from hf_specdec.training.chat_template import chat_ids
-from hf_specdec.training.gpu_recipe import load_carried_conversations, load_target
-from hf_specdec.training.static_decoding import greedy_answers_static
-from hf_specdec.training.target_states import Answering, greedy_answers_with_states
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ (not installed) from this checkout
+
+from hf_specdec.training.chat_template import chat_ids  # noqa: E402
+from hf_specdec.training.static_decoding import greedy_answers_static  # noqa: E402
+from hf_specdec.training.target_states import Answering, greedy_answers_with_states  # noqa: E402
+from tools.gpu_recipe import load_carried_conversations, load_target  # noqa: E402
 
 
 def main(device: str, conversations: str, scale: float = 1.0) -> None:

@@ -1,5 +1,5 @@
 """Every stock causal LM type the installed transformers maps, new ones included, is exact against vanilla greedy
-`generate` or refused by name before generating (hf_specdec/architectures.py, docs/architectures.md): no silent
+`generate` or refused by name before generating (tools/architectures.py, docs/architectures.md): no silent
 difference, no unclear crash. CI sweeps every type with one assistant of each kind; HF_SPECDEC_SWEEP=full runs every
 assistant, with and without the budget, batch 1 and 2 (the table's sweep).
 
@@ -17,14 +17,14 @@ import torch
 import transformers
 
 import hf_specdec
-from hf_specdec.architectures import causal_lm_types, read_table, sweep_type, table_version, tiny_model
 from hf_specdec.generation.support import check_forward
+from tools.architectures import causal_lm_types, read_table, sweep_type, table_version, tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architectures.md"
 FULL = os.environ.get("HF_SPECDEC_SWEEP", "quick") == "full"
 FAILURES = ("silent difference", "crash", "vanilla fails")
-REGENERATE = "python -m hf_specdec.architectures --write docs/architectures.md"
+REGENERATE = "python -m tools.architectures --write docs/architectures.md"
 
 
 def pinned_version(package: str) -> str:
@@ -75,7 +75,7 @@ def test_every_type_is_exact_or_refused_by_name(model_type, documented):
         assert outcome.verdict == documented.get(model_type), (
             f"{model_type} is now {outcome.verdict!r} ({outcome.detail}), documented as "
             f"{documented.get(model_type)!r}: regenerate its row if the change is right: "
-            f"python -m hf_specdec.architectures {model_type} --write docs/architectures.md"
+            f"python -m tools.architectures {model_type} --write docs/architectures.md"
         )
 
 

@@ -14,7 +14,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hf_specdec
-from hf_specdec.architectures import tiny_config, tiny_model
 from hf_specdec.attention.plan import TailMask
 from hf_specdec.generation.target import PlannedModel
 from hf_specdec.kernels.mask_bits import pack_bits
@@ -28,6 +27,7 @@ from hf_specdec.testing import (
     left_pad,
     sample_first_tokens,
 )
+from tools.architectures import tiny_config, tiny_model
 
 HYBRIDS = [
     *["lfm2", "lfm2_moe", "lfm3"],  # short convolutions

@@ -13,11 +13,11 @@ import pytest
 import torch
 from test_hybrid_trees import _paths, _tree_mask, _vanilla_last_logits, assert_greedy_equal_with_every_assistant
 
-from hf_specdec.architectures import tiny_model
 from hf_specdec.attention.gated_delta import is_gated_delta
 from hf_specdec.attention.plan import TailMask
 from hf_specdec.generation.target import PlannedModel
 from hf_specdec.kernels.mask_bits import pack_bits
+from tools.architectures import tiny_model
 
 MORE = ["olmo_hybrid", "kimi_linear", "bailing_hybrid"]
 CLOSE = dict(rtol=1e-4, atol=1e-4)

@@ -1,4 +1,4 @@
-"""The GPU recipe (`hf_specdec.training.gpu_recipe`, `scripts/gpu_train_heads.sh`) end to end on a tiny model on
+"""The GPU recipe (`tools/gpu_recipe.py`, `scripts/gpu_train_heads.sh`) end to end on a tiny model on
 the CPU in seconds: data, training, export, the heads loaded back with ``from_pretrained`` drafting greedy-equal to
 vanilla ``generate``; the time box and the kill-safe outputs; packing and staging what the device lacks."""
 
@@ -20,9 +20,10 @@ import torch
 import hf_specdec  # noqa: F401  (routes generate(assistant=...))
 from hf_specdec.heads.dflash import default_feature_layers
 from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm, tiny_chat_tokenizer
-from hf_specdec.training import gpu_recipe
 from hf_specdec.training.conversations import Conversation, ConversationSet, Turn, held_out
-from hf_specdec.training.gpu_recipe import (
+from hf_specdec.training.head_kinds import HEAD_KINDS
+from tools import gpu_recipe
+from tools.gpu_recipe import (
     RecipeConfig,
     build_worker,
     conversation_records,
@@ -33,7 +34,6 @@ from hf_specdec.training.gpu_recipe import (
     run_recipe,
     stage,
 )
-from hf_specdec.training.head_kinds import HEAD_KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ("the a cat dog sees runs fast slow red blue green house tree river sun moon why how what tell me about "

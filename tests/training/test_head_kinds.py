@@ -11,10 +11,10 @@ import pytest
 import torch
 from test_gpu_recipe import tiny, tiny_config  # noqa: F401  (tiny is a fixture)
 
-from hf_specdec.training import gpu_recipe
 from hf_specdec.training.distillation_data import build_distillation_data
 from hf_specdec.training.head_kinds import HEAD_KINDS
 from hf_specdec.training.shards import load_distillation_data
+from tools import gpu_recipe
 
 # what `gpu_recipe.held_out_scores` records per kind (gpu_recipe.json, test_gpu_recipe.py read them)
 HELD_OUT_KEYS = {

@@ -1,6 +1,6 @@
 """One source for every figure: a speedup (``1.35x``) or τ (``τ 1.27``) that a page quotes (in prose or in a table's
 τ column) is a figure of the results file(s) its section cites (``docs/results/NAME.md`` / ``.json``), and the
-generated blocks (``<!-- results:begin ... -->``, hf_specdec/bench/render.py) equal what the data renders today.
+generated blocks (``<!-- results:begin ... -->``, tools/render.py) equal what the data renders today.
 
 A section is the text from one ``##`` heading to the next. The figures a section may quote are those of the
 files it links or names (`figures_of`), at 1 to 4 decimals: a bench run's speedups (committed and recomputed summary,
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_specdec.bench import render
 from hf_specdec.bench.report import summarize
+from tools import render
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"

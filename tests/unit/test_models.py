@@ -256,7 +256,7 @@ def test_default_model_dir_is_a_plain_transformers_folder():
 def test_a_draft_cut_from_any_architecture_keeps_the_targets_first_layer_types(model_type):
     """Configs whose layer_types is a read-only property derived from other fields (Jamba's attention period,
     ...) are cut too; the draft's first layers are the target's."""
-    from hf_specdec.architectures import tiny_model
+    from tools.architectures import tiny_model
 
     model = tiny_model(model_type)
     draft = hm.draft_model_from_layers(model, 1)
@@ -267,7 +267,7 @@ def test_a_draft_cut_from_any_architecture_keeps_the_targets_first_layer_types(m
 
 
 def test_a_draft_that_cannot_be_cut_says_why():
-    from hf_specdec.architectures import tiny_model
+    from tools.architectures import tiny_model
 
     with pytest.raises(ValueError, match=r"cannot build a 1-layer draft of RwkvForCausalLM \(ZeroDivisionError"):
         hm.draft_model_from_layers(tiny_model("rwkv"), 1)

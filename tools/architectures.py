@@ -5,8 +5,9 @@ speculative decoding does with it.
 sliding windows shorter than the sequence, untied embeddings, weights re-drawn so greedy text is not one repeated
 token); `sweep_type` runs vanilla greedy ``generate`` and ``generate(assistant=...)`` with several assistants, batch 1
 and a left-padded batch of 2, and says whether every run gave vanilla's tokens, was refused with a clear error, or
-neither. ``python -m hf_specdec.architectures`` writes the table of docs/architectures.md;
-``tests/integration/test_architecture_sweep.py`` fails on any silent difference or unclear crash.
+neither. ``python -m tools.architectures`` writes the table of docs/architectures.md;
+``tests/integration/test_architecture_sweep.py`` fails on any silent difference or unclear crash. Lab equipment of
+this repository (tools/, not installed): what a user's model meets is `hf_specdec.generation.support`'s checks.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-from .attention.unsupported import UnsupportedModelError
-from .generation.proposers.draft_model import DraftModelAssistant
-from .generation.proposers.ngram import NgramAssistant
-from .testing import OracleProposer, RandomTreeProposer, left_pad
+from hf_specdec.attention.unsupported import UnsupportedModelError
+from hf_specdec.generation.proposers.draft_model import DraftModelAssistant
+from hf_specdec.generation.proposers.ngram import NgramAssistant
+from hf_specdec.testing import OracleProposer, RandomTreeProposer, left_pad
 
 VOCAB = 101
 HIDDEN = 64

@@ -1,10 +1,11 @@
 """The one-shot GPU recipe: on a lent GPU machine (no network, a fresh copy of this tree, ~10 minutes), build
 self-distilled ShareGPT data at a scale the CPU cannot reach, train the heads on it, and leave them in ``$OUT`` as a
 few small files, with a log that a kill at any moment leaves usable. `scripts/gpu_train_heads.sh` is the entry point;
-docs/heads_training.md ("The GPU recipe") says how to call it.
+docs/heads_training.md ("The GPU recipe") says how to call it. Lab equipment of this repository (tools/, not
+installed): the trainers, data builders and head kinds it drives are the package's.
 
-    python -m hf_specdec.training.gpu_recipe pack                 # HERE: what the device lacks, into .gpu_carry/
-    python -m hf_specdec.training.gpu_recipe run --out $OUT       # THERE (the script stages .gpu_carry/ first)
+    python -m tools.gpu_recipe pack                 # HERE: what the device lacks, into .gpu_carry/
+    python -m tools.gpu_recipe run --out $OUT       # THERE (the script stages .gpu_carry/ first)
 
 Phases, every one time-boxed against one budget counted from the script's start (``--budget-s``):
 
@@ -55,9 +56,9 @@ from pathlib import Path
 
 import torch
 
-from .conversations import Conversation, ConversationSet, Turn, load_conversations
-from .head_kinds import HEAD_KINDS
-from .shards import DistillationData, load_distillation_data, write_json
+from hf_specdec.training.conversations import Conversation, ConversationSet, Turn, load_conversations
+from hf_specdec.training.head_kinds import HEAD_KINDS
+from hf_specdec.training.shards import DistillationData, load_distillation_data, write_json
 
 HEADS = tuple(HEAD_KINDS)  # eagle, medusa, mlp_speculator, dflash; how the recipe trains each: `RECIPE_HEADS`
 # what the recipe trains unless told: the DFlash block drafter is asked for by name (--heads ... dflash)
@@ -71,6 +72,7 @@ CARRY_MANIFEST = "carry.json"
 CONVERSATIONS_FILE = "conversations.json.xz"
 GGUF_PY_FILE = "gguf-py.tar.xz"
 DEVICE_TREE_LIMIT_MIB = 64  # what one device call may carry: the working tree plus the carried paths
+REPO_ROOT = Path(__file__).resolve().parents[1]  # this checkout (tools/ is not installed with the package)
 
 
 # ---------------------------------------------------------------------------------------------------- settings
@@ -221,7 +223,7 @@ class RecipeLog:
         self.out = out
         self.t0 = cfg.started_at or time.time()
         self.state: dict = {
-            "recipe": "hf_specdec.training.gpu_recipe",
+            "recipe": "tools.gpu_recipe",
             "complete": False,
             "started_at_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.t0)),
             "budget_s": cfg.budget_s,
@@ -370,7 +372,7 @@ def find_conversations(explicit: str | None = None) -> tuple[ConversationSet, st
             return load_carried_conversations(path), str(path)
     if explicit:
         raise FileNotFoundError(f"no conversations file at {explicit}")
-    from .conversations import load_sharegpt, sharegpt_path
+    from hf_specdec.training.conversations import load_sharegpt, sharegpt_path
 
     return load_sharegpt(), str(sharegpt_path())
 
@@ -386,7 +388,7 @@ def _conv_from_json(obj: dict) -> Conversation:
 # ---------------------------------------------------------------------------------------------------- the target
 def load_target(spec: str, device: str, dtype: str = "float32"):
     """``(model, tokenizer)``: ``"default"`` (SmolLM2-135M-Instruct, `load_default_model`) or a model folder."""
-    from ..models import load_causal_lm, load_default_model
+    from hf_specdec.models import load_causal_lm, load_default_model
 
     torch_dtype = getattr(torch, dtype)
     if spec == "default":
@@ -412,8 +414,8 @@ def _claim(work: Path, name: str) -> bool:
 def build_worker(work: Path, model, tokenizer, cfg: RecipeConfig, deadline: float, worker: int = 0) -> None:
     """Claim units (the held-out set first, then the conversation and task chunks in `plan_chunks`'s order) and
     build them until the deadline (module docstring, phase 2)."""
-    from .conversation_data import build_conversation_data
-    from .task_data import build_task_data
+    from hf_specdec.training.conversation_data import build_conversation_data
+    from hf_specdec.training.task_data import build_task_data
 
     layout = json.loads((work / "chunks.json").read_text(encoding="utf-8"))
     status_path = work / f"worker-{worker}.json"
@@ -505,9 +507,9 @@ def static_decoding_check(model, tokenizer, work: Path, cfg: RecipeConfig, promp
     first chunk's without a held-out set)."""
     if not cfg.static_decoding:
         return {"used": False, "reason": "off (--no-static-decoding)"}
-    from .chat_template import chat_ids
-    from .static_decoding import check_static_decodable
-    from .target_states import Answering, agreement_with_dynamic
+    from hf_specdec.training.chat_template import chat_ids
+    from hf_specdec.training.static_decoding import check_static_decodable
+    from hf_specdec.training.target_states import Answering, agreement_with_dynamic
 
     t = time.time()
     try:
@@ -601,7 +603,7 @@ def plan_chunks(work: Path, source: ConversationSet, cfg: RecipeConfig) -> dict:
     chunks then in a seeded random order (whatever number of them the time allows is a sample of every length);
     and the held-out set. ``units`` (the claim order) interleaves task chunks evenly among them, ``task_share`` of
     all units, each with its own prompt seed, so a build stopped at any point holds both in that proportion."""
-    from .conversation_data import pick_conversations
+    from hf_specdec.training.conversation_data import pick_conversations
 
     chunks = work / "chunks"
     chunks.mkdir(parents=True, exist_ok=True)
@@ -716,7 +718,7 @@ def _shipped_head(name: str, cfg: RecipeConfig):
     """The shipped head ``name`` fine-tunes from (fp32, on the CPU), or None when it trains from scratch."""
     if not fine_tunes(name, cfg):
         return None
-    from ..models import SHIPPED_HEAD_DIRS
+    from hf_specdec.models import SHIPPED_HEAD_DIRS
 
     kind = run_kind(name)
     return HEAD_KINDS[kind].head_class().from_pretrained(SHIPPED_HEAD_DIRS[kind], dtype=torch.float32)
@@ -897,8 +899,10 @@ def greedy_check(head, model, prompts: list[list[int]], max_new_tokens: int) -> 
 # ---------------------------------------------------------------------------------------------------- the run
 def _spawn(args: list[str], log_path: Path) -> subprocess.Popen:
     log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 (closed with the process, below)
-    proc = subprocess.Popen([sys.executable, "-m", "hf_specdec.training.gpu_recipe", *args], stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    # tools/ is not installed: the child finds it through the repository root, whatever its working folder
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.Popen([sys.executable, "-m", "tools.gpu_recipe", *args], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, env={**os.environ, "PYTHONPATH": path})  # fmt: skip
     proc._hfsd_log = log  # type: ignore[attr-defined]
     return proc
 
@@ -1110,7 +1114,7 @@ def pack(repo: str | os.PathLike, dest: str | os.PathLike | None = None, *, marg
     the default model's GGUF cut into ``p1/``, ``p2/``, ... so that each device call carries the tree plus one
     folder under the 64 MiB a call may send (``part_bytes``: smaller parts). Returns the manifest (with the calls
     to make, in order)."""
-    from ..models import GGUF_FILENAME, gguf_path
+    from hf_specdec.models import GGUF_FILENAME, gguf_path
 
     repo = Path(repo)
     dest = Path(dest) if dest else repo / CARRY_DIR
@@ -1187,7 +1191,7 @@ def _write_dist_info(site: Path, name: str, version: str | None) -> None:
 
 
 def _sharegpt() -> ConversationSet:
-    from .conversations import load_sharegpt
+    from hf_specdec.training.conversations import load_sharegpt
 
     return load_sharegpt()
 
@@ -1291,7 +1295,7 @@ def _config_from_args(args) -> RecipeConfig:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m hf_specdec.training.gpu_recipe", description=__doc__.split("\n")[0]
+        prog="python -m tools.gpu_recipe", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pack", help="HERE: write .gpu_carry/ (conversations, gguf package, the model in parts)")

@@ -1,4 +1,5 @@
-"""Figures on the documentation pages, generated from the bench's results (docs/results/*.json).
+"""Figures on the documentation pages, generated from the bench's results (docs/results/*.json). Lab equipment of
+this repository (tools/, not installed): what `hf-specdec bench` prints is `hf_specdec.bench.report`'s.
 
 A page holds a generated block between two marker comments; the text around it is the page's own::
 
@@ -25,10 +26,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .questions import category_sort_key
-from .report import OVERALL, mismatch_text, summarize
+from hf_specdec.bench.questions import category_sort_key
+from hf_specdec.bench.report import OVERALL, mismatch_text, summarize
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 # the pages that hold generated blocks (the test holds every one of them to the data)
 PAGE_GLOBS = ("README.md", "docs/*.md", "docs/lab/*.md", "hf_specdec/assets/*/README.md", "custom_generate/README.md")
