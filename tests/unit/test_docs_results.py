@@ -11,7 +11,8 @@ has its table's: those the paragraph right above the table links. Every figure o
   from the records, each record's own ratio, the verify cost curve relative to one token; a block with ``exclude=``
   also the summary without those records), or by any number of another results file (an evaluation, a kernel
   timing);
-- a τ (``τ 2.65``, a cell of a table's τ column) by the run's τ values;
+- a τ (``τ 2.65``) by the run's τ values; a cell of a table's τ column or ``overall`` column by the τ or speedup
+  of the row's method over all its prompts (not a category's);
 - any other decimal number (tokens/s, top-1, a seconds figure) by any number of the records, to the decimals shown.
 
 ``1.00x`` and τ ``1.00`` (vanilla, or no accepted draft) need no record. test_figures.py holds each generated
@@ -56,7 +57,7 @@ class Held:
     """The figures a set of records holds, per method: ``speedups``, ``taus``, and ``numbers`` (any number in them)."""
 
     def __init__(self) -> None:
-        self.by_method: dict[str, tuple[set[str], set[str]]] = {}
+        self.by_method: dict[str, dict[str, set[str]]] = {}
         self.numbers: set[str] = set(NEED_NO_RECORD)
 
     def add(self, name: str, exclude: tuple[str, ...] = (), per_record: bool = False) -> bool:
@@ -65,21 +66,22 @@ class Held:
         by_method, numbers = record_figures(name, exclude, per_record)
         if not numbers:
             return False
-        for method, (speedups, taus) in by_method.items():
-            mine = self.by_method.setdefault(method, (set(NEED_NO_RECORD), set(NEED_NO_RECORD)))
-            mine[0].update(speedups)
-            mine[1].update(taus)
+        for method, figures in by_method.items():
+            mine = self.by_method.setdefault(method, {kind: set(NEED_NO_RECORD) for kind in KINDS})
+            for kind in KINDS:
+                mine[kind].update(figures[kind])
         self.numbers |= numbers
         return True
 
     def pools(self, methods: set[str]) -> dict[str, set[str]]:
         """What a figure beside ``methods`` may be (every method's where none of them is the records')."""
         picked = [self.by_method[m] for m in methods if m in self.by_method] or list(self.by_method.values())
-        speedups = set(NEED_NO_RECORD).union(*(p[0] for p in picked))
-        taus = set(NEED_NO_RECORD).union(*(p[1] for p in picked))
-        return {"speedup": speedups, "τ": taus, "number": self.numbers}
+        pools = {kind: set(NEED_NO_RECORD).union(*(p[kind] for p in picked)) for kind in KINDS}
+        return {**pools, "number": self.numbers}
 
 
+# a speedup or τ anywhere in the run, and one of a method's overall rows (what a table's overall and τ columns show)
+KINDS = ("speedup", "τ", "overall speedup", "overall τ")
 ANY = "*"  # the method of a results file that is not a bench run: its numbers are any method's
 
 
@@ -98,22 +100,27 @@ def record_figures(name: str, exclude: tuple[str, ...] = (), per_record: bool = 
     numbers: set[str] = set()
     _formatted(data, numbers)
     if not (isinstance(data, dict) and "summary" in data and "records" in data and isinstance(data["summary"], list)):
-        return {ANY: (frozenset(numbers), frozenset(numbers))}, frozenset(numbers)
+        return {ANY: {kind: frozenset(numbers) for kind in KINDS}}, frozenset(numbers)
     records = data["records"]
     rows = [*data["summary"], *summarize(records)]
     if exclude:
         rows += summarize([r for r in records if str(r.get("question_id")) not in exclude])
     _formatted(rows, numbers)
-    by_method: dict[str, tuple[set[str], set[str]]] = {}
+    by_method: dict[str, dict[str, set[str]]] = {}
     curve: set[str] = set()
     _formatted(((data.get("meta") or {}).get("verify_cost") or {}).get("relative") or {}, curve)
     for row in rows:
-        speedups, taus = by_method.setdefault(row["method"].split("@")[0], (set(curve), set()))
-        _formatted([row.get("speedup"), row.get("median_speedup")], speedups)
-        _formatted(row.get("tau"), taus)
+        mine = by_method.setdefault(row["method"].split("@")[0], {kind: set() for kind in KINDS})
+        mine["speedup"].update(curve)
+        _formatted([row.get("speedup"), row.get("median_speedup")], mine["speedup"])
+        _formatted(row.get("tau"), mine["τ"])
+        if row.get("category") == "overall":
+            _formatted(row.get("speedup"), mine["overall speedup"])
+            _formatted(row.get("tau"), mine["overall τ"])
     if per_record:
         for record in records:
-            _formatted(record.get("speedup"), by_method.setdefault(record["method"].split("@")[0], (set(), set()))[0])
+            mine = by_method.setdefault(record["method"].split("@")[0], {kind: set() for kind in KINDS})
+            _formatted(record.get("speedup"), mine["speedup"])
     return by_method, frozenset(numbers)
 
 
@@ -196,8 +203,13 @@ def _figures(kind: str, text: str) -> list[tuple[str, str]]:
             continue
         for col, cell in enumerate(cells):
             if col < len(header) and (header[col] == "τ" or header[col].endswith(" τ")) and DECIMAL.fullmatch(cell):
-                found.append(("τ", cell))
-    tau_cells = {v for w, v in found if w == "τ"}
+                found.append(("overall τ", cell))
+            elif col < len(header) and (header[col] == "overall" or header[col].endswith(" overall")):
+                overall = SPEEDUP.fullmatch(cell)
+                if overall:
+                    found.append(("overall speedup", overall.group(1)))
+                    found.remove(("speedup", overall.group(1)))
+    tau_cells = {v for w, v in found if w.endswith("τ")}
     for m in DECIMAL.finditer(plain):
         if m.start(1) not in taken and m.group(1) not in tau_cells:
             found.append(("number", m.group(1)))
@@ -297,8 +309,8 @@ def test_a_table_row_takes_its_own_record_else_the_paragraph_above():
     assert unheld_figures(table) == ["line 3: a table row with figures (1.35, 1.27) names no record"]
     other = table.replace("| |\n", "| [r](results/intel_full_batch1_seed1.md) |\n")
     assert unheld_figures(lead + other) == [
-        "line 5: speedup 1.35 for medusa is not in the record(s) its table row names (intel_full_batch1_seed1)",
-        "line 5: τ 1.27 for medusa is not in the record(s) its table row names (intel_full_batch1_seed1)",
+        "line 5: overall speedup 1.35 for medusa is not in the record(s) its table row names (intel_full_batch1_seed1)",
+        "line 5: overall τ 1.27 for medusa is not in the record(s) its table row names (intel_full_batch1_seed1)",
     ]
 
 
@@ -307,7 +319,8 @@ def test_a_generated_block_takes_the_records_of_its_marker():
     block = "<!-- results:begin runs docs/results/{}.json -->\n" + body + "<!-- results:end -->\n"
     assert unheld_figures(block.format("amd_sharegpt_eagle_batch1_seed0")) == []
     assert unheld_figures(block.format("intel_full_batch1_seed1")) == [
-        "line 1: τ 1.27 is not in the record(s) its generated block names (intel_full_batch1_seed1)"
+        "line 1: overall speedup 1.35 is not in the record(s) its generated block names (intel_full_batch1_seed1)",
+        "line 1: overall τ 1.27 is not in the record(s) its generated block names (intel_full_batch1_seed1)",
     ]
 
 
