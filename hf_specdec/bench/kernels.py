@@ -330,6 +330,23 @@ def _random_llama(dtype: torch.dtype, device: str, **overrides):
     return model.eval()
 
 
+# the dry run's model: the tests' tiny Llama (`testing.tiny_causal_lm("llama")`), which the package does not import
+TINY_LLAMA = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=97, max_position_embeddings=1024, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=0, tie_word_embeddings=False)  # fmt: skip
+
+
+def _tiny_llama():
+    """A 2-layer Llama of hidden size 64 on the CPU, seed 0, its matrices drawn at std 0.08 (peaked logits)."""
+    torch.manual_seed(0)
+    model = _random_llama(torch.float32, "cpu", **TINY_LLAMA)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+    return model
+
+
 # ---------------------------------------------------------------------------------------------- report
 def _markdown(report: dict) -> str:
     env = report["environment"]
@@ -506,9 +523,7 @@ def _verify_curve_section(setup: _BenchSetup, curve_context: int, curve_nodes: S
     """The report's whole-model verify-cost curve: a random Llama-3.2-1B-shaped model on CUDA, a tiny one on the
     dry run; the hf_specdec curve runs our kernels, also on a CPU."""
     if setup.dry_run:
-        from ..testing import tiny_causal_lm
-
-        model, name, context, nodes = tiny_causal_lm("llama"), "tiny llama (random)", 16, (1, 2, 4)
+        model, name, context, nodes = _tiny_llama(), "tiny llama (random)", 16, (1, 2, 4)
     else:
         model, name = _random_llama(setup.dtype, "cuda"), "random-weight Llama-3.2-1B shape"
         context, nodes = curve_context, tuple(curve_nodes)

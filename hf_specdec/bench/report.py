@@ -13,7 +13,7 @@ prompt in the same run::
 ``time_verify`` / ``time_other`` the call's wall seconds in the proposer, in target forwards and in the rest
 (``SpecStats``); ``match`` is
 whether the method's tokens equal vanilla's (greedy only, None otherwise), and ``near_tie`` (on a
-mismatch only) whether every differing row first differs at a near-tie of vanilla's own logits (`testing.near_tie`).
+mismatch only) whether every differing row first differs at a near-tie of vanilla's own logits (`bench.near_tie`).
 
 Metric definitions (as in docs/results.md):
 

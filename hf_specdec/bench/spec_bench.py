@@ -54,8 +54,8 @@ from ..cli_args import (
 from ..generation import draft_dtype
 from ..generation.cost_model import cost_model_for
 from ..generation.packed_linears import packed_weights
-from ..testing import near_ties
 from .methods import BenchContext, Method, available_methods, candidate_methods, quick_methods, resolve_methods
+from .near_tie import near_ties
 from .questions import find_questions_file, interleave_categories, load_questions, sample_questions
 from .report import (
     budgets_by_method,
@@ -323,7 +323,7 @@ class _BenchRunner:
 
     def explained_by_near_ties(self, inputs: dict, base: CallResult, res: CallResult) -> bool:
         """Whether every row where ``res`` leaves vanilla's greedy output first leaves it at a near-tie of vanilla's
-        own logits (`hf_specdec.testing.near_tie`: within the dtype's rounding; docs/precision.md)."""
+        own logits (`bench.near_tie.near_tie`: within the dtype's rounding; docs/precision.md)."""
         ids, mask = inputs["input_ids"], inputs["attention_mask"]  # [B, W] each
         ties = near_ties(self.model, ids, mask, base.sequences, res.sequences, pad_token_id=self.pad_id)
         return all(t.ok for t in ties)

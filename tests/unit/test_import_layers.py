@@ -20,9 +20,9 @@ LAYERS = [
     ("generation", ["generation"]),
     ("training", ["training"]),
     # the top: user-facing entry points; testing.py builds tiny models and test assistants for tests and examples
+    # (no other module imports it: `test_no_product_module_imports_the_test_helpers`)
     # quiet_imports.py: transformers' modeling code loaded without torchao's CPU-irrelevant log lines (first import)
-    ("top", ["bench", "demo", "cli", "cli_args", "export_cli", "assistants", "testing", "architectures", "__init__",
-             "quiet_imports"]),
+    ("top", ["bench", "demo", "cli", "cli_args", "export_cli", "assistants", "testing", "__init__", "quiet_imports"]),
 ]
 LAYER_OF = {part: i for i, (_, parts) in enumerate(LAYERS) for part in parts}
 # Circles known at the time of writing, owned elsewhere, each to be removed (the test fails once one is gone, so the
@@ -106,6 +106,33 @@ def test_no_import_circles():
         if name not in state:
             visit(name, [])
     assert set(cycles) == KNOWN_CIRCLES, "import circles:\n" + "\n".join(sorted(set(cycles) ^ KNOWN_CIRCLES))
+
+
+TEST_HELPERS = "hf_specdec.testing"
+
+
+def _importers_of_test_helpers(graph: dict[str, set[str]]) -> list[str]:
+    """The modules of ``graph`` other than `TEST_HELPERS` that import it."""
+    return sorted(name for name, deps in graph.items() if name != TEST_HELPERS and TEST_HELPERS in deps)
+
+
+def test_no_product_module_imports_the_test_helpers():
+    """Product code never depends on test helpers: hf_specdec.testing may import the package, never the reverse
+    (what the product needs of a helper lives in the product module that owns it: the near-tie oracle in
+    bench/near_tie.py, which testing re-exports)."""
+    found = _importers_of_test_helpers(_graph())
+    assert not found, f"modules of the package importing {TEST_HELPERS}: {found}"
+
+
+def test_the_test_helper_check_sees_every_form_of_import(tmp_path):
+    forms = ["from ..testing import left_pad", "def f():\n    from .. import testing", "import hf_specdec.testing",
+             "def f():\n    from hf_specdec.testing import near_tie"]  # fmt: skip
+    for i, text in enumerate(forms):
+        source = tmp_path / f"mod{i}.py"
+        source.write_text(text + "\n")
+        modules = {"hf_specdec.bench.mod": source, TEST_HELPERS: source}
+        graph = {"hf_specdec.bench.mod": _imports("hf_specdec.bench.mod", source, modules), TEST_HELPERS: set()}
+        assert _importers_of_test_helpers(graph) == ["hf_specdec.bench.mod"], text
 
 
 # The training data, one concept per module (docs/design.md, "Training"): what each concept's modules may import of
