@@ -66,6 +66,7 @@ from .generation.proposers import register_assistant_names as _register_assistan
 from .generation.proposers.base import RowFeedback
 from .generation.stats import SpecStats
 from .generation.tree import DraftSampling, DraftTree
+from .kinds import HEAD_KINDS
 from .version import __version__ as __version__
 
 _register_attention()
@@ -80,12 +81,6 @@ _LAZY = {
     "SuffixAssistant": ".generation.proposers.suffix",
     "SuffixStore": ".generation.proposers.suffix_store",
     "DraftModelAssistant": ".generation.proposers.draft_model",
-    "MedusaHeads": ".heads.medusa",
-    "MedusaAssistant": ".generation.proposers.medusa",
-    "EagleHead": ".heads.eagle",
-    "EagleAssistant": ".generation.proposers.eagle",
-    "MLPSpeculator": ".heads.mlp_speculator",
-    "MLPSpeculatorAssistant": ".generation.proposers.mlp_speculator",
     "FallbackAssistant": ".generation.proposers.fallback",
     "load_default_assistant": ".assistants",
     "load_default_model": ".models",
@@ -97,12 +92,16 @@ _LAZY = {
     "release_packed_weights": ".generation.packed_linears",
     "packed_bytes": ".generation.packed_linears",
 }
+# every head kind's head class and assistant (`hf_specdec.kinds.HEAD_KINDS`): EagleHead, EagleAssistant, MedusaHeads...
+_KIND_NAMES = {path.rpartition(":")[2]: path.partition(":")[0].removeprefix(__name__)
+               for kind in HEAD_KINDS.values() for path in (kind.head, kind.assistant)}  # fmt: skip
+_LAZY.update(_KIND_NAMES)
 
 
 # Submodules reachable as attributes after ``import hf_specdec`` alone (``hf_specdec.assistants.available_assistants()``),
 # imported on first use like the names above.
 _SUBMODULES = {
-    "assistants", "models", "testing", "heads", "training", "bench", "demo", "cli", "cli_args", "export_cli",
+    "assistants", "kinds", "models", "testing", "heads", "training", "bench", "demo", "cli", "cli_args", "export_cli",
     "kernels",
 }  # fmt: skip
 
@@ -134,12 +133,7 @@ __all__ = [
     "SuffixAssistant",
     "SuffixStore",
     "DraftModelAssistant",
-    "MedusaHeads",
-    "MedusaAssistant",
-    "EagleHead",
-    "EagleAssistant",
-    "MLPSpeculator",
-    "MLPSpeculatorAssistant",
+    *_KIND_NAMES,
     "FallbackAssistant",
     "load_default_model",
     "load_default_assistant",

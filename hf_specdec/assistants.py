@@ -5,9 +5,12 @@ One list, read by `load_default_assistant`, the ``hf-specdec`` CLI (``--assistan
 here with `register_default_assistant`; ``requires`` says whether its assets are present, so a broken install shows
 a shorter `available_assistants()` instead of failing later.
 
-    >>> available_assistants()
-    ['ngram+medusa', 'ngram', 'medusa', 'eagle', 'ngram+eagle', 'mlp_speculator']
-    >>> model.generate(ids, assistant=load_default_assistant("ngram+medusa"))
+    >>> available_assistants()[:4]
+    ['ngram+eagle', 'suffix+eagle', 'suffix+medusa', 'suffix']
+    >>> model.generate(ids, assistant=load_default_assistant("ngram+eagle"))
+
+The assistants over a shipped head come from the head kinds' descriptors (`hf_specdec.kinds.HeadKind.ready_made`),
+ranked as the results page measures them on the default model.
 """
 
 from __future__ import annotations
@@ -23,21 +26,12 @@ from pathlib import Path
 import torch
 
 from .generation.proposers.base import Proposer
-from .generation.proposers.dflash import DFlashAssistant
-from .generation.proposers.eagle import EagleAssistant
 from .generation.proposers.fallback import FallbackAssistant
-from .generation.proposers.medusa import MedusaAssistant
-from .generation.proposers.mlp_speculator import MLPSpeculatorAssistant
 from .generation.proposers.ngram import NgramAssistant
 from .generation.proposers.suffix import SuffixAssistant
-from .heads.dflash import DFlashHead
-from .heads.eagle import EagleHead
 from .heads.hub import PretrainedHead
-from .heads.medusa import MedusaHeads
-from .heads.mlp_speculator import MLPSpeculator
-from .models import SHIPPED_HEAD_DIRS
+from .kinds import HeadKind, ReadyMade, shipped_kinds
 
-DEFAULT_MEDUSA_DIR = SHIPPED_HEAD_DIRS["medusa"]
 DEFAULT_ASSISTANT = "ngram"  # needs no trained weights, so it serves any model, not only the default one
 
 
@@ -119,14 +113,12 @@ def load_default_assistant(name: str = DEFAULT_ASSISTANT) -> Proposer:
     """A fresh ready-made assistant tuned for the default model (SmolLM2-135M-Instruct), ready for ``assistant=``.
 
     Args:
-        name: one of `available_assistants()`: ``"ngram+medusa"`` / ``"ngram+eagle"`` (prompt lookup where it finds
-            a match, the shipped Medusa heads / EAGLE head elsewhere: the fastest on the default model,
-            docs/results.md), ``"ngram"`` (prompt lookup over token trees, no weights: any model), ``"medusa"`` (the
-            shipped Medusa-1 heads drafting a candidate tree that the tree budget sizes), ``"eagle"`` (the shipped EAGLE-1/2 head drafting EAGLE-2
-            dynamic trees), ``"mlp_speculator"`` (the shipped MLP speculator), ``"dflash"`` / ``"ngram+dflash"`` (the
-            shipped DFlash block drafter drafting DDTrees, alone or behind prompt lookup), ``"suffix"`` (suffix decoding over the
-            request and the assistant's store of earlier answers: keep the returned assistant and pass it to every
-            call of a session) or ``"suffix+eagle"`` / ``"suffix+medusa"`` (`available_assistants`).
+        name: one of `available_assistants()` (best first on the default model, docs/results.md), e.g.
+            ``"ngram+eagle"`` (prompt lookup where it finds a match, the shipped EAGLE head elsewhere), ``"ngram"``
+            (prompt lookup over token trees, no weights: any model), ``"suffix"`` (suffix decoding over the request
+            and the assistant's store of earlier answers: keep the returned assistant and pass it to every call of a
+            session), or a shipped head alone (``"eagle"``, ``"medusa"``, ``"mlp_speculator"``, ``"dflash"``);
+            `describe_assistant` says what each one is.
     Returns:
         a new `Proposer` for each call (trained heads are loaded once and shared).
     """
@@ -145,13 +137,23 @@ def load_default_assistant(name: str = DEFAULT_ASSISTANT) -> Proposer:
 # ------------------------------------------------------------------------------------ the shipped assistants
 @dataclass(frozen=True)
 class ShippedHead:
-    """A head trained for the default model that ships inside the package: its folder (config, weights, model card
-    with how it was trained and what it reaches) and its class. Loaded once, on the CPU in fp32, with the tree
+    """A head trained for the default model that ships inside the package (a kind's ``shipped`` folder: config,
+    weights, model card with how it was trained and what it reaches). Loaded once, on the CPU in fp32, with the tree
     defaults and measured step costs its config carries."""
 
-    what: str  # for messages: "Medusa heads"
-    folder: Path
-    head_class: type[PretrainedHead]
+    kind: HeadKind
+
+    @property
+    def what(self) -> str:  # for messages: "Medusa heads"
+        return self.kind.title
+
+    @property
+    def folder(self) -> Path:
+        return self.kind.shipped_dir()
+
+    @property
+    def head_class(self) -> type[PretrainedHead]:
+        return self.kind.load("head")
 
     def ships(self) -> bool:
         """Whether the folder is present (a broken install lacks it)."""
@@ -160,12 +162,16 @@ class ShippedHead:
     def load(self) -> PretrainedHead:
         """The head (the same object on every call); inside `heads_from_folders`, the one saved in the folder it
         names for this kind instead."""
-        replacement = _REPLACED_HEADS.get(self.head_class.head_type)
+        replacement = _REPLACED_HEADS.get(self.kind.name)
         if replacement is not None:
             return _load_once(self.head_class, replacement)
         if not self.ships():
             raise FileNotFoundError(f"the shipped {self.what} are missing from {self.folder} (broken install?)")
         return _load_once(self.head_class, self.folder)
+
+    def assistant(self) -> Proposer:
+        """A fresh assistant of the kind drafting with the shipped head."""
+        return self.kind.load("assistant")(self.load())
 
 
 _REPLACED_HEADS: dict[str, Path] = {}  # head_type -> folder, while `heads_from_folders` is active
@@ -179,8 +185,8 @@ def heads_from_folders(folders: Mapping[str, str | os.PathLike]) -> Iterator[Non
     one block at a time, in one thread.
 
     Args:
-        folders: head kind (``eagle``, ``medusa``, ``mlp_speculator``, ``dflash``) -> a folder with a head saved by
-            ``save_pretrained`` (its ``config.json`` must name that kind).
+        folders: head kind (a key of `SHIPPED_HEADS`) -> a folder with a head saved by ``save_pretrained`` (its
+            ``config.json`` must name that kind).
     Raises:
         ValueError: as `check_head_folders`, before anything changes.
     """
@@ -224,106 +230,44 @@ def _load_once(head_class: type[PretrainedHead], folder: Path) -> PretrainedHead
     return head_class.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-MEDUSA = ShippedHead("Medusa heads", DEFAULT_MEDUSA_DIR, MedusaHeads)
-EAGLE = ShippedHead("EAGLE head", SHIPPED_HEAD_DIRS["eagle"], EagleHead)
-MLP_SPECULATOR = ShippedHead("MLP speculator", SHIPPED_HEAD_DIRS["mlp_speculator"], MLPSpeculator)
-DFLASH = ShippedHead("DFlash head", SHIPPED_HEAD_DIRS["dflash"], DFlashHead)
-DEFAULT_EAGLE_DIR, DEFAULT_MLP_SPECULATOR_DIR = EAGLE.folder, MLP_SPECULATOR.folder
-SHIPPED_HEADS = {shipped.head_class.head_type: shipped for shipped in (EAGLE, MEDUSA, MLP_SPECULATOR, DFLASH)}
+# the heads shipped for the default model, by kind, in `HEAD_KINDS` order
+SHIPPED_HEADS: dict[str, ShippedHead] = {kind.name: ShippedHead(kind) for kind in shipped_kinds()}
+# names the shipped heads' model cards use (``from hf_specdec.assistants import DEFAULT_EAGLE_DIR``): aliases only
+EAGLE, MEDUSA = SHIPPED_HEADS["eagle"], SHIPPED_HEADS["medusa"]
+MLP_SPECULATOR, DFLASH = SHIPPED_HEADS["mlp_speculator"], SHIPPED_HEADS["dflash"]
+DEFAULT_EAGLE_DIR, DEFAULT_MEDUSA_DIR, DEFAULT_MLP_SPECULATOR_DIR = EAGLE.folder, MEDUSA.folder, MLP_SPECULATOR.folder
+
+# what goes in front of a head (`ReadyMade.front`): drafts where it finds a match, the head elsewhere
+_FRONTS: dict[str, tuple[Callable[[], Proposer], str]] = {
+    "ngram": (NgramAssistant, "prompt lookup (NgramAssistant)"),
+    "suffix": (SuffixAssistant, "suffix decoding (SuffixAssistant)"),
+}
+# the ready-made assistants without a head: (name, rank as in `ReadyMade`, factory, description)
+_HEADLESS = (
+    ("suffix", 4, SuffixAssistant, "SuffixAssistant: suffix trees over this request and a store of earlier answers "
+     "(no trained weights; reuse one assistant across calls for the store)"),
+    ("ngram", 5, NgramAssistant, "NgramAssistant: prompt lookup over token trees (no trained weights)"),
+)  # fmt: skip
 
 
-def _with_ngram(assistant: Callable[[], Proposer]) -> Callable[[], Proposer]:
-    """Prompt lookup where it finds a match, else ``assistant``."""
-    return lambda: FallbackAssistant(NgramAssistant(), assistant())
+def _ready_made(shipped: ShippedHead, made: ReadyMade) -> tuple[str, int, Callable[[], Proposer], str]:
+    """``(name, rank, factory, description)`` of a ready-made assistant over a shipped head."""
+    if made.front is None:
+        return made.name.format(kind=shipped.kind.name), made.rank, shipped.assistant, (
+            f"{shipped.kind.load('assistant').__name__}: the shipped {shipped.what} drafting {shipped.kind.drafts}")
+    front, said = _FRONTS[made.front]
+    factory = functools.partial(lambda f, s: FallbackAssistant(f(), s.assistant()), front, shipped)
+    return (made.name.format(kind=shipped.kind.name), made.rank, factory,
+            f"FallbackAssistant: {said} where it finds a match, else the shipped {shipped.what}")  # fmt: skip
 
 
-def _with_suffix(assistant: Callable[[], Proposer]) -> Callable[[], Proposer]:
-    """Suffix decoding (this request and the assistant's own store of earlier answers) where it finds a match, else
-    ``assistant``."""
-    return lambda: FallbackAssistant(SuffixAssistant(), assistant())
+def _register_shipped() -> None:
+    """Register every ready-made assistant, the heads' (`HeadKind.ready_made`) and the headless ones, best first."""
+    entries = [(name, rank, factory, description, ()) for name, rank, factory, description in _HEADLESS]
+    for shipped in SHIPPED_HEADS.values():
+        entries += [(*_ready_made(shipped, made), (shipped.kind.name,)) for made in shipped.kind.ready_made]
+    for name, _, factory, description, heads in sorted(entries, key=lambda entry: entry[1]):
+        register_default_assistant(name, factory, description=description, heads=heads)
 
 
-def _medusa() -> Proposer:
-    return MedusaAssistant(MEDUSA.load())
-
-
-def _eagle() -> Proposer:
-    return EagleAssistant(EAGLE.load())
-
-
-def _mlp_speculator() -> Proposer:
-    return MLPSpeculatorAssistant(MLP_SPECULATOR.load())
-
-
-def _dflash() -> Proposer:
-    return DFlashAssistant(DFLASH.load())
-
-
-register_default_assistant(
-    "ngram+medusa",
-    _with_ngram(_medusa),
-    description="FallbackAssistant: prompt lookup (NgramAssistant) where it finds a match, else the shipped Medusa "
-    "heads",
-    heads=("medusa",),
-)
-register_default_assistant(
-    "ngram", NgramAssistant, description="NgramAssistant: prompt lookup over token trees (no trained weights)"
-)
-register_default_assistant(
-    "medusa",
-    _medusa,
-    description="MedusaAssistant with the shipped Medusa-1 heads drafting a candidate tree the tree budget sizes",
-    heads=("medusa",),
-)
-register_default_assistant(
-    "eagle",
-    _eagle,
-    description="EagleAssistant: the shipped EAGLE-1/2 head drafting EAGLE-2 dynamic trees",
-    heads=("eagle",),
-)
-register_default_assistant(
-    "ngram+eagle",
-    _with_ngram(_eagle),
-    description="FallbackAssistant: prompt lookup (NgramAssistant) where it finds a match, else the shipped EAGLE head",
-    heads=("eagle",),
-)
-register_default_assistant(
-    "mlp_speculator",
-    _mlp_speculator,
-    description="MLPSpeculatorAssistant: the shipped MLP speculator (IBM accelerator architecture) drafting trimmed "
-    "product trees",
-    heads=("mlp_speculator",),
-)
-register_default_assistant(
-    "dflash",
-    _dflash,
-    description="DFlashAssistant: the shipped DFlash block drafter drafting DDTrees (one block of per-depth "
-    "distributions, best paths first)",
-    heads=("dflash",),
-)
-register_default_assistant(
-    "ngram+dflash",
-    _with_ngram(_dflash),
-    description="FallbackAssistant: prompt lookup (NgramAssistant) where it finds a match, else the shipped DFlash "
-    "head",
-    heads=("dflash",),
-)
-register_default_assistant(
-    "suffix",
-    SuffixAssistant,
-    description="SuffixAssistant: suffix trees over this request and a store of earlier answers (no trained weights; "
-    "reuse one assistant across calls for the store)",
-)
-register_default_assistant(
-    "suffix+eagle",
-    _with_suffix(_eagle),
-    description="FallbackAssistant: suffix decoding (SuffixAssistant) where it finds a match, else the shipped EAGLE head",
-    heads=("eagle",),
-)
-register_default_assistant(
-    "suffix+medusa",
-    _with_suffix(_medusa),
-    description="FallbackAssistant: suffix decoding (SuffixAssistant) where it finds a match, else the shipped Medusa "
-    "heads",
-    heads=("medusa",),
-)
+_register_shipped()

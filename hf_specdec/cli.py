@@ -16,7 +16,7 @@ hf-specdec --version
 
 The flags every subcommand shares are spelled once, as transformers' generate() arguments (`cli_args`):
 --model, --device, --dtype, --threads, --max-new-tokens, --do-sample, --temperature, --top-p, --seed. The ``train``
-commands are the registered `TrainerCommand`s (``hf_specdec.training.TRAINER_COMMANDS``), each built by
+commands are the `TrainerCommand`s of the head kinds (``hf_specdec.training.trainer_commands()``), each built by
 `add_trainer_arguments` (the options every trainer shares, then the kind's own) and run by `run_trainer`.
 """
 
@@ -51,7 +51,7 @@ from .cli_args import (
 )
 from .demo.cli import add_arguments as add_demo_arguments
 from .demo.cli import run as run_demo
-from .training import TRAINER_COMMANDS, TrainerCommand, add_trainer_arguments
+from .training import TrainerCommand, add_trainer_arguments, trainer_commands
 
 # besides the ready-made assistants: a draft model built from the target's layers, and vanilla generate
 OTHER_ASSISTANTS = {"draft": "a layer-skip draft model (--draft-layers)", "none": "vanilla generate (no assistant)"}
@@ -196,11 +196,11 @@ def run_trainer(command: TrainerCommand, args: argparse.Namespace) -> int:
 
 
 def _add_train_commands(sub) -> None:
-    """``hf-specdec train <kind>``, one per registered trainer (`TRAINER_COMMANDS`), each built the one way
+    """``hf-specdec train <kind>``, one per trained head kind (`trainer_commands`), each built the one way
     (`add_trainer_arguments`: the shared options, then the kind's)."""
     train = sub.add_parser("train", help="train speculative heads for the default model")
     train_sub = train.add_subparsers(dest="head", metavar="HEAD", required=True)
-    for command in TRAINER_COMMANDS:
+    for command in trainer_commands():
         parser = train_sub.add_parser(command.name, help=command.help, description=command.description)
         add_trainer_arguments(parser, command)
         parser.set_defaults(func=functools.partial(run_trainer, command), trainer=command)

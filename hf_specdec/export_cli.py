@@ -6,7 +6,7 @@
 
 HEAD is a head folder or Hub repo id in any layout hf-specdec reads (docs/formats.md; ``--format speculators`` takes
 an EAGLE-3 head or a DFlash block drafter), or the name of a head that ships with hf-specdec (``eagle``,
-``medusa``). The head is loaded, bound to its target model (``--model``; default: the default model), which checks
+``medusa``, ``dflash``). The head is loaded, bound to its target model (``--model``; default: the default model), which checks
 that their sizes fit and records what the exported config names (the target's architectures; Medusa's vLLM layout
 also stores a copy of the target's lm_head), then saved with ``save_pretrained(format=...)``. The exported folder
 loads back into hf-specdec unchanged. The export names its verifier, the target an engine loads beside the head:
@@ -23,18 +23,29 @@ from pathlib import Path
 from .cli_args import UsageError, check_model_argument, positive_int
 from .heads.checks import is_model_reference
 from .heads.hub import base_model_name
+from .kinds import HEAD_KINDS, HeadKind
 
-# export format -> the shipped head it takes (speculators also takes a DFlash head: `_load_head`)
-FORMATS = {"speculators": "eagle", "eagle": "eagle", "medusa": "medusa"}
+
+def export_formats() -> dict[str, list[HeadKind]]:
+    """Export format -> the head kinds written in it, in `HEAD_KINDS` order (each head class's ``export_formats``
+    beyond its own ``hf-specdec``)."""
+    formats: dict[str, list[HeadKind]] = {}
+    for kind in HEAD_KINDS.values():
+        for fmt in kind.load("head").export_formats:
+            if fmt != "hf-specdec":
+                formats.setdefault(fmt, []).append(kind)
+    return formats
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    formats = export_formats()
+    shipped = [kind.name for kind in HEAD_KINDS.values() if kind.shipped and any(kind in k for k in formats.values())]
     parser.add_argument("head", help="head folder or Hub repo id (any layout hf-specdec reads), or a shipped head: "
-                        "eagle, medusa")  # fmt: skip
+                        f"{', '.join(shipped)}")  # fmt: skip
     parser.add_argument(
         "--format",
         required=True,
-        choices=list(FORMATS),
+        choices=list(formats),
         help="speculators: vLLM's speculators format (EAGLE-3 heads, DFlash drafters; `vllm serve DIR`); eagle: the "
         "upstream "
         "EAGLE / SpecForge layout (SGLang, vLLM); medusa: vLLM's Medusa layout",
@@ -62,18 +73,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _head_source(head: str, head_type: str) -> str:
-    """A shipped head's folder for its name, else ``head`` itself."""
-    from .assistants import EAGLE, MEDUSA
-
-    shipped = {"eagle": EAGLE, "medusa": MEDUSA}
-    if head in shipped and not Path(head).exists():
-        if head != head_type:
-            raise UsageError(f"--format needs a {head_type} head, but {head!r} is the shipped {shipped[head].what}")
-        if not shipped[head].ships():
-            raise UsageError(f"the shipped {shipped[head].what} are missing from this install ({shipped[head].folder})")
-        return str(shipped[head].folder)
-    return head
+def _head_source(head: str, kinds: list[HeadKind], fmt: str) -> str:
+    """A shipped head's folder for its name, else ``head`` itself; ``kinds``: those written in ``fmt``."""
+    shipped = HEAD_KINDS.get(head)
+    if shipped is None or shipped.shipped is None or Path(head).exists():
+        return head
+    if shipped not in kinds:
+        raise UsageError(f"--format {fmt} writes {' or '.join(k.title for k in kinds)}s, but {head!r} is the shipped "
+                         f"{shipped.title}")  # fmt: skip
+    folder = shipped.shipped_dir()
+    if not (folder / "config.json").is_file():
+        raise UsageError(f"the shipped {shipped.title} is missing from this install ({folder})")
+    return str(folder)
 
 
 def _load_target(name: str | None):
@@ -93,15 +104,11 @@ def _load_target(name: str | None):
 
 
 def _load_head(args: argparse.Namespace):
-    """The head ``HEAD`` names, as the class that writes ``--format`` (speculators: an EAGLE head, else a DFlash
-    block drafter); a head none of them reads is a `UsageError` giving each one's reason."""
-    from .heads.dflash import DFlashHead
-    from .heads.eagle import EagleHead
-    from .heads.medusa import MedusaHeads
-
-    head_type = FORMATS[args.format]
-    source = _head_source(args.head, head_type)
-    classes = {"eagle": [EagleHead], "medusa": [MedusaHeads]}[head_type] + [DFlashHead] * (args.format == "speculators")
+    """The head ``HEAD`` names, as the class of a kind written in ``--format`` (speculators: an EAGLE head, else a
+    DFlash block drafter); a head none of them reads is a `UsageError` giving each one's reason."""
+    kinds = export_formats()[args.format]
+    source = _head_source(args.head, kinds, args.format)
+    classes = [kind.load("head") for kind in kinds]
     errors = []
     for head_class in classes:
         try:

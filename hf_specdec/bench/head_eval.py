@@ -20,7 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,10 +29,8 @@ import torch
 from ..assistants import SHIPPED_HEADS, saved_head_type
 from ..cli_args import non_negative_int, positive_int
 from ..generation.proposers.ngram import prompt_lookup_predictions
-from ..heads.dflash import DFlashHead
 from ..heads.eagle import EagleHead
-from ..heads.medusa import MedusaHeads
-from ..heads.mlp_speculator import MLPSpeculator
+from ..kinds import kind_of
 from ..training.dflash import dflash_block_hits
 from ..training.distillation_data import build_distillation_data
 from ..training.eagle import evaluate_eagle, unrolled_draft_logits
@@ -114,22 +113,53 @@ def sequence_categories(folder: str | Path) -> list[str]:
     return json.loads((Path(folder) / CATEGORIES_NAME).read_text(encoding="utf-8"))
 
 
+@dataclass(frozen=True)
+class HeadScorer:
+    """How ``hf-specdec eval-heads`` scores one head kind (its descriptor's `HeadKind.scorer`).
+
+    Attributes:
+        top1: ``(model, head, data, seq_ids [S]) -> [top-1 per draft position]`` (teacher-forced).
+        chain: ``(model, head, data, seq_ids [S]) -> (positions [P], accepted [P])``: the draft tokens a greedy chain
+            of the head's full depth gets right in a row at each answer position.
+        reads_layers: ``head -> bool``: the head reads feature layers besides the final state (its answers need them).
+    """
+
+    top1: Callable[..., list[float]]
+    chain: Callable[..., tuple]
+    reads_layers: Callable[[torch.nn.Module], bool]
+
+
+def _scorer(head: torch.nn.Module) -> HeadScorer:
+    kind = kind_of(getattr(head, "head_type", None))
+    scorer = None if kind is None else kind.load("scorer")
+    if scorer is None:
+        raise TypeError(f"no teacher-forced evaluation for {type(head).__name__}")
+    return scorer
+
+
 def head_top1(model, head: torch.nn.Module, data: DistillationData, seq_ids: torch.Tensor) -> list[float]:
     """Teacher-forced top-1 of ``head`` over the answers of sequences ``seq_ids`` `[S]`: one figure per draft
-    position (EAGLE: the first draft token; Medusa: per head; MLP speculator: per stage)."""
-    if isinstance(head, EagleHead):
-        return [evaluate_eagle(head, data, seq_ids, max_positions=10**9)["top1"]]
-    if isinstance(head, DFlashHead):
-        return [round(float(x), 4) for x in dflash_block_hits(head, data, seq_ids)[1].float().mean(0)]
-    positions = head_positions(data, seq_ids)  # [P]
-    if isinstance(head, MLPSpeculator):
-        return evaluate_mlp_speculator(head, data, positions)["top1_per_stage"]
-    if isinstance(head, MedusaHeads):
-        lm_head = model.get_output_embeddings()
-        weight = lm_head.weight.detach().float()  # [V, H]
-        bias = None if getattr(lm_head, "bias", None) is None else lm_head.bias.detach().float()
-        return evaluate_medusa(head, data, positions, weight, bias)["top1_per_head"]
-    raise TypeError(f"no teacher-forced evaluation for {type(head).__name__}")
+    position (EAGLE: the first draft token; Medusa: per head; MLP speculator: per stage; DFlash: per depth)."""
+    return _scorer(head).top1(model, head, data, seq_ids)
+
+
+def _eagle_top1(model, head, data: DistillationData, seq_ids: torch.Tensor) -> list[float]:
+    return [evaluate_eagle(head, data, seq_ids, max_positions=10**9)["top1"]]
+
+
+def _dflash_top1(model, head, data: DistillationData, seq_ids: torch.Tensor) -> list[float]:
+    return [round(float(x), 4) for x in dflash_block_hits(head, data, seq_ids)[1].float().mean(0)]
+
+
+def _mlp_speculator_top1(model, head, data: DistillationData, seq_ids: torch.Tensor) -> list[float]:
+    return evaluate_mlp_speculator(head, data, head_positions(data, seq_ids))["top1_per_stage"]
+
+
+def _medusa_top1(model, head, data: DistillationData, seq_ids: torch.Tensor) -> list[float]:
+    lm_head = model.get_output_embeddings()
+    weight = lm_head.weight.detach().float()  # [V, H]
+    bias = None if getattr(lm_head, "bias", None) is None else lm_head.bias.detach().float()
+    return evaluate_medusa(head, data, head_positions(data, seq_ids), weight, bias)["top1_per_head"]
 
 
 def draft_vocabulary_ids(head: torch.nn.Module) -> torch.Tensor | None:
@@ -190,18 +220,33 @@ def chain_accepted(model, head: torch.nn.Module, data: DistillationData, seq_ids
     """``(positions [P], accepted [P])``: per answer position, the draft tokens a greedy chain of the head's full
     depth gets right in a row (EAGLE: `EAGLE_CHAIN_DEPTH` steps; Medusa: every head; MLP speculator: every stage;
     DFlash: every depth of its block)."""
-    if isinstance(head, EagleHead):
-        return eagle_chain_accepted(head, data, seq_ids, EAGLE_CHAIN_DEPTH)
-    if isinstance(head, DFlashHead):
-        anchors, hits = dflash_block_hits(head, data, seq_ids)  # the anchor is t + 1 of answer position t
-        return anchors - 1, hits.long().cumprod(1).sum(1)
+    return _scorer(head).chain(model, head, data, seq_ids)
+
+
+def _eagle_chain(model, head, data: DistillationData, seq_ids: torch.Tensor) -> tuple:
+    return eagle_chain_accepted(head, data, seq_ids, EAGLE_CHAIN_DEPTH)
+
+
+def _dflash_chain(model, head, data: DistillationData, seq_ids: torch.Tensor) -> tuple:
+    anchors, hits = dflash_block_hits(head, data, seq_ids)  # the anchor is t + 1 of answer position t
+    return anchors - 1, hits.long().cumprod(1).sum(1)
+
+
+def _mlp_speculator_chain(model, head, data: DistillationData, seq_ids: torch.Tensor) -> tuple:
     positions = head_positions(data, seq_ids)  # [P]
-    if isinstance(head, MLPSpeculator):
-        return positions, tree_accepted_depths(head, data, positions, [1] * head.n_predict)
-    if isinstance(head, MedusaHeads):
-        match = guess_matches(head, data, positions, model.get_output_embeddings(), k=1)[..., 0]  # [P, D]
-        return positions, match.long().cumprod(1).sum(1)
-    raise TypeError(f"no chain evaluation for {type(head).__name__}")
+    return positions, tree_accepted_depths(head, data, positions, [1] * head.n_predict)
+
+
+def _medusa_chain(model, head, data: DistillationData, seq_ids: torch.Tensor) -> tuple:
+    positions = head_positions(data, seq_ids)  # [P]
+    match = guess_matches(head, data, positions, model.get_output_embeddings(), k=1)[..., 0]  # [P, D]
+    return positions, match.long().cumprod(1).sum(1)
+
+
+EAGLE_SCORER = HeadScorer(_eagle_top1, _eagle_chain, reads_layers=lambda head: head.version == 3)
+DFLASH_SCORER = HeadScorer(_dflash_top1, _dflash_chain, reads_layers=lambda head: True)
+MLP_SPECULATOR_SCORER = HeadScorer(_mlp_speculator_top1, _mlp_speculator_chain, reads_layers=lambda head: False)
+MEDUSA_SCORER = HeadScorer(_medusa_top1, _medusa_chain, reads_layers=lambda head: False)
 
 
 def copy_positions(data: DistillationData, positions: torch.Tensor) -> torch.Tensor:
@@ -293,7 +338,6 @@ def load_bench_answers(folder: str | Path) -> tuple[DistillationData, list[str]]
 
 
 # ---------------------------------------------------------------------------------------------------- command line
-HEAD_CLASSES = {name: shipped.head_class for name, shipped in SHIPPED_HEADS.items()}  # config.json's head_type -> class
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -329,10 +373,10 @@ def _heads(args: argparse.Namespace) -> dict[str, torch.nn.Module]:
         if not sep or not Path(folder, "config.json").is_file():
             raise UsageError(f"--head-dir {spec!r}: expected NAME=FOLDER with a saved head's config.json")
         head_type = saved_head_type(Path(folder))
-        cls = HEAD_CLASSES.get(head_type)
-        if cls is None:
+        kind = kind_of(head_type)
+        if kind is None or kind.scorer is None:
             raise UsageError(f"--head-dir {folder}: unknown head_type {head_type!r}")
-        heads[name] = cls.from_pretrained(folder, dtype=torch.float32).eval()
+        heads[name] = kind.load("head").from_pretrained(folder, dtype=torch.float32).eval()
     if not heads:
         raise UsageError("no head to evaluate")
     return heads
@@ -366,8 +410,7 @@ def _by_feature_layers(model, heads: Mapping[str, torch.nn.Module]) -> dict[tupl
     """The heads grouped by the aux layers their data must hold (``()``: the final states only)."""
     groups: dict[tuple[int, ...], dict] = {}
     for name, head in heads.items():
-        reads_layers = isinstance(head, DFlashHead) or (isinstance(head, EagleHead) and head.version == 3)
-        layers = head.bind(model).feature_layers if reads_layers else ()
+        layers = head.bind(model).feature_layers if _scorer(head).reads_layers(head) else ()
         groups.setdefault(tuple(layers), {})[name] = head
     return groups
 

@@ -2,7 +2,7 @@
 
     vanilla           model.generate(ids)                                      the baseline
     NAME              model.generate(ids, assistant=load_default_assistant(NAME))   for each NAME in
-                      hf_specdec.assistants.available_assistants() (ngram+medusa, ngram, medusa, ...)
+                      hf_specdec.assistants.available_assistants() (ngram+eagle, suffix+eagle, ...)
     draft             model.generate(ids, assistant=draft_model)             hf_specdec DraftModelAssistant
     null              model.generate(ids, assistant=NullAssistant())         the loop's own overhead: drafts nothing
     hf-prompt-lookup  model.generate(ids, prompt_lookup_num_tokens=10)       transformers' prompt lookup decoding

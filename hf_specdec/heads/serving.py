@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import json
 
+from ..kinds import kind_of
+
 # the EAGLE proposer's defaults (generation/proposers/eagle.py; a test checks they match), stated in the card when the
 # head carries no tree of its own
 _EAGLE_TREE_DEFAULTS = {"top_k": 6, "depth": 5, "num_nodes": 24}
 
 
 def serving_sections(head, fmt: str, where: str) -> list[str]:
-    """Markdown sections for the model card of ``head`` saved in ``fmt`` at ``where`` (a repo id or folder)."""
-    base = head.base_model_name_or_path or "<base model>"
-    if head.head_type == "eagle":
-        return _eagle_sections(head, fmt, where, base)
-    if head.head_type == "medusa":
-        return _medusa_sections(head, fmt, where, base)
-    if head.head_type == "dflash":
-        return _dflash_sections(head, fmt, where)
-    return []
+    """Markdown sections for the model card of ``head`` saved in ``fmt`` at ``where`` (a repo id or folder): its
+    kind's (`HeadKind.serving`), none for a kind without them."""
+    kind = kind_of(head.head_type)
+    sections = None if kind is None else kind.load("serving")
+    return [] if sections is None else sections(head, fmt, where)
 
 
 def _export_hint(where: str, formats: list[str]) -> str:
@@ -39,7 +37,13 @@ def _spec_config(method: str, model: str, tokens: int) -> str:
     return json.dumps({"method": method, "model": model, "num_speculative_tokens": tokens})
 
 
-def _eagle_sections(head, fmt: str, where: str, base: str) -> list[str]:
+def _base(head) -> str:
+    return head.base_model_name_or_path or "<base model>"
+
+
+def eagle_sections(head, fmt: str, where: str) -> list[str]:
+    """An EAGLE head's card sections: vLLM (speculators, eagle layouts) and SGLang (eagle layout)."""
+    base = _base(head)
     if fmt == "hf-specdec":
         return [_export_hint(where, ["speculators", "eagle"] if head.version == 3 else ["eagle"])]
     tree = {**_EAGLE_TREE_DEFAULTS, **{k: v for k, v in head.tree.items() if v is not None}}
@@ -102,7 +106,9 @@ def _sglang_section(head, fmt: str, where: str, base: str, tree: dict) -> str:
     )
 
 
-def _medusa_sections(head, fmt: str, where: str, base: str) -> list[str]:
+def medusa_sections(head, fmt: str, where: str) -> list[str]:
+    """Medusa heads' card sections: vLLM's Medusa layout; SGLang has no Medusa drafter."""
+    base = _base(head)
     if fmt == "hf-specdec":
         return [_export_hint(where, ["medusa"])]
     lm = (
@@ -127,7 +133,8 @@ def _medusa_sections(head, fmt: str, where: str, base: str) -> list[str]:
     ]
 
 
-def _dflash_sections(head, fmt: str, where: str) -> list[str]:
+def dflash_sections(head, fmt: str, where: str) -> list[str]:
+    """A DFlash head's card sections: vLLM reads the speculators layout."""
     if fmt == "hf-specdec":
         return [_export_hint(where, ["speculators"])]
     return [
@@ -138,4 +145,4 @@ def _dflash_sections(head, fmt: str, where: str) -> list[str]:
     ]
 
 
-__all__ = ["serving_sections"]
+__all__ = ["dflash_sections", "eagle_sections", "medusa_sections", "serving_sections"]

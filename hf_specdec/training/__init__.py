@@ -9,8 +9,9 @@ built from it (`chat_template`, `template_prompts`, `task_prompts`), the target 
 training). Then the trainers: `run` holds what every trainer shares (held-out split, schedule, checkpoints and resume,
 the step loop), `step_inputs` what a step reads from stored or online data alike, `medusa` trains Medusa-1 heads with the base model frozen, `medusa_tree` picks their static tree from held-out
 acceptance and `step_cost` (what a step with an n-node tree costs on this machine). Every trainer's command line
-(``hf-specdec train <kind>``) has one shape, `trainer_cli`'s: each kind registers a `TrainerCommand` next to its trainer
-(`medusa_cli`, `mlp_speculator`, `eagle_cli` for eagle and dflash), collected in `TRAINER_COMMANDS`.
+(``hf-specdec train <kind>``) has one shape, `trainer_cli`'s: each kind defines a `TrainerCommand` next to its trainer
+(`medusa_cli`, `mlp_speculator`, `eagle_cli` for eagle and dflash), which its `TrainerKind` (`head_kinds`: the trainer
+interface) names; `trainer_commands` lists them in the kinds' order.
 
     from hf_specdec.training import build_default_data, train_medusa, MedusaTrainingConfig
 """
@@ -18,10 +19,9 @@ acceptance and `step_cost` (what a step with an n-node tree costs on this machin
 from .benchmark_questions import find_questions_file, read_questions, spec_bench_overlap
 from .default_data import CONTEXT_STAGE_DIR, build_default_data
 from .distillation_data import build_distillation_data
-from .eagle_cli import DFLASH_COMMAND, EAGLE_COMMAND
+from .head_kinds import TrainerKind, trainer_kinds
 from .labels import head_positions
 from .medusa import MedusaTrainingConfig, evaluate_medusa, medusa_loss, train_medusa
-from .medusa_cli import MEDUSA_COMMAND
 from .medusa_tree import (
     TreeTuning,
     acceptance_table,
@@ -31,7 +31,6 @@ from .medusa_tree import (
     tune_and_save_tree,
     tune_tree,
 )
-from .mlp_speculator import MLP_SPECULATOR_COMMAND
 from .online_states import OnlineTeacherForcing
 from .run import (
     HeldOutSplit,
@@ -46,12 +45,17 @@ from .step_cost import cpu_timer, random_tree_mask, step_cost_curve, verify_cost
 from .template_prompts import make_context_prompts, make_prompts, prompt_recipe
 from .trainer_cli import TrainerCommand, add_trainer_arguments
 
-# every head kind's ``hf-specdec train`` command, in the order ``hf-specdec train --help`` lists them
-TRAINER_COMMANDS: tuple[TrainerCommand, ...] = (MEDUSA_COMMAND, MLP_SPECULATOR_COMMAND, EAGLE_COMMAND, DFLASH_COMMAND)
+
+def trainer_commands() -> list[TrainerCommand]:
+    """Every trained head kind's ``hf-specdec train`` command, in the kinds' order (`hf_specdec.kinds.HEAD_KINDS`)."""
+    return [kind.command() for kind in trainer_kinds().values()]
+
 
 __all__ = [
-    "TRAINER_COMMANDS",
     "TrainerCommand",
+    "TrainerKind",
+    "trainer_commands",
+    "trainer_kinds",
     "add_trainer_arguments",
     "CONTEXT_STAGE_DIR",
     "DistillationData",

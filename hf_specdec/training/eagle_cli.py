@@ -26,7 +26,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..models import SHIPPED_HEAD_DIRS
+from ..kinds import HEAD_KINDS
 from .data_arguments import SOURCES, add_data_source_arguments, resolve_data
 from .trainer_cli import (
     TrainerCommand,
@@ -89,7 +89,10 @@ def _add_task_data_arguments(parser: argparse.ArgumentParser) -> None:
     add_data_source_arguments(parser)
 
 
-_HEAD_CLASS = {"eagle": "EagleHead", "dflash": "DFlashHead"}  # what --init-head of each command loads
+def _head_class_name(kind: str) -> str:
+    """The name of the class ``--init-head`` of command ``kind`` loads (``EagleHead``), from its descriptor."""
+    return HEAD_KINDS[kind].head.rpartition(":")[2]
+
 
 
 def _add_init_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
@@ -99,7 +102,7 @@ def _add_init_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
         "--init-head",
         default=None,
         metavar="FOLDER|shipped",
-        help=f"fine-tune this head (a saved {_HEAD_CLASS[kind]} folder, or 'shipped': the package's head for the "
+        help=f"fine-tune this head (a saved {_head_class_name(kind)} folder, or 'shipped': the package's head for the "
         "default model) instead of starting from a fresh one; its shape and draft vocabulary are kept",
     )
     parser.add_argument(
@@ -321,14 +324,14 @@ def check_train_dflash_arguments(args: argparse.Namespace) -> None:
 
 def _check_online_and_init(args: argparse.Namespace, kind: str) -> None:
     """The checks ``train eagle`` and ``train dflash`` share (`check_online_argument`, ``--init-head`` and
-    ``--init-layer``), for head ``kind`` (a key of `SHIPPED_HEAD_DIRS`)."""
+    ``--init-layer``), for head ``kind`` (a key of `hf_specdec.kinds.HEAD_KINDS`)."""
     check_online_argument(args)
     if args.init_layer is not None and args.init_head is not None:
         raise UsageError("--init-layer starts a fresh head's layer as a target layer: it takes no --init-head")
     if args.init_head == "shipped":
-        args.init_head = str(SHIPPED_HEAD_DIRS[kind])
+        args.init_head = str(HEAD_KINDS[kind].shipped_dir())
     elif args.init_head is not None and not (Path(args.init_head) / "config.json").is_file():
-        raise UsageError(f"--init-head {args.init_head}: no saved {_HEAD_CLASS[kind]} there (config.json); pass one "
+        raise UsageError(f"--init-head {args.init_head}: no saved {_head_class_name(kind)} there (config.json); pass one "
                          "or 'shipped'")  # fmt: skip
 
 
@@ -339,12 +342,10 @@ def _init_head(folder: str | None, kind: str):
         return None
     import torch
 
-    from .head_kinds import HEAD_KINDS
-
     if not (Path(folder) / "config.json").is_file():
-        raise ValueError(f"--init-head {folder}: no saved {_HEAD_CLASS[kind]} there (config.json); pass a head "
+        raise ValueError(f"--init-head {folder}: no saved {_head_class_name(kind)} there (config.json); pass a head "
                          "folder or 'shipped'")  # fmt: skip
-    return HEAD_KINDS[kind].head_class().from_pretrained(folder, dtype=torch.float32)
+    return HEAD_KINDS[kind].load("head").from_pretrained(folder, dtype=torch.float32)
 
 
 EAGLE_COMMAND = TrainerCommand(

@@ -1,12 +1,11 @@
-"""The head kinds the trainers know, in one table.
+"""The trainer interface: one `TrainerKind` per trained head kind, what differs between the kinds' trainers behind one
+signature each: the head class and the trainer's config class, whether a loaded head is bound to its target, the
+target layers a fresh head reads, the trainer (`Train`), the held-out scorer (`HeldOut`) and the ``hf-specdec train``
+command (`TrainerCommand`). A kind's descriptor (`hf_specdec.kinds.HeadKind.trainer`) names its `TrainerKind`;
+`trainer_kinds` collects them for callers that loop over every kind (the GPU recipe, ``hf-specdec train``). The
+module imports the classes and trainers only when a callable runs, so the objects are cheap.
 
-`HEAD_KINDS` maps each kind's name (``eagle``, ``medusa``, ``mlp_speculator``, ``dflash``) to a `HeadKind`: what
-differs between kinds, each behind one signature: its head class and its trainer's config class, whether a loaded head
-is bound to its target, the target layers a fresh head reads, its trainer (`Train`) and its held-out scorer
-(`HeldOut`). A caller (the GPU recipe, `gpu_recipe`) looks a kind up instead of branching on its name, so a new kind is
-one entry here. The module imports the classes and trainers only when a callable runs, so the table is cheap.
-
-    kind = HEAD_KINDS["medusa"]
+    kind = trainer_kinds()["medusa"]
     head, report = kind.train(model, data, "out/run", kind.config_class()(max_steps=100), False, "cpu", None)
     head.save_pretrained("out/medusa")
     scores = kind.held_out(kind.load("out/medusa", model), held, model, "cpu", 4096)  # {"held_out_top1": ...}
@@ -22,9 +21,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..kinds import HEAD_KINDS
 from .labels import head_positions
 from .run import RunConfig
 from .shards import DistillationData
+from .trainer_cli import TrainerCommand
 
 # (model, data, run_dir, trainer config, resume, device, init_head) -> (head on the CPU, training report): one trainer
 # call, no progress bar; ``init_head`` (or None: a fresh head) is a head of the same kind to fine-tune
@@ -37,11 +38,11 @@ HeldOut = Callable[[nn.Module, DistillationData, nn.Module, str, int], dict]
 
 
 @dataclass(frozen=True)
-class HeadKind:
-    """One head kind: what the trainers' callers need of it.
+class TrainerKind:
+    """One trained head kind: what the trainers' callers need of it.
 
     Attributes:
-        name: the kind's key in `HEAD_KINDS` (and in `hf_specdec.models.SHIPPED_HEAD_DIRS`).
+        name: the kind's name (`hf_specdec.kinds.HEAD_KINDS`).
         head_class: ``() -> class``: the head's class (``from_pretrained``, ``save_pretrained``, ``for_model``).
         config_class: ``() -> class``: its trainer's config (a `RunConfig`).
         binds: a loaded head is ``.bind(model)``-ed to its target before it drafts or is scored (EAGLE, DFlash).
@@ -50,6 +51,7 @@ class HeadKind:
             MLP speculator, which read the final state only.
         train: `Train`, the kind's trainer behind one signature.
         held_out: `HeldOut`, the kind's held-out scorer behind one signature.
+        command: ``() -> TrainerCommand``: the kind's ``hf-specdec train <name>`` command.
     """
 
     name: str
@@ -59,6 +61,7 @@ class HeadKind:
     feature_layers: Callable[[nn.Module], tuple[int, ...]]
     train: Train
     held_out: HeldOut
+    command: Callable[[], TrainerCommand]
 
     def load(self, folder: str | os.PathLike, model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
         """The head saved in ``folder``, loaded with ``from_pretrained`` in ``dtype``, bound to ``model`` where the
@@ -229,16 +232,48 @@ def _held_out_mlp_speculator(head, held, model, device, max_positions) -> dict:
     return {"held_out_top1": scores["top1_per_stage"], "held_out_positions": int(pos.numel())}
 
 
-# ---------------------------------------------------------------------------------------------------- the table
-HEAD_KINDS: dict[str, HeadKind] = {
-    kind.name: kind
-    for kind in (
-        HeadKind("eagle", _eagle_class, _eagle_config, True, _eagle3_layers, _train_eagle, _held_out_eagle),
-        HeadKind("medusa", _medusa_class, _medusa_config, False, _no_feature_layers, _train_medusa, _held_out_medusa),
-        HeadKind("mlp_speculator", _mlp_speculator_class, _mlp_speculator_config, False, _no_feature_layers,
-                 _train_mlp_speculator, _held_out_mlp_speculator),
-        HeadKind("dflash", _dflash_class, _dflash_config, True, _dflash_layers, _train_dflash, _held_out_dflash),
-    )
-}  # fmt: skip
+# ---------------------------------------------------------------------------------------------------- commands
+def _eagle_command() -> TrainerCommand:
+    from .eagle_cli import EAGLE_COMMAND
 
-__all__ = ["HEAD_KINDS", "HeadKind", "HeldOut", "Train"]
+    return EAGLE_COMMAND
+
+
+def _dflash_command() -> TrainerCommand:
+    from .eagle_cli import DFLASH_COMMAND
+
+    return DFLASH_COMMAND
+
+
+def _medusa_command() -> TrainerCommand:
+    from .medusa_cli import MEDUSA_COMMAND
+
+    return MEDUSA_COMMAND
+
+
+def _mlp_speculator_command() -> TrainerCommand:
+    from .mlp_speculator import MLP_SPECULATOR_COMMAND
+
+    return MLP_SPECULATOR_COMMAND
+
+
+# ---------------------------------------------------------------------------------------------------- the kinds
+EAGLE_TRAINER = TrainerKind("eagle", _eagle_class, _eagle_config, True, _eagle3_layers, _train_eagle, _held_out_eagle,
+                            _eagle_command)  # fmt: skip
+MEDUSA_TRAINER = TrainerKind("medusa", _medusa_class, _medusa_config, False, _no_feature_layers, _train_medusa,
+                             _held_out_medusa, _medusa_command)  # fmt: skip
+MLP_SPECULATOR_TRAINER = TrainerKind("mlp_speculator", _mlp_speculator_class, _mlp_speculator_config, False,
+                                     _no_feature_layers, _train_mlp_speculator, _held_out_mlp_speculator,
+                                     _mlp_speculator_command)  # fmt: skip
+DFLASH_TRAINER = TrainerKind("dflash", _dflash_class, _dflash_config, True, _dflash_layers, _train_dflash,
+                             _held_out_dflash, _dflash_command)  # fmt: skip
+
+
+def trainer_kinds() -> dict[str, TrainerKind]:
+    """``{name: TrainerKind}`` of every kind whose descriptor names a trainer, in `hf_specdec.kinds.HEAD_KINDS`
+    order."""
+    return {kind.name: kind.load("trainer") for kind in HEAD_KINDS.values() if kind.trainer is not None}
+
+
+__all__ = ["DFLASH_TRAINER", "EAGLE_TRAINER", "HeldOut", "MEDUSA_TRAINER", "MLP_SPECULATOR_TRAINER", "Train",
+           "TrainerKind", "trainer_kinds"]  # fmt: skip

@@ -4,7 +4,7 @@ Each kind (medusa, mlp-speculator, eagle, dflash) describes its command once, ne
 `TrainerCommand`: its name and help, a function adding its own options, an optional check of their values and its
 main. `add_trainer_arguments` (the one builder) declares the options every trainer shares (`SHARED_OPTIONS`: same
 names, types, defaults and help for every kind), then the kind's own; ``hf_specdec.cli`` builds ``hf-specdec train``
-by looping over `hf_specdec.training.TRAINER_COMMANDS` and checks the shared values (folders, model, device) before
+by looping over `hf_specdec.training.trainer_commands()` and checks the shared values (folders, model, device) before
 the kind's check and main run.
 
     MEDUSA_COMMAND = TrainerCommand("medusa", "Medusa-1 heads by self-distillation", add_arguments, main)

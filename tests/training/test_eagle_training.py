@@ -119,7 +119,7 @@ def test_init_head_shipped_names_the_packaged_head(monkeypatch):
     seen = {}
     trainer = eagle_cli.EAGLE_COMMAND
     stand_in = dataclasses.replace(trainer, main=lambda args: seen.setdefault("init", args.init_head) and 0)
-    monkeypatch.setattr("hf_specdec.cli.TRAINER_COMMANDS", (stand_in,))  # `train eagle` runs the stand-in
+    monkeypatch.setattr("hf_specdec.cli.trainer_commands", lambda: [stand_in])  # `train eagle` runs the stand-in
     assert main(["train", "eagle", "--out", "x", "--init-head", "shipped"]) == 0
     assert seen["init"] == str(EAGLE.folder)
     head = eagle_cli._init_head(seen["init"], "eagle")

@@ -1,4 +1,4 @@
-"""The table of head kinds (`hf_specdec.training.head_kinds`): every kind trains a head of its class through the one
+"""The trainer interface (`hf_specdec.training.head_kinds`, one `TrainerKind` per kind its descriptor names): every kind trains a head of its class through the one
 `train` signature on a tiny target, starts from ``init_head``, round-trips save / load (bound
 to the target exactly where the kind binds), and scores held-out data with the keys the GPU recipe records; the
 recipe has its settings for every kind."""
@@ -11,11 +11,13 @@ import pytest
 import torch
 from test_gpu_recipe import tiny, tiny_config  # noqa: F401  (tiny is a fixture)
 
+from hf_specdec.kinds import HEAD_KINDS as DESCRIPTORS
 from hf_specdec.training.distillation_data import build_distillation_data
-from hf_specdec.training.head_kinds import HEAD_KINDS
+from hf_specdec.training.head_kinds import trainer_kinds
 from hf_specdec.training.shards import load_distillation_data
 from tools import gpu_recipe
 
+HEAD_KINDS = trainer_kinds()
 # what `gpu_recipe.held_out_scores` records per kind (gpu_recipe.json, test_gpu_recipe.py read them)
 HELD_OUT_KEYS = {
     "eagle": {"held_out_top1", "held_out_top4", "held_out_positions"},
@@ -47,6 +49,8 @@ def _same_weights(a: torch.nn.Module, b: torch.nn.Module, atol: float = 0.0) -> 
 def test_the_table_and_the_recipe_cover_the_same_kinds(tiny):  # noqa: F811
     model, _ = tiny
     assert set(HEAD_KINDS) == set(gpu_recipe.RECIPE_HEADS) == set(HELD_OUT_KEYS)
+    assert set(HEAD_KINDS) == {name for name, kind in DESCRIPTORS.items() if kind.trainer is not None}
+    assert all(kind.command().name.replace("-", "_") == name for name, kind in HEAD_KINDS.items())
     assert all(kind.name == name for name, kind in HEAD_KINDS.items())
     assert {name for name, kind in HEAD_KINDS.items() if kind.binds} == {"eagle", "dflash"}
     assert {name for name, kind in HEAD_KINDS.items() if kind.feature_layers(model)} == {"eagle", "dflash"}

@@ -1,3 +1,8 @@
+import dataclasses
+import json
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -32,10 +37,22 @@ def test_default_medusa_assistant_is_the_shipped_heads_with_their_tuned_costs():
     assert isinstance(heads, MedusaHeads)
 
 
+def _headline_overall() -> dict[str, float]:
+    """Each method's overall speedup in the record the README's headline table is rendered from."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    record = re.search(r"<!-- results:begin headline (\S+\.json) -->", readme).group(1)
+    summary = json.loads((Path(__file__).parents[2] / record).read_text(encoding="utf-8"))["summary"]
+    return {row["method"]: row["speedup"] for row in summary if row["category"] == "overall"}
+
+
 def test_registry_lists_the_shipped_assistants_best_first():
     names = available_assistants()
-    # measured on the Spec-Bench sample (docs/lab/changelog.md): ngram+medusa 1.44x > ngram 1.35x > medusa 1.06x
-    assert names[:3] == ["ngram+medusa", "ngram", "medusa"]
+    overall = _headline_overall()
+    measured = [name for name in names if name in overall]
+    assert len(measured) >= 8, f"the headline record measures few of the ready-made assistants: {measured}"
+    # best first as the headline measures them, up to ties within 0.02x
+    for better, worse in zip(measured, measured[1:]):
+        assert overall[better] >= overall[worse] - 0.02, (better, overall[better], worse, overall[worse])
     assert DEFAULT_ASSISTANT in names
     assert "Medusa" in describe_assistant("medusa") and "NgramAssistant" in describe_assistant("ngram")
     assert isinstance(hf_specdec.load_default_assistant(), hf_specdec.NgramAssistant)
@@ -43,7 +60,7 @@ def test_registry_lists_the_shipped_assistants_best_first():
 
 def test_unknown_assistant_is_a_clear_error_listing_the_names():
     for call in (hf_specdec.load_default_assistant, describe_assistant):
-        with pytest.raises(ValueError, match=r"unknown assistant 'beam'; .*ngram\+medusa, ngram, medusa"):
+        with pytest.raises(ValueError, match=r"unknown assistant 'beam'; .*ngram\+eagle, suffix\+eagle, "):
             call("beam")
 
 
@@ -158,5 +175,6 @@ def test_a_registration_with_heads_is_listed_only_while_those_heads_ship(registr
 
     registry.register_default_assistant("test-on-eagle", NgramAssistant, description="x", heads=("eagle",))
     assert "test-on-eagle" in registry.available_assistants()
-    monkeypatch.setitem(SHIPPED_HEADS, "eagle", ShippedHead(EAGLE.what, tmp_path / "missing", EAGLE.head_class))
+    moved = dataclasses.replace(EAGLE.kind, shipped=str(tmp_path / "missing"))  # an absolute path: not under assets
+    monkeypatch.setitem(SHIPPED_HEADS, "eagle", ShippedHead(moved))
     assert "test-on-eagle" not in registry.available_assistants()

@@ -12,7 +12,9 @@ ROOT = Path(hf_specdec.__file__).parent
 
 # lowest first; a module may import from its own layer and the layers before it
 LAYERS = [
-    ("version", ["version"]),  # version.py: the package version, readable from every layer
+    # version.py: the package version; kinds.py: the head kinds' descriptors (data: import paths, imports nothing of
+    # the package); both readable from every layer
+    ("version", ["version", "kinds"]),
     ("kernels", ["kernels"]),
     ("cache", ["cache"]),
     ("attention", ["attention"]),
@@ -289,3 +291,34 @@ def test_no_private_transformers_attribute_is_read():
             if isinstance(node, ast.Attribute) and node.attr in ("_global_mapping", "_local_mapping"):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
     assert not found, found
+
+
+def test_every_head_kind_field_names_a_module_its_reader_may_import():
+    """A descriptor's import paths are imports made at run time: each field (`hf_specdec.kinds.PATH_FIELDS`) is read
+    by one layer, so the module it names sits in that layer or below, and it exists."""
+    from hf_specdec.kinds import HEAD_KINDS, PATH_FIELDS
+
+    modules = _modules()
+    for kind in HEAD_KINDS.values():
+        for piece, reader in PATH_FIELDS.items():
+            path = getattr(kind, piece)
+            if path is None:
+                continue
+            module = path.partition(":")[0]
+            assert module in modules, f"{kind.name}.{piece}: {module} is no module of the package"
+            assert _layer(module) <= LAYER_OF[reader], f"{kind.name}.{piece}: {module} is above the {reader} layer"
+            assert kind.load(piece) is not None, f"{kind.name}.{piece}: {path} names None"  # AttributeError if absent
+
+
+def test_a_head_kind_that_fails_to_import_says_so():
+    """A head module that fails to import is reported as that failure, naming the kind, not as "does not know how to
+    draft with"."""
+    import dataclasses
+
+    import pytest
+
+    from hf_specdec.kinds import HEAD_KINDS
+
+    broken = dataclasses.replace(HEAD_KINDS["eagle"], resolver="hf_specdec.heads.no_such_module:eagle_assistant_for")
+    with pytest.raises(ImportError, match=r"'eagle' head kind's resolver .*no_such_module"):
+        broken.load("resolver")

@@ -1,6 +1,6 @@
 """Every ``hf-specdec train <kind>`` has one shape (`hf_specdec.training.trainer_cli`): the options every trainer
 shares read the same on every kind (flags, dest, default, type, help), the kind adds only its own, and ``hf-specdec
-train`` lists exactly the registered commands. A fifth kind registered in `TRAINER_COMMANDS` is held to the same."""
+train`` lists exactly the registered commands. A fifth kind whose descriptor names a trainer is held to the same."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import pytest
 
 from hf_specdec.cli import build_parser, main
-from hf_specdec.training import TRAINER_COMMANDS
+from hf_specdec.training import trainer_commands
 from hf_specdec.training.trainer_cli import SHARED_OPTIONS, TrainerCommand, UsageError, add_trainer_arguments
 
 SHARED_FLAGS = [flags[0] for flags in SHARED_OPTIONS]
@@ -34,8 +34,8 @@ def _shape(action: argparse.Action) -> tuple:
 
 def test_train_lists_the_registered_commands_with_their_help():
     parsers = _train_parsers()
-    assert list(parsers) == [c.name for c in TRAINER_COMMANDS] == ["medusa", "mlp-speculator", "eagle", "dflash"]
-    for command in TRAINER_COMMANDS:
+    assert list(parsers) == [c.name for c in trainer_commands()] == ["eagle", "medusa", "mlp-speculator", "dflash"]
+    for command in trainer_commands():
         assert isinstance(command, TrainerCommand)
         assert parsers[command.name].description == command.description
         assert parsers[command.name].get_default("trainer") is command
@@ -52,7 +52,7 @@ def test_no_kind_redeclares_a_shared_option():
     """A kind's ``add_arguments`` adds only its own options (argparse refuses a flag declared twice; this also catches
     one spelled as an alias of a shared option)."""
     shared = {flag for flags in SHARED_OPTIONS for flag in flags}
-    for command in TRAINER_COMMANDS:
+    for command in trainer_commands():
         own = argparse.ArgumentParser()
         command.add_arguments(own)
         assert not shared & {s for a in own._actions for s in a.option_strings}, command.name

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+from ...kinds import HEAD_KINDS
 from .base import Proposer, ProposerSetup, RowState
 from .ngram import NgramAssistant as NgramAssistant
 
-# (module, function) pairs tried in order; each `<method>_assistant_for(obj, target)` returns the ready assistant (a
-# Proposer) when ``obj`` is that method's object (a draft model, heads, a speculator), else None.
+# (module, function) pairs tried after the head kinds' resolvers (`hf_specdec.kinds.HEAD_KINDS`), then the functions
+# given to `register_assistant_resolver`; each `<method>_assistant_for(obj, target)` returns the ready assistant (a
+# Proposer) when ``obj`` is that method's object (a draft model, ...), else None.
 # Listed by path so that importing hf_specdec does not import every head type.
 _RESOLVERS: list[tuple[str, str] | Callable] = [
     ("hf_specdec.generation.proposers.draft_model", "draft_model_assistant_for"),
-    ("hf_specdec.generation.proposers.medusa", "medusa_assistant_for"),
-    ("hf_specdec.generation.proposers.mlp_speculator", "mlp_speculator_assistant_for"),
-    ("hf_specdec.generation.proposers.eagle", "eagle_assistant_for"),
-    ("hf_specdec.generation.proposers.dflash", "dflash_assistant_for"),
+    ("hf_specdec.generation.proposers.mtp", "mtp_assistant_for"),
 ]
 
 
@@ -50,6 +49,15 @@ def _not_an_assistant(obj) -> str:
             f"with {hint} (names: {known}); or pass {usual}.")  # fmt: skip
 
 
+def _resolvers() -> Iterator[Callable]:
+    """Every resolver, in the order they are tried: the head kinds', the built-in ones, the registered ones. A module
+    that fails to import raises that ImportError (naming the kind), not "does not know how to draft with"."""
+    for kind in HEAD_KINDS.values():
+        yield kind.load("resolver")
+    for entry in _RESOLVERS:
+        yield getattr(importlib.import_module(entry[0]), entry[1]) if isinstance(entry, tuple) else entry
+
+
 def as_proposer(obj, target) -> Proposer:
     """Turn whatever the user passed as ``assistant=`` into the `Proposer` that drafts for ``target``.
 
@@ -64,14 +72,7 @@ def as_proposer(obj, target) -> Proposer:
         return obj
     if isinstance(obj, type):
         raise TypeError(f"assistant= got the class {obj.__name__}; pass an instance, e.g. {obj.__name__}()")
-    for entry in _RESOLVERS:
-        if isinstance(entry, tuple):
-            try:
-                fn = getattr(importlib.import_module(entry[0]), entry[1])
-            except (ImportError, AttributeError):
-                continue
-        else:
-            fn = entry
+    for fn in _resolvers():
         proposer = fn(obj, target)
         if proposer is not None:
             return proposer

@@ -40,16 +40,15 @@ from collections.abc import Mapping
 
 import torch
 
+from ...kinds import HEAD_KINDS
 from ..hub import CONFIG_NAME, HeadSource
 from .common import rename_prefixes
 from .eagle import ExpectedShapes, check_eagle_tensors, read_eagle_weights
 
 # the library release whose layout `speculators_config` writes (the field the library itself fills on save)
 SPECULATORS_VERSION = "0.9.0"
-READ_KINDS = ("eagle3", "eagle")
+READ_KINDS = ("eagle3", "eagle")  # the kinds `speculators_eagle_init` reads
 WRITE_KINDS = ("eagle3",)
-# kinds another head class reads: kind -> that class
-OTHER_HEAD_KINDS = {"dflash": "DFlashHead (hf_specdec.heads.dflash)"}
 REFUSED_KINDS = {
     "peagle": "P-EAGLE drafts several positions at once from a learnt mask state (mask_hidden); hf-specdec has no "
     "parallel-drafting proposer",
@@ -64,6 +63,16 @@ REFUSED_KINDS = {
 EAGLE3_OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
+def reading_class(kind: str | None) -> str | None:
+    """The head class that reads speculators checkpoints of ``kind`` (``"DFlashHead (hf_specdec.heads.dflash)"``), as
+    the head kinds' descriptors say (`HeadKind.speculators_kinds`), or None."""
+    for head_kind in HEAD_KINDS.values():
+        if kind in head_kind.speculators_kinds:
+            module, _, name = head_kind.head.partition(":")
+            return f"{name} ({module})"
+    return None
+
+
 def is_speculators_config(config: Mapping | None) -> bool:
     """Whether a parsed ``config.json`` is in the speculators format."""
     return isinstance(config, Mapping) and "speculators_model_type" in config
@@ -75,9 +84,9 @@ def speculators_eagle_init(config: Mapping, where: str) -> tuple[dict, str]:
     refused by name. ``has_embed_tokens`` is ``"checkpoint"`` (the weights decide) or None (the stored embeddings
     are the target's, written by hf-specdec's export, and are dropped)."""
     kind = config.get("speculators_model_type")
-    if kind in OTHER_HEAD_KINDS:
+    if kind not in READ_KINDS and reading_class(kind) is not None:
         raise ValueError(f"EagleHead: {where} is a speculators {kind!r} checkpoint: load it with "
-                         f"{OTHER_HEAD_KINDS[kind]}")  # fmt: skip
+                         f"{reading_class(kind)}")  # fmt: skip
     if kind in REFUSED_KINDS:
         raise ValueError(f"EagleHead: {where} is a speculators {kind!r} checkpoint, which hf-specdec cannot run: "
                          f"{REFUSED_KINDS[kind]}. It reads the kinds {list(READ_KINDS)}")  # fmt: skip
@@ -232,7 +241,8 @@ def speculators_dflash_init(config: Mapping, where: str) -> dict:
     by name."""
     kind = config.get("speculators_model_type")
     if kind != "dflash":
-        hint = "load it with EagleHead" if kind in READ_KINDS else REFUSED_KINDS.get(kind, "an unknown kind")
+        reader = reading_class(kind)
+        hint = f"load it with {reader}" if reader else REFUSED_KINDS.get(kind, "an unknown kind")
         raise ValueError(f"DFlashHead: {where} is a speculators {kind!r} checkpoint, not 'dflash' ({hint})")
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, Mapping):
@@ -310,7 +320,7 @@ def speculators_eagle3_tensors(
 
 __all__ = [
     "EAGLE3_OPTIONS",
-    "OTHER_HEAD_KINDS",
+    "reading_class",
     "READ_KINDS",
     "REFUSED_KINDS",
     "SPECULATORS_VERSION",
