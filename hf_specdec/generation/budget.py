@@ -36,6 +36,19 @@ never scores below its child). The budgeter
    A level the budget cut is a *ceiling*: the row is not asked for it again (nor for anything deeper) for
    ``depth_retry_every`` steps, then once more; without it the row would draft, every step, the one level past its cut
    that the budget keeps cutting (an EAGLE head pass that never paid: a 5% of a step on the 2-core CPU).
+7. plans the depth of a proposer that pays per level and says so (`plan_proposing`: a draft model, whose every level
+   is a forward of its layers and of its lm_head over the whole vocabulary). It reports each step's proposing
+   seconds per level (`record_proposing`), kept in plain decoding steps of the target (`ProposingCost`: the median
+   of recent samples), beside the conditional acceptance per depth of its verified nodes. Before proposing, every
+   row is capped at the chain depth with the best predicted rate ``B (1 + sum of path acceptances) / (t_verify(B (1
+   + d)) + t_other + d * level cost)``; depth 0, a plain step that runs no draft forward, unless a depth beats it
+   by ``margin``. Until a level was measured the rows draft one level per step (the first steps of the first call;
+   a backlog the draft fed, its prompt or tokens it skipped, is no sample). While drafting is off the rows probe
+   at depth 1 (the best node verified) after 16 steps, then after twice the last interval and at least after the
+   probe's own cost over 2% of the time (a catch-up after a long pause costs more), at most every 512 steps; the
+   cost, the acceptance and this schedule carry over calls and processes (the cost cache), so a later call of a
+   draft that does not pay runs no draft forward from its first step. A sample a fifth cheaper than the
+   median replaces the older samples: a draft that became cheap comes back at the next step.
 
 Which nodes survive depends only on the scores and on earlier steps, never on the target's answer to this step, so
 greedy output is unchanged. Trees whose children were *sampled* (`DraftSampling.WITHOUT_REPLACEMENT` / ``IID``) are
@@ -52,6 +65,7 @@ as a prefix of their draw order, which keeps exact sampling exact.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections import Counter
@@ -61,7 +75,7 @@ from operator import itemgetter
 
 import torch
 
-from .cost_model import StepCostModel, exploration_ladder
+from .cost_model import ProposingCost, StepCostModel, exploration_ladder
 from .tree import DraftSampling, DraftTree
 
 # Structural prior for nodes without a score: the rank-r child at any depth is accepted with probability
@@ -72,6 +86,22 @@ _MAX_CALIBRATED_DEPTH = 12  # depths past this share the last depth's calibratio
 _EMA = 0.2  # weight of a new sample in the proposing-time mean
 _VALUE_EMA = 0.2  # weight of a step in a row's running net value of proposing
 _VALUE_PRIOR = 0.1  # a new row's running net value (tokens per step): it proposes a few steps before it may pause
+# a proposer that pays per level (`ProposingCost`): its drafts' acceptance before evidence, and how many nodes of
+# evidence outweigh it; the steps before the first probe once drafting is off, the most between two probes, and the
+# share of the time probes may take (a probe's cost over this share is the least interval after it)
+_PRIOR_ACCEPT = 0.6
+_PRIOR_WEIGHT = 2.0
+_FIRST_PROBE_AFTER = 16
+_MAX_PROBE_INTERVAL = 512
+_PROBE_SHARE = 0.02
+_PLAN_DEPTH = 16  # deepest level the plan weighs
+PROPOSING_COST_ENV = "HF_SPECDEC_PROPOSING_COST"  # 0 / false / off / no: a draft model's cost is not planned for
+
+
+def proposing_cost_enabled() -> bool:
+    """Whether a proposer that pays per level plans its depth from its measured cost (`TreeBudgeter.plan_proposing`;
+    ``HF_SPECDEC_PROPOSING_COST=0`` turns it off, the behaviour before it, for comparisons)."""
+    return os.environ.get(PROPOSING_COST_ENV, "").strip().lower() not in ("0", "false", "off", "no")
 
 
 @dataclass
@@ -393,6 +423,14 @@ class TreeBudgeter:
         self._nodes: Counter[int] = Counter()  # nodes per row per step -> how often
         self._no_candidates = self._paused = self._explorations = self._probes = 0
         self._unfair_samples = 0  # verify times not recorded (the CPU GEMM tuner ran inside the forward)
+        # a proposer that pays per level and measures it (`plan_proposing`): its cost, its trees' source, this
+        # step's plan (levels that pay; 0: drafting is off), whether this step probes, what each step drafted
+        self.proposing: ProposingCost | None = None
+        self._proposing_source: Hashable = None
+        self._plan_step, self._plan, self._probe_now = -1, None, False
+        self._batch = 1  # rows of the last cut
+        self._step_levels, self._levels_log = 0, []
+        self._off_steps = self._proposing_probes = 0
 
     # ------------------------------------------------------------------ before proposing
     def depth_cap(self, row: int, limit: int) -> int:
@@ -403,6 +441,11 @@ class TreeBudgeter:
         deepest node of the row's last cut, so that an assistant that pays per depth (EAGLE, a draft model) does
         not expand levels the budget has been cutting away. A row grows by one level per step while its deepest
         nodes are kept."""
+        if self.proposing is not None and self.cuts and limit > 0:
+            plan = self._planned_levels()
+            if plan == 0:
+                return self._off_cap(row, limit)
+            limit = min(limit, plan)
         gate = self._gates.get(row)
         if gate is None or limit <= 0 or not self.cuts:
             return limit
@@ -419,10 +462,85 @@ class TreeBudgeter:
             return min(limit, max(cap, 1))
         return limit
 
+    # ------------------------------------------------------------------ what proposing costs
+    def plan_proposing(self, cost: ProposingCost, source: Hashable) -> None:
+        """Plan the depth of a proposer that pays per level (a draft model) from ``cost``, which the proposer feeds
+        with `record_proposing`, and the acceptance of its trees (those of ``source``): each step the rows draft the
+        number of levels with the best predicted rate, none while no level pays (see `_planned_levels`)."""
+        self.proposing, self._proposing_source = cost, source
+
+    def record_proposing(self, seconds: float, levels: int, catching_up: bool = False) -> None:
+        """The proposer drafted ``levels`` levels in ``seconds`` this step (``catching_up``: it also fed a backlog,
+        see `ProposingCost.record_level`). Counted in plain steps of the target once its cost curve has a sample."""
+        if self.proposing is None or levels < 1:
+            return
+        self._step_levels = levels
+        if self.cost.num_samples == 0:
+            return  # no unit yet: the curve is still the prior
+        plain = self.cost.predict(1) + self.cost.other_seconds(1)
+        self.proposing.record_level(seconds / levels / plain, catching_up)
+        if self._probe_now:  # the next probe waits until this one's cost is at most _PROBE_SHARE of the time
+            least = int(seconds / plain / _PROBE_SHARE)
+            cost = self.proposing
+            cost.probe_interval = min(_MAX_PROBE_INTERVAL, max(cost.probe_interval, least))
+
+    def _planned_levels(self) -> int:
+        """This step's levels for every row (computed once per step): 1 while a level's cost is not measured, 0 when
+        no depth pays (drafting is off; `_off_cap` probes now and then), else the depth of the best predicted rate."""
+        if self._plan_step == self._steps:
+            return self._plan
+        self._plan_step, self._probe_now = self._steps, False
+        ratio = self.proposing.ratio()
+        self._plan = 1 if ratio is None else self._levels_that_pay(ratio)
+        if self._plan == 0:
+            self._count_off_step()
+        return self._plan
+
+    def _count_off_step(self) -> None:
+        """A step with drafting off: probe when ``probe_interval`` steps passed since the last probe (the interval
+        doubles per probe, at least `_FIRST_PROBE_AFTER`, at most `_MAX_PROBE_INTERVAL`; kept across calls)."""
+        cost = self.proposing
+        self._off_steps += 1
+        cost.off_steps += 1
+        if cost.probe_interval == 0:
+            cost.probe_interval = _FIRST_PROBE_AFTER
+        if cost.off_steps >= cost.probe_interval:
+            self._probe_now, self._proposing_probes = True, self._proposing_probes + 1
+            cost.off_steps = 0
+            cost.probe_interval = min(_MAX_PROBE_INTERVAL, 2 * cost.probe_interval)
+
+    def _off_cap(self, row: int, limit: int) -> int:
+        """Depth cap of a row while drafting is off: 1 on a probe step (its best node is verified), else 0."""
+        if not self._probe_now:
+            return 0
+        self._gates.setdefault(row, _RowGate()).probing = True
+        return min(limit, 1)
+
+    def _levels_that_pay(self, ratio: float) -> int:
+        """Levels of a chain per row with the best predicted rate, with a level costing ``ratio`` plain steps (for
+        the batch) and the acceptance the proposer's drafts showed; 0 unless that rate beats a plain step by
+        ``margin``."""
+        rows, curve, other = self._batch, self.cost.curve(), self.cost.other_seconds
+        level = ratio * (curve(1) + other(1))
+        accept = self.proposing.acceptance(_PLAN_DEPTH, _PRIOR_ACCEPT, _PRIOR_WEIGHT)
+        best = rows / (curve(rows) + other(rows)) * (1.0 + self.margin)
+        best_depth, expected, reach = 0, float(rows), 1.0
+        for depth, a in enumerate(accept, start=1):
+            reach *= a
+            expected += rows * reach
+            rate = expected / (curve(rows * (1 + depth)) + other(rows) + level * depth)
+            if rate > best:
+                best, best_depth = rate, depth
+        return best_depth
+
     # ------------------------------------------------------------------ the decision
     def cut(self, candidates: Sequence[RowCandidates]) -> list[BudgetCut]:
         """The trees to verify this step, one per row of ``candidates`` (same order)."""
         self._steps += 1
+        self._batch = max(1, len(candidates))
+        if self.proposing is not None:
+            self._levels_log.append(self._step_levels)
+            self._step_levels = 0
         if not self.cuts:  # the trees as proposed
             self._pending = [(c.row, c.source, [], [], []) for c in candidates]
             for c in candidates:
@@ -660,6 +778,8 @@ class TreeBudgeter:
                 gate.probed = False
                 gate.interval = self.probe_every if hit else gate.interval
             reached = [i for i, p in enumerate(parents) if p < 0 or p in hit]  # verified with an accepted parent
+            if self.proposing is not None and source == self._proposing_source:
+                self.proposing.record_tree([depths[i] for i in reached], [i in hit for i in reached])
             self.calibration.update(
                 source, row, [depths[i] for i in reached], [cond[i] for i in reached], [i in hit for i in reached]
             )
@@ -699,4 +819,15 @@ class TreeBudgeter:
             "unfair_samples": self._unfair_samples,
             "propose_s": self.propose_seconds,
             "calibration": self.calibration.summary(),
+            **({"proposing": self._proposing_summary()} if self.proposing is not None else {}),
+        }
+
+    def _proposing_summary(self) -> dict:
+        """What the plan of a proposer that pays per level saw: its cost and acceptance (`ProposingCost.summary`),
+        the levels it drafted each step of this call, the steps drafting was off and the probes."""
+        return {
+            **self.proposing.summary(),
+            "levels_per_step": self._levels_log[:],
+            "steps_off": self._off_steps,
+            "probes": self._proposing_probes,
         }

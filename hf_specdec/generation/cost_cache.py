@@ -14,6 +14,9 @@ seconds and only when new samples came in, plus once at exit). Why a loaded curv
   name or path, its attention implementation, parameter dtypes, devices and tensor classes, quantization, whether
   hf_specdec packs its CPU linears and has its compiled few-rows GEMM, the attention backend) and the transformers / hf_specdec versions. The file's
   name is a digest of the key and the file holds the key itself: a curve whose key differs is never used.
+- **Proposing costs**: what a draft model's level costs drafting for a target (`cost_model.ProposingCost`) is kept
+  beside the curves, one ``proposing-<type>-<digest>.json`` per (target, draft) key (`proposing_key`: the target's
+  curve key and the draft's model key), written when a call ends (throttled alike) and at exit.
 - **Failures**: a file that is missing, unreadable or malformed is no curve; a folder that cannot be written logs
   one warning per process and the curve stays in memory. The user's call never fails because of the cache.
 
@@ -231,16 +234,17 @@ class CurveFile:
             return False
         return force or self.saved_at is None or time.monotonic() - self.saved_at >= SAVE_EVERY_S
 
-    def save(self, model: torch.nn.Module, cost, force: bool = False) -> bool:
-        """Write ``cost``'s curve (a `StepCostModel`) when `due` and while the cache is on; returns whether it was
-        written. Nothing is written once ``model``'s key differs from the file's (torch's threads, the attention
+    def save(self, model: torch.nn.Module, cost, force: bool = False, current_key: dict | None = None) -> bool:
+        """Write ``cost``'s curve (a `StepCostModel`, or anything with ``samples_taken`` and ``state()``) when `due`
+        and while the cache is on; returns whether it was written. Nothing is written once ``model``'s key (or
+        ``current_key``, the key as it is now) differs from the file's (torch's threads, the attention
         implementation changed since): the curve then mixes two states."""
         with self._lock:
             clock = cost.samples_taken
             if cache_folder() is None or not self.due(clock, force):
                 return False
             self.saved_at, self.saved_clock = time.monotonic(), clock
-            if _key_or_none(model) != self.key:
+            if (current_key if current_key is not None else _key_or_none(model)) != self.key:
                 return False
             try:
                 write_state(self.path, self.key, cost.state())
@@ -262,3 +266,33 @@ def curve_file(model: torch.nn.Module) -> CurveFile | None:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()[:24]
     kind = re.sub(r"[^\w.-]", "_", str(key["model"]["type"] or "model"))
     return CurveFile(folder / f"{kind}-{digest}.json", key)
+
+
+def proposing_key(target: torch.nn.Module, draft: torch.nn.Module) -> dict | None:
+    """The key of what ``draft`` costs drafting for ``target`` here (`cost_model.ProposingCost`: in units of the
+    target's plain step, so both models count): the target's `curve_key` and the draft's `model_key`; None when
+    either cannot be fingerprinted."""
+    target_key = _key_or_none(target)
+    try:
+        draft_key = model_key(draft)
+    except (AttributeError, OSError, RuntimeError, TypeError, ValueError):
+        return None
+    if target_key is None:
+        return None
+    key = {"format": FORMAT, "kind": "proposing", "target": target_key, "draft": draft_key}
+    return json.loads(json.dumps(key, default=str))
+
+
+def proposing_file(target: torch.nn.Module, draft: torch.nn.Module) -> CurveFile | None:
+    """The file of ``draft``'s proposing cost for ``target`` on this machine (``proposing-<type>-<digest>.json``
+    beside the curves); None while the cache is off or a model has no transformers config."""
+    folder = cache_folder()
+    configs = [getattr(m, "config", None) for m in (target, draft)]
+    if folder is None or not all(callable(getattr(c, "to_dict", None)) for c in configs):
+        return None
+    key = proposing_key(target, draft)
+    if key is None:
+        return None
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()[:24]
+    kind = re.sub(r"[^\w.-]", "_", str(key["draft"]["type"] or "model"))
+    return CurveFile(folder / f"proposing-{kind}-{digest}.json", key)

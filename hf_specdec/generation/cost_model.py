@@ -49,7 +49,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from .cost_cache import CurveFile, curve_file
+from .cost_cache import CurveFile, curve_file, proposing_file, proposing_key
 
 GENERIC_PRIOR_SLOPE = 0.1  # a verify token costs 10% of a decode step: about this CPU's fp32 GEMM; conservative on GPUs
 DEFAULT_WINDOW = 16  # samples kept per bucket (the median of these is the bucket's cost)
@@ -458,3 +458,176 @@ def _save_learnt_curves() -> None:
     """At exit, what the curves learnt since their last (throttled) write."""
     for cost in list(_FILES.keys()):
         save_learnt_curve(cost, force=True)
+
+
+# ---------------------------------------------------------------------------- what proposing costs
+PROPOSING_WINDOW = 9  # per-level cost samples kept (their median is the cost)
+_CHEAPER = 1.25  # a sample this much below the median: the draft became cheap, the older samples go
+_ACCEPT_DECAY = 0.98  # weight of old acceptance evidence per verified tree (about the last 50 trees count)
+_MAX_EVIDENCE_DEPTH = 16
+
+
+class ProposingCost:
+    """What one level of drafting costs a proposer that pays per level (a draft model's forward: its layers, its
+    lm_head over the vocabulary, its cache upkeep), in units of one plain decoding step of the target (the 1-row
+    verify forward plus the loop's bookkeeping), and the conditional acceptance per depth its drafts showed.
+
+    One per (draft, target) pair, shared by the calls of a process (`proposing_cost_for`) and kept between processes
+    in the cost cache (`cost_cache.proposing_file`), so a call starts knowing whether drafting can pay. The cost is the
+    median of the last `PROPOSING_WINDOW` samples; a sample `_CHEAPER` below that median drops the older ones (a
+    draft that became cheap comes back at once; one slow, preempted level only moves the median). Acceptance is
+    decayed counts per depth of verified nodes whose parent was accepted. The probe schedule of a draft that does not
+    pay (`TreeBudgeter`) lives here too, so it carries over calls: ``off_steps`` steps since its last probe, the next
+    probe after ``probe_interval`` steps.
+    """
+
+    def __init__(self, window: int = PROPOSING_WINDOW):
+        self._ratios: deque[float] = deque(maxlen=window)
+        self.accepted = [0.0] * _MAX_EVIDENCE_DEPTH  # decayed accepted nodes per depth (parent accepted)
+        self.verified = [0.0] * _MAX_EVIDENCE_DEPTH  # decayed verified nodes per depth (parent accepted)
+        self.off_steps = 0
+        self.probe_interval = 0  # 0: not off yet (the first interval is the budgeter's)
+        self._count = 0  # samples taken (the cache file's clock)
+        self._lock = threading.RLock()
+
+    @property
+    def samples_taken(self) -> int:
+        with self._lock:
+            return self._count
+
+    def ratio(self) -> float | None:
+        """One drafted level's cost in plain decoding steps (median of the recent samples), None before any."""
+        with self._lock:
+            return statistics.median(self._ratios) if self._ratios else None
+
+    def record_level(self, ratio: float, catching_up: bool = False) -> None:
+        """One step's proposing cost per level, in plain steps. ``catching_up``: the draft fed a backlog (its cache
+        caught up after a pause, or its prefill), which is no sample of a level unless it is cheaper still."""
+        if not (ratio > 0 and math.isfinite(ratio)):
+            return
+        with self._lock:
+            median = statistics.median(self._ratios) if self._ratios else None
+            if median is not None and ratio * _CHEAPER < median:
+                self._ratios.clear()
+            elif catching_up:
+                return
+            self._ratios.append(ratio)
+            self._count += 1
+
+    def record_tree(self, depths: Sequence[int], hits: Sequence[bool]) -> None:
+        """One verified tree: the depth of each node whose parent was accepted, and whether it was accepted."""
+        with self._lock:
+            for d in range(_MAX_EVIDENCE_DEPTH):
+                self.accepted[d] *= _ACCEPT_DECAY
+                self.verified[d] *= _ACCEPT_DECAY
+            for depth, hit in zip(depths, hits):
+                d = min(depth, _MAX_EVIDENCE_DEPTH) - 1
+                self.accepted[d] += float(hit)
+                self.verified[d] += 1.0
+            self._count += 1
+
+    def acceptance(self, depths: int, prior: float, weight: float) -> list[float]:
+        """``a[d - 1]``: estimated acceptance of a depth-d node once its parent is accepted, d = 1..``depths``: the
+        evidence shrunk towards ``prior`` (depth 1) or the depth above (deeper) by ``weight`` nodes."""
+        out, parent = [], prior
+        with self._lock:
+            for d in range(depths):
+                i = min(d, _MAX_EVIDENCE_DEPTH - 1)
+                parent = (self.accepted[i] + weight * parent) / (self.verified[i] + weight)
+                out.append(parent)
+        return out
+
+    def state(self) -> dict:
+        """JSON-ready: the level samples (plain steps), the acceptance evidence and the probe schedule."""
+        with self._lock:
+            return {
+                "level_ratios": list(self._ratios),
+                "accepted": self.accepted[:],
+                "verified": self.verified[:],
+                "off_steps": self.off_steps,
+                "probe_interval": self.probe_interval,
+            }
+
+    def load_state(self, state: Mapping) -> None:
+        """Start from a `state()` (another process's); ValueError when it is not one."""
+        try:
+            ratios = [float(x) for x in state["level_ratios"]]
+            accepted, verified = ([float(x) for x in state[k]] for k in ("accepted", "verified"))
+            off, interval = int(state["off_steps"]), int(state["probe_interval"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"not a ProposingCost.state(): {err!r}") from None
+        values = ratios + accepted + verified
+        if not all(v >= 0 and math.isfinite(v) for v in values) or len(accepted) != len(verified) or off < 0:
+            raise ValueError("a saved proposing cost holds negative or non-finite values")
+        with self._lock:
+            self._ratios.extend(r for r in ratios if r > 0)
+            n = min(len(accepted), _MAX_EVIDENCE_DEPTH)
+            self.accepted[:n], self.verified[:n] = accepted[:n], verified[:n]
+            self.off_steps, self.probe_interval = off, max(0, interval)
+
+    def summary(self) -> dict:
+        with self._lock:
+            ratio = self.ratio()
+            return {
+                "level_ratio": ratio,
+                "level_samples": len(self._ratios),
+                "acceptance": [round(a, 3) for a in self.acceptance(4, 0.0, 1e-9)],
+                "off_steps": self.off_steps,
+                "probe_interval": self.probe_interval,
+            }
+
+
+# (draft module) -> (target module) -> {(target dtype/device, draft dtype/device): ProposingCost}
+_PROPOSING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# ProposingCost -> (its file, weak refs to the target and the draft)
+_PROPOSING_FILES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _placement(model: torch.nn.Module) -> tuple[str, str]:
+    param = next(model.parameters(), None)
+    return (str(param.device), str(param.dtype)) if param is not None else ("cpu", "none")
+
+
+def proposing_cost_for(target: torch.nn.Module, draft: torch.nn.Module) -> ProposingCost:
+    """The `ProposingCost` of ``draft`` drafting for ``target`` (on their current devices and dtypes): shared by
+    every call of this process, started from what an earlier process saved on this machine (`cost_cache`)."""
+    key = (_placement(target), _placement(draft))
+    with _MODELS_LOCK:
+        per_draft = _PROPOSING.setdefault(draft, weakref.WeakKeyDictionary())
+        per_pair = per_draft.setdefault(target, {})
+        cost = per_pair.get(key)
+        if cost is None:
+            cost = per_pair[key] = _started_proposing(target, draft)
+    return cost
+
+
+def _started_proposing(target: torch.nn.Module, draft: torch.nn.Module) -> ProposingCost:
+    cost = ProposingCost()
+    file = proposing_file(target, draft)
+    if file is None:
+        return cost
+    state = file.read()
+    if state is not None:
+        try:
+            cost.load_state(state)
+        except ValueError:
+            pass  # a malformed file is no record; the next save replaces it
+    file.saved_clock = cost.samples_taken
+    _PROPOSING_FILES[cost] = (file, weakref.ref(target), weakref.ref(draft))
+    return cost
+
+
+def save_proposing_cost(cost: ProposingCost, force: bool = False) -> bool:
+    """Write ``cost`` to this machine's cache when due (`CurveFile.due`); returns whether it wrote. Never raises for
+    an unwritable folder; a no-op for a cost `proposing_cost_for` did not make or while the cache is off."""
+    entry = _PROPOSING_FILES.get(cost)
+    target, draft = (entry[1](), entry[2]()) if entry is not None else (None, None)
+    if target is None or draft is None:
+        return False
+    return entry[0].save(target, cost, force, current_key=proposing_key(target, draft))
+
+
+@atexit.register
+def _save_proposing_costs() -> None:
+    for cost in list(_PROPOSING_FILES.keys()):
+        save_proposing_cost(cost, force=True)

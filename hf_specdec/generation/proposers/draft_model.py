@@ -15,20 +15,35 @@ next step needs anyway), so no extra draft pass is spent on bookkeeping.
 
 With ``do_sample=True`` children are drawn without replacement from the processed draft distribution q
 (Gumbel-top-k) and the tree carries q for exact verification (`DraftSampling.WITHOUT_REPLACEMENT`).
+
+What drafting costs is planned for (`TreeBudgeter.plan_proposing`): every step the draft times its own forwards
+(its layers, its lm_head over the whole vocabulary, the feeding of the committed tokens) and reports the seconds per
+level drafted; the budget weighs them, in plain steps of the target, against the acceptance its drafts showed and
+caps the rows' depth at the levels that pay, none where no level pays. A row the budget gives depth 0 costs no draft
+forward: its committed tokens wait and are fed in one chunk the next time the row drafts (the same cache entries a
+forward per step would have written, so the draft's guesses are the same). The cost is kept per (draft, target)
+across calls and processes (`cost_model.proposing_cost_for`). ``HF_SPECDEC_PROPOSING_COST=0`` turns this off: every
+row then feeds every step, as before.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from ...kernels.mask_bits import pack_bits
+from ..budget import proposing_cost_enabled
+from ..cost_model import proposing_cost_for, save_proposing_cost
 from ..logits import NodeScorer
+from ..packed_linears import tuning_calls
 from ..target import PlannedModel, TailMask
 from ..tree import DraftSampling, DraftTree
 from .base import Proposer, ProposerSetup, RowState
+
+_SOURCE = "draft"  # the trees' source: the budget calibrates and plans per source
 
 
 def _vocab_size(model) -> int:
@@ -54,6 +69,7 @@ class DraftModelAssistant(Proposer):
         self.top_k = top_k
         self.num_nodes = num_nodes if top_k > 1 else depth
         self.draft: PlannedModel | None = None  # the draft's planned forwards and cache, for one generate call
+        self.cost = None  # what a drafted level costs (`start`)
 
     def validate(self, target) -> None:
         if getattr(self.model.config, "is_encoder_decoder", False):
@@ -78,11 +94,18 @@ class DraftModelAssistant(Proposer):
         # the call's processors as each row sees them (batch-indexed state, e.g. a repetition penalty's per-row
         # prompt_ignore_length, sliced to the row): applied to the draft's logits when sampling
         self.processors = NodeScorer(setup.logits_processor) if setup.do_sample and setup.logits_processor else None
+        # what a drafted level costs, planned for by the budget (None: every row feeds every step, as before)
+        self.cost = proposing_cost_for(setup.target, self.model) if proposing_cost_enabled() else None
+        if self.cost is not None:
+            setup.budget.plan_proposing(self.cost, _SOURCE)
 
     def finish(self) -> None:
         draft, self.draft = self.draft, None
         if draft is not None:
             draft.close()
+        cost, self.cost = getattr(self, "cost", None), None
+        if cost is not None:
+            save_proposing_cost(cost)  # for the next process on this machine (throttled; never raises)
 
     # ------------------------------------------------------------------ drafting
     def _forward(self, tokens, positions, rows, q_lens, masks, pending, keep) -> torch.Tensor:
@@ -115,11 +138,13 @@ class DraftModelAssistant(Proposer):
         top = logq.topk(k, dim=-1)
         return top.indices, top.values, None
 
-    def _feed_new_tokens(self, rows: Sequence[RowState]) -> tuple[list[int], torch.Tensor]:
+    def _feed_new_tokens(self, rows: Sequence[RowState]) -> tuple[list[int], torch.Tensor, bool]:
         """Level 0: feed each row's tokens the draft has not seen (ending with the root) and commit them.
 
         Returns:
-            the rows' draft cache rows, and `[B, V]` fp32 draft logits at each root (the depth-1 distribution).
+            the rows' draft cache rows, `[B, V]` fp32 draft logits at each root (the depth-1 distribution), and
+            whether a row fed a backlog (more than a step's root and accepted tokens: its prompt, or the tokens
+            committed while it drafted nothing).
         """
         device = rows[0].tokens.device
         for r in rows:
@@ -135,11 +160,29 @@ class DraftModelAssistant(Proposer):
         self.draft.commit_chunks(cache_rows, q_lens)  # the fed tokens stay; last step's tree is forgotten
         for r in rows:
             self.cached[r.row] = r.tokens.numel()
-        return cache_rows, logits
+        return cache_rows, logits, max(q_lens) > self.depth + 1
 
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
         device = rows[0].tokens.device
-        cache_rows, logits = self._feed_new_tokens(rows)
+        if self.cost is None:
+            return self._draft(rows)[0]
+        live = [b for b, r in enumerate(rows) if r.max_depth > 0]  # rows at depth 0 cost no forward
+        out = [DraftTree.empty(device) for _ in rows]
+        if not live:
+            return out
+        start, tuning = time.perf_counter(), tuning_calls()
+        trees, levels, catching_up = self._draft([rows[b] for b in live])
+        if tuning_calls() == tuning:  # a GEMM form timed inside is no fair sample
+            self.budget.record_proposing(time.perf_counter() - start, levels, catching_up)
+        for b, tree in zip(live, trees):
+            out[b] = tree
+        return out
+
+    def _draft(self, rows: Sequence[RowState]) -> tuple[list[DraftTree], int, bool]:
+        """One tree per row, the levels drafted (draft forwards run) and whether a row fed a backlog."""
+        device = rows[0].tokens.device
+        cache_rows, logits, catching_up = self._feed_new_tokens(rows)
+        levels = 1
         table = _NodeTable(len(rows), [min(self.depth, r.max_depth) for r in rows], device)
         frontier = _Frontier.at_roots(len(rows), device)
         for level in range(1, table.levels + 1):
@@ -150,6 +193,7 @@ class DraftModelAssistant(Proposer):
             going = table.expanding(level + 1)  # rows that expand this level's best children
             if not going.size:
                 break
+            levels += 1
             frontier = frontier.next(table, level, min(self.top_k, table.widths[-1]))
             mask = frontier.feed_mask(going)  # [E' * F', pending + F'] bool
             feed = frontier.tokens[going].flatten()  # [E' * F']
@@ -165,7 +209,7 @@ class DraftModelAssistant(Proposer):
                 [pending] * going.size,
                 0,
             )
-        return table.trees(self.num_nodes, self.sample, device)
+        return table.trees(self.num_nodes, self.sample, device), levels, catching_up
 
 
 class _Frontier:
@@ -312,7 +356,7 @@ class _NodeTable:
                     DraftSampling.WITHOUT_REPLACEMENT if sample else DraftSampling.DETERMINISTIC,
                     None if q is None else q[b, : n + 1],
                     probs[b, :n],
-                    "draft",
+                    _SOURCE,
                     depth_bound=int(self.caps[b]),
                 )  # fmt: skip
             )
