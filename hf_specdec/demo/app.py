@@ -36,6 +36,7 @@ from ..models import DEFAULT_MODEL_NAME, GGUF_FILENAME, default_model_dir
 from .bench_tab import MAX_PER_CATEGORY, MAX_REPEATS, bench_categories, estimate_text, run_category
 from .compare import MAX_NEW_TOKENS, MAX_RUNS, Request, View, compare, warm_up
 from .options import DEFAULT_CONCURRENCY
+from .quiet import startup_quiet
 from .render import CSS, LEGEND
 
 logger = logging.getLogger(__name__)
@@ -397,17 +398,18 @@ def build_app(model=None, tokenizer=None, concurrency: int = DEFAULT_CONCURRENCY
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     if (model is None) != (tokenizer is None):
         raise ValueError("pass both model and tokenizer, or neither (the default model)")
-    if model is None:
-        t0 = time.perf_counter()
-        _say(f"loading the default model ({DEFAULT_MODEL_NAME}; the first start converts its GGUF file, ~30 s)…")
-        model, tokenizer = hf_specdec.load_default_model()
-        _say(f"  model loaded in {time.perf_counter() - t0:.1f} s")
-    assistants = ["ngram"] if own_model else available_assistants()
-    if warmup:
-        t0 = time.perf_counter()
-        _say(f"warming up vanilla and {len(assistants)} assistant(s), one short call each (loads the heads)…")
-        warm_up(model, tokenizer, assistants, report=_say)
-        _say(f"  warm-up done in {time.perf_counter() - t0:.1f} s; building the page…")
+    with startup_quiet():  # the progress lines below, not transformers' bars
+        if model is None:
+            t0 = time.perf_counter()
+            _say(f"loading the default model ({DEFAULT_MODEL_NAME}; the first start converts its GGUF file, ~30 s)…")
+            model, tokenizer = hf_specdec.load_default_model()
+            _say(f"  model loaded in {time.perf_counter() - t0:.1f} s")
+        assistants = ["ngram"] if own_model else available_assistants()
+        if warmup:
+            t0 = time.perf_counter()
+            _say(f"warming up vanilla and {len(assistants)} assistant(s), one short call each (loads the heads)…")
+            warm_up(model, tokenizer, assistants, report=_say)
+            _say(f"  warm-up done in {time.perf_counter() - t0:.1f} s; building the page…")
     server = DemoServer(model, tokenizer, parallel=parallel, assistants=assistants)
     with gr.Blocks(title="hf-specdec demo", analytics_enabled=False) as app:
         gr.Markdown(INTRO.format(model=model_name(model), hardware=hardware_line(model), docs=docs_link()),

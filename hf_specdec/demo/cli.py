@@ -26,6 +26,7 @@ from ..cli_args import (
     positive_int,
 )
 from .options import DEFAULT_CONCURRENCY
+from .quiet import startup_quiet
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     if args.model is not None or args.device is not None or dtype != "float32":
         t0 = time.perf_counter()
         print(f"hf-specdec demo: loading {args.model or 'the default model'} ({dtype})…", flush=True)
-        model, tokenizer, _name = load_model_argument(args.model, args.device, dtype)
+        with startup_quiet():
+            model, tokenizer, _name = load_model_argument(args.model, args.device, dtype)
         print(f"  model loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     launch(
         args.host,
