@@ -1,5 +1,6 @@
 """The demo in a real browser: headless Chromium (Debian's package) driven by Playwright at 1400x1000 loads the page
-and uses it as a person would: a greedy generation (identical to vanilla's), Stop during either run, a bad input,
+and uses it as a person would: a greedy generation (identical to vanilla's, its accepted-token counts agreeing
+with τ and the acceptance rate), Stop during either run, a bad input,
 a sampled run, the Benchmark tab, the dark theme. What a browser cannot see (the seed set under the lock, the
 incremental detokeniser, the Space files, the command line's words) is checked here too, next to the page it serves.
 Screenshots land in .cache/screenshots/ (CI artifacts)."""
@@ -104,6 +105,34 @@ def _assert_step_cost_no_bound(summary_text: str) -> None:
     assert "bound" not in summary_text and "⚠" not in summary_text, summary_text
 
 
+def _assert_accepted_tokens_agree_with_tau(spec_head: str, summary_text: str, drafted_spans: int, own_spans: int):
+    """The counts the page shows after a speculative run hold together (``spec_stats``' definitions): τ = tokens
+    per verify step = 1 + A / S, so the accepted draft tokens A = τ·S − S (the tokens of the verify steps less one
+    own token each); the acceptance rate = A / drafted; the pane's accepted draft tokens are those of A that reached
+    the output (A less the ones the summary says were cut after the answer ended), the rest of the output is the
+    target's own tokens (one per verify step, and the prefill's first), and the coloured tokens are those counts
+    (less empty pieces, an end-of-text token)."""
+    found = re.search(r"τ = ([0-9.]+)\*{0,2} tokens per verify step \(1 \+ (\d+) accepted draft tokens / (\d+) steps\); "
+                      r"acceptance rate ([0-9.]+) = (\d+) of (\d+) drafted tokens accepted", summary_text)  # fmt: skip
+    assert found, summary_text
+    tau, accepted, steps, rate = float(found[1]), int(found[2]), int(found[3]), float(found[4])
+    assert int(found[5]) == accepted and steps > 0
+    drafted_total = int(found[6])
+    assert tau == round(1 + accepted / steps, 2), (tau, accepted, steps)
+    assert abs(tau * steps - steps - accepted) <= 0.005 * steps, "accepted draft tokens = τ·steps − steps"
+    assert rate == round(accepted / drafted_total, 2) and accepted <= drafted_total
+    head = re.search(r"(\d+) tokens · .* · (\d+) drafted \+ (\d+) own", spec_head)
+    assert head, spec_head
+    tokens, shown, own = int(head[1]), int(head[2]), int(head[3])
+    output = re.search(r"In the output: (\d+) of (\d+) tokens are accepted draft tokens", summary_text)
+    assert output and (int(output[1]), int(output[2])) == (shown, tokens), (output, spec_head)
+    assert shown + own == tokens
+    cut = re.search(r"; (\d+) more accepted draft tokens? came after the answer ended", summary_text)
+    assert accepted - shown == (int(cut[1]) if cut else 0), "every accepted draft token is shown or said to be cut"
+    assert own in (steps, steps + 1), (own, steps)  # one own token per verify step, and the prefill's
+    assert shown - 1 <= drafted_spans <= shown and own - 1 <= own_spans <= own, (drafted_spans, own_spans, spec_head)
+
+
 def _no_error_badges(page) -> bool:
     return page.get_by_text("Error", exact=True).count() == 0
 
@@ -164,6 +193,7 @@ def test_page_runs_a_generation_and_shows_text_and_stats(browser, demo_url, defa
     assert "Speedup" in summary_text and "τ = " in summary_text
     tau = float(summary_text.split("τ = ")[1].split()[0])
     assert tau > 1.0
+    _assert_accepted_tokens_agree_with_tau(spec_head, summary_text, drafted, own)
     _assert_step_cost_no_bound(summary_text)
     assert "Noise: one run each" in summary_text
     assert label_over_chart == 0, "the per-depth chart carries its own title; no Gradio label hides its top"
@@ -333,7 +363,14 @@ def test_on_a_phone_the_panes_stack_and_the_chart_fills_the_width(browser, demo_
         boxes[name] = {k: page.locator(sel).first.bounding_box() for k, sel in
                        (("vanilla", "#vanilla-pane"), ("spec", "#speculative-pane"), ("chart", "#depth img"))}  # fmt: skip
         _shot(page, f"demo_{name}")
-        _assert_step_cost_no_bound(page.locator("#summary").inner_text())
+        summary_text = page.locator("#summary").inner_text()
+        _assert_step_cost_no_bound(summary_text)
+        _assert_accepted_tokens_agree_with_tau(
+            _pane(page, "speculative")[0],
+            summary_text,
+            page.locator("#speculative-pane span.hfsd-drafted").count(),
+            page.locator("#speculative-pane span.hfsd-target").count(),
+        )
         page.close()
     desk, phone = boxes["desktop"], boxes["phone"]
     assert desk["vanilla"]["y"] == desk["spec"]["y"] and desk["vanilla"]["x"] < desk["spec"]["x"]  # side by side
