@@ -42,6 +42,10 @@ def _routed_generate(self, *args, assistant=None, **kwargs):
         )
     if len(args) > 2:
         raise ValueError("with assistant=, pass generate's options after inputs and generation_config by keyword")
+    config = (args[1] if len(args) > 1 else kwargs.get("generation_config")) or self.generation_config
+    if kwargs.get("use_mtp") or (kwargs.get("use_mtp") is None and getattr(config, "use_mtp", False)):
+        raise ValueError("use_mtp=True (transformers' MTP drafting) cannot be combined with assistant=: pass one of "
+                         "them; assistant='mtp' drafts trees with the model's own MTP layers")  # fmt: skip
     inputs = args[0] if args else kwargs.get("inputs", kwargs.get("input_ids"))
     if inputs is not None or kwargs.get("inputs_embeds") is not None:  # before transformers reads them
         check_prompt(self, inputs, kwargs.get("attention_mask"), kwargs.get("inputs_embeds"))
