@@ -150,7 +150,7 @@ def units(text: str, first_line: int = 1) -> list[tuple[int, str, str, list[str]
             lead_in = []
             continue
         if line.lstrip().startswith("|"):
-            table_records, header = lead_in, lines[i]
+            table_records, header = lead_in + [(n, ()) for n in CITATION.findall(lines[i])], lines[i]
             i += 1
             while i < len(lines) and lines[i].lstrip().startswith("|"):
                 row = lines[i]
@@ -237,12 +237,16 @@ def pieces(kind: str, body: str) -> list[tuple[set[str], str]]:
     return [(set(METHOD.findall(clause)), clause) for clause in clauses]
 
 
-def unheld_figures(text: str, first_line: int = 1) -> list[str]:
+def unheld_figures(text: str, first_line: int = 1, only: tuple[str, ...] = ()) -> list[str]:
     """``line: figure (kind names ...)`` for every figure its unit's records do not hold, and every unit with a
-    figure that names no record."""
+    figure that names no record; ``only``: just those kinds of figure (``speedup``, ``τ``, ...)."""
     problems = []
+
+    def wanted(what: str) -> bool:
+        return not only or any(what.endswith(kind) for kind in only)
+
     for line, kind, body, records in units(text, first_line):
-        figures = [(w, v) for w, v in _figures(kind, body) if v not in NEED_NO_RECORD]
+        figures = [(w, v) for w, v in _figures(kind, body) if v not in NEED_NO_RECORD and wanted(w)]
         if not figures:
             continue
         if not records:
@@ -258,7 +262,7 @@ def unheld_figures(text: str, first_line: int = 1) -> list[str]:
         for methods, piece in pieces(kind, body):
             pools = held.pools(methods)
             for what, value in _figures(kind, piece):
-                if value not in NEED_NO_RECORD and value not in pools[what]:
+                if value not in NEED_NO_RECORD and wanted(what) and value not in pools[what]:
                     whose = f" for {', '.join(sorted(methods))}" if methods & set(held.by_method) else ""
                     problems.append(
                         f"line {line}: {what} {value}{whose} is not in the record(s) its {kind} names ({names})"
@@ -335,6 +339,27 @@ def test_every_figure_of_the_readme_results_is_held_by_the_record_it_names(headi
     first_line, text = section((ROOT / "README.md").read_text(encoding="utf-8"), heading)
     found = unheld_figures(text, first_line)
     assert not found, f"README.md, ## {heading}: figures without the record that holds them:\n" + "\n".join(found)
+
+
+def test_the_readme_recommendation_table_quotes_the_runs_its_header_names():
+    """The README's table of assistants per situation: every speedup and τ is its row's method's in the headline or
+    the agentic run, which its header links (version numbers and the like in the section's prose are not figures
+    of a run)."""
+    first_line, text = section((ROOT / "README.md").read_text(encoding="utf-8"), "Use it")
+    table = [u for u in units(text, first_line) if u[1] == "table row"]
+    assert table and all(u[3] for u in table), "the table's header names the runs"
+    found = unheld_figures(text, first_line, only=("speedup", "τ"))
+    assert not found, "README.md, ## Use it: figures its runs do not hold:\n" + "\n".join(found)
+
+
+def test_a_table_header_names_the_records_of_its_rows():
+    text = (
+        "| method | speedup on [the run](results/amd_sharegpt_eagle_batch1_seed0.md) |\n|---|---:|\n"
+        "| `medusa` | 1.35x |\n| `eagle` | 1.35x |\n"
+    )
+    assert unheld_figures(text) == [
+        "line 4: speedup 1.35 for eagle is not in the record(s) its table row names (amd_sharegpt_eagle_batch1_seed0)"
+    ]
 
 
 def test_the_readme_headline_table_is_generated_from_a_record():
