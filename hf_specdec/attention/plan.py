@@ -26,9 +26,9 @@ from ..kernels.mask_bits import num_words, pack_bits, unpack_bits
 BACKENDS = ("torch", "triton")
 SDPA_DECODE_ENV = "HF_SPECDEC_SDPA_DECODE_KEYS"
 # One row decoding one token over at most this many keys runs SDPA (the torch path: one call per layer on the row's
-# pages) instead of the Triton kernel on a GPU: the kernel's fixed cost per call (about 48 us on an H100) lost to SDPA
-# at one token (17 ms against 14 ms per forward for the Llama-3.2-1B shape). ``scripts/gpu_check.sh`` measures the
-# crossover; ``HF_SPECDEC_SDPA_DECODE_KEYS`` overrides it (0: never).
+# pages) instead of the Triton kernel on a GPU: the kernel's fixed cost per call lost to SDPA at one token
+# (docs/kernels.md, "Short single-row decodes run SDPA"). ``scripts/gpu_check.sh`` measures the crossover;
+# ``HF_SPECDEC_SDPA_DECODE_KEYS`` overrides it (0: never).
 DEFAULT_SDPA_DECODE_KEYS = 1024
 
 

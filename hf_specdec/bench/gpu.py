@@ -8,8 +8,9 @@ verify cost of Llama-3.2-1B- and Llama-3.1-8B-shaped random models.
 (one Spec-Bench question per category, the prompts of ``hf-specdec bench``), greedy, ``--max-new-tokens`` tokens.
 For each batch size (``--batches``; a batch of b takes the sample's prompts in order, cycling) every method runs on
 the same inputs right after vanilla ``generate`` with the model's own SDPA attention, ``--repeats`` times, fastest
-kept, after one untimed call of each on the table's first inputs (CUDA and cuBLAS set-up, the Triton kernels'
-compilation: the first H200 run, without it, timed vanilla at 15 tokens/s): the ready-made assistants (`hf_specdec.assistants`: n-gram and the shipped heads, moved to the GPU in the
+kept, after one untimed call of each on the table's first inputs (CUDA and cuBLAS set-up and the Triton kernels'
+compilation would otherwise be timed: docs/lab/measurements.md, "Figures that stood in the package's docstrings"):
+the ready-made assistants (`hf_specdec.assistants`: n-gram and the shipped heads, moved to the GPU in the
 model's dtype) with the default tree budget. A row reports tokens per second, the speedup over vanilla in the same
 run, tau (`SpecStats.tau`) and how many outputs equal vanilla's token for token (all of them in fp32; bf16 rounding
 may differ between a tree forward and a one-token forward).

@@ -22,25 +22,20 @@ import torch
 # machine epsilon (bf16 2**-7, fp16 2**-10, fp32 2**-23); ``eps * max|l|`` is about one rounding step of the largest
 # logits (a ulp of x is between eps*|x|/2 and eps*|x|), and the rounding a logit carries is proportional to the size
 # of the products it sums, which the largest logit measures better than the best one does (the best can be small
-# while others are large: 3.2 against 27, measured).
+# while others are large).
 #
-# k, measured (Intel Xeon with AMX; SmolLM2-135M-Instruct, 8 Spec-Bench chat prompts, 48 greedy tokens, 366
-# positions; units of eps * max|l|): a logit of a plain bf16 forward of prompt + answer differs from the fp32 one by
-# at most 2.6 units (99th percentile 2.1) and from vanilla's own incremental bf16 decode by at most 3.5 (2.7); what
-# decides the argmax, the top-2 gap, moves by at most 1.8 (bf16 vs fp32) and 2.1 (plain vs incremental bf16; 99th
-# percentile 1.6). A speculative token that wins a near-tie needs vanilla's gap within one such disagreement (the
-# verify forward against vanilla's decode), and the oracle reads the gap from a third computation (its plain forward):
-# two disagreements, 2 x 2.1 = 4.2, rounded up to k = 5. fp16 (same model, same prompts): see NEAR_TIE_K. The price:
-# vanilla's top-2 gap is within 5 units at about a third of this model's positions in bf16 (94 of 366 within 4, 153
-# within 8), which is why the speculative token itself must be near the best, not only vanilla's second.
+# k: a speculative token that wins a near-tie needs vanilla's gap within one disagreement between two computations of
+# the same logits (the verify forward against vanilla's decode), and the oracle reads the gap from a third (its plain
+# forward): two disagreements, each at most about 2 units of eps * max|l| in bf16 and fp16, so k = 5
+# (docs/precision.md, "Why k = 5", has the measurement and the price: how often vanilla's own top-2 is that close).
 #
 # A mixture of experts makes a discrete choice upstream: its router keeps the top-k experts of each token, and where
 # the k-th and (k+1)-th router logits are within the same bound (of the router logits' own magnitude) the two orders
-# can route a token to different experts, which moves the final logits by far more than rounding (measured on a tiny
-# bf16 gpt_oss: router logits 0.2832 and 0.2793, one bf16 step apart, moved a logit by 1.3). When the final logits
-# are not a near-tie, `near_tie` recomputes the prefix's router logits (modules with an int ``top_k`` whose class name
-# has "Router") and accepts the difference only where such a routing near-tie can reach the position's logits: at the
-# last position in any layer, or at an earlier one in a layer before the last (whose output later layers attend to).
+# can route a token to different experts, which moves the final logits by far more than rounding (docs/precision.md,
+# "Mixtures of experts"). When the final logits are not a near-tie, `near_tie` recomputes the prefix's router logits
+# (modules with an int ``top_k`` whose class name has "Router") and accepts the difference only where such a routing
+# near-tie can reach the position's logits: at the last position in any layer, or at an earlier one in a layer before
+# the last (whose output later layers attend to).
 NEAR_TIE_K = 5.0
 
 

@@ -9,8 +9,8 @@ block tables), so a slot means the same thing in every layer. The pools ``keys``
 - head-major (``PagedCache(head_major=True)``): `[num_kv_heads, num_blocks * block_size, head_dim]`, each head's slots
   side by side, as transformers' `DynamicCache` stores them: the K/V of a row whose pages are consecutive is then a
   zero-copy `[H_kv, L, D]` view with unit stride between positions. The torch (CPU) attention path uses it: over
-  slot-major pools SDPA reads each head with a stride of ``H_kv * D`` and measured twice as slow per decode step
-  on a 2-core AMD EPYC (~95 us against ~50 us per layer at 300 keys), which was most of the loop's own overhead.
+  slot-major pools SDPA reads each head with a stride of ``H_kv * D``, about twice as slow per decode step, which
+  was most of the loop's own overhead (docs/lab/measurements.md, "PagedCache").
 
 `PagedLayer.flat` gives the `[num_slots, H_kv, D]` view of either layout (what writes and commit copies index) and
 `PagedLayer.gather_heads` a row's `[H_kv, L, D]` K/V (a view whenever the layout and the pages allow).

@@ -2,11 +2,10 @@
 
 A draft head's step is a handful of small matrix products (a few rows times the head's weights and the lm_head rows
 of its draft vocabulary), so on a CPU its cost is reading those weights. Where the CPU has native bf16 dot products
-(AVX512-BF16, AMX) a bf16 copy of the weights halves the bytes and runs oneDNN's bf16 kernels: on the 2-core AMD
-EPYC (Zen 4) VM this project benchmarks on, an `[8, 576] x [576, 8192]` product takes 0.6 ms in bf16 against 2.6 ms
-in fp32, and EAGLE's proposing time per step halves. Where bf16 is emulated it is slower than fp32. So the choice is
-measured, once per process and shape, on the machine at hand (`draft_dtype`), like the GEMM forms of
-``packed_linears.py``.
+(AVX512-BF16, AMX) a bf16 copy of the weights halves the bytes and runs oneDNN's bf16 kernels, about four times
+faster than fp32 on a head's product (docs/lab/measurements.md, "CPU: draft heads in the dtype the machine multiplies
+fastest"). Where bf16 is emulated it is slower than fp32. So the choice is measured, once per process and shape, on
+the machine at hand (`draft_dtype`), like the GEMM forms of ``packed_linears.py``.
 
 Drafting in bf16 never changes what ``generate`` returns: the target verifies every drafted token in its own dtype,
 so greedy output stays token-for-token the target's and sampling stays exact; only which tokens are proposed (and so

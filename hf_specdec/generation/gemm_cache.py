@@ -1,11 +1,9 @@
 """The GEMM forms `packed_linears` measured fastest on this CPU, kept between processes: one small JSON file per machine.
 
 `packed_linears` times every GEMM form on the first calls of each (weight shape, row count, threads, packing allowed)
-and keeps the fastest for the process. A new process would time them all again inside its first verify forwards:
-on the 2-core Intel Xeon, 10 to 26 of the verify steps of each of a fresh process's first two 128-token
-`ngram+eagle` calls ran such trials, about 500 GEMM trials in four calls, against about 90 for a process that
-started from the saved forms (docs/lab/changelog.md, "The GEMM forms kept between processes"). The loop therefore
-starts every call from the choices an earlier process saved (`load_gemm_choices`, read once per process) and writes
+and keeps the fastest for the process. A new process would time them all again inside its first verify forwards,
+slowing its first calls' steps (docs/lab/changelog.md, "The GEMM forms kept between processes";
+docs/results/intel_gemm_forms_cache.json). The loop therefore starts every call from the choices an earlier process saved (`load_gemm_choices`, read once per process) and writes
 new ones back at the end of a call (`save_gemm_choices`, throttled like the cost curves, and once at exit).
 
 - **Folder and switch**: the cost curves' (`cost_cache.cache_folder`: ``HF_SPECDEC_COST_CACHE``; ``0`` turns both

@@ -5,9 +5,10 @@ EAGLE-1's gathered lm_head rows are such a module too, `heads/derived.py::lm_hea
 
 Verifying a draft tree multiplies every weight matrix by ``n + 1`` rows instead of one. For one to three rows MKL
 runs a matrix-vector kernel that streams the weights once; from four rows on it runs a GEMM that first *re-packs*
-the weight matrix into its blocked layout on every call, an extra read and write of every weight. On the default
-model (2-core Xeon, fp32) that makes a 4-row forward cost ~1.5x a 1-row forward although the arithmetic is
-negligible; it is what kept trees on this machine at one or two nodes (docs/lab/measurements.md).
+the weight matrix into its blocked layout on every call, an extra read and write of every weight. A forward of a few
+rows then costs well above a 1-row forward although the arithmetic is negligible, and the tree budget, which sizes
+trees by that cost, keeps them at one or two nodes (docs/lab/measurements.md, "Which GEMM form, measured per
+machine").
 
 `packed_linears(model)` removes that cost: inside the block, every plain `nn.Linear` of the model whose input has
 2 to `TUNE_MAX_ROWS` rows runs the GEMM form measured fastest on this machine for its shape and row count (above 8
@@ -16,9 +17,8 @@ rows, for its bucket of row counts: `tuning_rows`)
 copy of its weight packed once with MKL's ``cblas_sgemm_pack``, and, where `build_cpu_kernels` compiled it on this
 machine, the few-rows GEMM of ``kernels/few_rows_gemm.py`` on a copy of the weight packed in panels; copies are kept
 per weight tensor and version until the weight is freed or changed). One row keeps `F.linear`, so single-token
-decoding runs exactly the kernels of stock `generate`. On a 2-core AMD EPYC (fp32, one thread) the few-rows GEMM
-turned a verify forward of the default model over 2, 4 and 8 tokens from 1.03x, 1.32x and 1.77x the cost of a stock
-1-token forward (MKL's forms) into 0.72x, 0.72x and 0.87x (docs/design.md, "The few-rows GEMM").
+decoding runs exactly the kernels of stock `generate`. With the few-rows GEMM a verify forward of up to 8 tokens can
+cost less than a stock 1-token forward (docs/results/amd_few_rows_forward.json).
 Same math, same fp32 precision; only the blocking of the sums may differ, as it already does between a 1-row and an
 n-row forward.
 
@@ -35,7 +35,7 @@ say, runs stock `F.linear`. Concurrent blocks on one model share the patch (refe
 
 Memory and when it runs. A weight has at most one copy, in one form for the whole process (`available_forms`): the
 few-rows kernel's panels where it is built (the weight's size again, so the copies at most double the linear
-weights' footprint), else MKL's packed buffer (3.35x the weight allocated for SmolLM2's matrices, ~2.4x resident).
+weights' footprint), else MKL's packed buffer (`PACKED_SIZE_FACTOR` times the weight, allocated).
 Copies are keyed by weight tensor, so every call and every head over one model shares them, and they are freed with
 the weight. ``HF_SPECDEC_PACKED_MEMORY_MB`` caps the bytes all copies may hold together (a model whose copies would
 pass it runs stock kernels); without it, a model packs only while its copies fit in `MEMORY_FRACTION` of the
@@ -43,13 +43,12 @@ memory available. Copies are made only where they pay and dropped when they stop
 
 - only forwards of 2 (MKL's: `MIN_ROWS`) to `MAX_ROWS` rows (verify forwards of small trees) use them; a prefill of
   a long prompt runs stock `F.linear` and packs nothing (its GEMM amortises MKL's re-pack over all its rows);
-- a single call packs only from its `PACK_AFTER`-th such forward, so short answers never pay the packing (the
-  few-rows GEMM's panels are the weights' size again, made in ~0.4 s for the default model);
+- a single call packs only from its `PACK_AFTER`-th such forward, so short answers never pay the packing;
 - a ``generate`` call keeps the copies it made for the model's later calls (``keep_packed=None``, the default): they
   live until the weights change or are freed, or `release_packed_weights`. Releasing them at the end of every call
   made a plain series of calls re-pack the weights and run its first `PACK_AFTER` verify forwards on stock kernels
-  each time, which cost the default model's EAGLE calls their whole gain on a 2-core AMD EPYC (12 prompts in a row:
-  0.87x vanilla, against 1.20x once kept; docs/lab/measurements.md). When a call ends, the copies of forms the tuner chose for none of the
+  each time, which cost the heads their whole gain (docs/results/zen3_plain_calls_release_seed1.json against
+  zen3_plain_calls_keep_seed1.json). When a call ends, the copies of forms the tuner chose for none of the
   weight's row counts are dropped (`_drop_unchosen_copies`: the first process on a machine times every form, so it
   packs every form once). ``keep_packed=False`` releases them when the call ends; ``keep_packed=True`` also packs
   from the call's first verify forward; the ``with packed_weights(model):`` block packs at once (the warm-up) and
@@ -82,7 +81,8 @@ from ..models import cache_root
 MIN_ROWS = MIN_PACKED_ROWS  # below this MKL's packed GEMM is not tried (its matrix-vector path is as fast)
 MAX_ROWS = 256  # above this (prefill) the GEMM amortises its own re-pack: stock kernels, nothing packed
 PACK_AFTER = 32  # a call that does not keep its copies packs from its 32nd verify forward (short calls never pack)
-# MKL's packed buffer over the weight's own size (measured on SmolLM2-135M's matrices: 3.35x allocated)
+# MKL's packed buffer over the weight's own size, allocated (3.35x on the default model's matrices: docs/lab/
+# measurements.md, "CPU: pre-packed linear weights for verify forwards")
 PACKED_SIZE_FACTOR = 3.4
 ENV_FLAG = "HF_SPECDEC_PACKED_LINEAR"
 KERNELS_ENV_FLAG = "HF_SPECDEC_CPU_KERNELS"  # 0: the compiled few-rows GEMM is not loaded (MKL's forms only)
@@ -210,8 +210,8 @@ def _packed_forward(module: nn.Linear, model: nn.Module):
 # The GEMM forms of a linear layer over a few rows, and which one is fastest here, measured per (out, in, rows
 # (`tuning_rows`), bias, threads, packing allowed): the first `TUNE_TRIALS` calls of each form are timed, then the
 # one with the lowest median is kept for the process, and saved for later processes on this machine (`gemm_cache`).
-# On a 2-core AMD EPYC VM, `W @ x.T` ran SmolLM2's lm_head (49152 x 576) over 2-4 rows in 6-8 ms against 21-38 ms
-# for `F.linear`; on other CPUs the packed GEMM wins.
+# The fastest form differs between CPUs (weight-major on one, MKL's packed GEMM on another: docs/lab/measurements.md,
+# "Which GEMM form, measured per machine"), hence a choice per machine.
 TUNE_TRIALS = 3
 TUNE_MAX_ROWS = 64  # verify forwards of draft trees; above, MKL-packed when allowed, else F.linear
 _GEMM_CHOICE: dict[tuple, str] = {}

@@ -316,7 +316,8 @@ class DFlashHead(
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """`[..., V']` fp32 logits over the draft vocabulary (the target's lm_head without one). The product runs on
-        2-D rows: on the CPU a 3-D bf16 ``F.linear`` over the 49152-row lm_head took 0.5 s against 40 ms in 2-D."""
+        2-D rows: on the CPU a 3-D bf16 ``F.linear`` over a large lm_head is an order of magnitude slower
+        (docs/lab/measurements.md, "Figures that stood in the package's docstrings")."""
         flat = hidden.reshape(-1, hidden.shape[-1])  # [n, H]
         if self.lm_head is not None:
             out = self.lm_head(flat)

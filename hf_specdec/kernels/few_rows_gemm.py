@@ -1,15 +1,14 @@
 """A CPU GEMM for a few fp32 rows, compiled on the machine that runs it: ``x @ W.T + b`` streaming ``W`` once.
 
 A verify forward multiplies every weight matrix by the tree's ``n + 1`` rows. MKL's `F.linear` costs about one
-matrix-vector product per row on some CPUs (2-core AMD EPYC, AVX-512: 2 rows of the default model's MLP matrices
-1.9x one row, 3 rows 2.9x; its 49152 x 576 lm_head 2.2x and 3.4x), although the arithmetic is negligible next to
-reading the weights. `csrc/few_rows_gemm.cpp` runs on a copy of the weight packed once in panels of output features
-(`pack_weight`: `[ceil(out / P), in, P]`, P = 32 features with AVX-512, 16 with AVX2; the weight's size again, against
-MKL's 3.4x for its packed copy) and multiplies each weight vector it loads by up to 8 rows (6 with AVX2) held in
-registers; more rows run chunk after chunk on each panel while it is in cache, so the weights are read from memory
-once for all rows, with a software prefetch of the stream ahead of the loads (where the weights come from DRAM the
-hardware prefetcher alone fell behind the FMAs of 4 rows and more). Same fp32 math as `F.linear`; only the blocking
-of the sums differs, as it already does between MKL's 1-row and n-row kernels.
+matrix-vector product per row on some CPUs (docs/results/amd_few_rows_forward.json, ``gemm_us``), although the
+arithmetic is negligible next to reading the weights. `csrc/few_rows_gemm.cpp` runs on a copy of the weight packed once
+in panels of output features (`pack_weight`: `[ceil(out / P), in, P]`, P = 32 features with AVX-512, 16 with AVX2; the
+weight's size again, about a third of MKL's packed copy) and multiplies each weight vector it loads by up to 8 rows (6
+with AVX2) held in registers; more rows run chunk after chunk on each panel while it is in cache, so the weights are
+read from memory once for all rows, with a software prefetch of the stream ahead of the loads (where the weights come
+from DRAM the hardware prefetcher alone fell behind the FMAs of 4 rows and more). Same fp32 math as `F.linear`; only the
+blocking of the sums differs, as it already does between MKL's 1-row and n-row kernels.
 
 It is C++ built with `torch.utils.cpp_extension` (a C++ compiler and ninja, once per machine and source, ~1 min)
 into a folder the caller names, and never compiled implicitly: `build(folder)` compiles (``hf-specdec build-kernels``

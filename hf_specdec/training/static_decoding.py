@@ -1,12 +1,13 @@
 """Greedy answers of a batch over a static KV cache, each decoding step one replayed CUDA graph: the data builder's
 fast path on a GPU (`target_states.Answering` with ``static=True``).
 
-The builder's dynamic loop (`target_states.greedy_answers_with_states`) costs about 40 ms a step on an H200 whatever
-the batch: the host launches some 1,100 kernels a step for a 30-layer 135M model and the GPU waits for them. Here a
-batch gets a `transformers.StaticCache` sized for its prompts and answers, and every step has the same shapes and
-the same tensors (`DecodeStep`): the input token, the position ids, the write position and an additive attention
-bias built from them inside the step. On CUDA the step after the first is captured once as a CUDA graph and
-replayed; elsewhere (or where capture fails) the same step runs eagerly, which is also how the tests check it.
+The builder's dynamic loop (`target_states.greedy_answers_with_states`) costs about the same per step on a GPU
+whatever the batch: the host launches some 1,100 kernels a step for a 30-layer 135M model and the GPU waits for them
+(docs/results/h200_builder_profile.txt). Here a batch gets a `transformers.StaticCache` sized for its prompts and
+answers, and every step has the same shapes and the same tensors (`DecodeStep`): the input token, the position ids,
+the write position and an additive attention bias built from them inside the step. On CUDA the step after the first is
+captured once as a CUDA graph and replayed; elsewhere (or where capture fails) the same step runs eagerly, which is
+also how the tests check it.
 
 Finished rows keep decoding (a static shape cannot drop them); the loop stops once every row has forwarded its end
 token, and each row's answer and states are cut there: the same answers and states as the dynamic loop's.
