@@ -12,6 +12,9 @@ Which layer drafts: MTP layer 0 at every level, fed back its own output as the n
 runs one MTP layer for several tokens). Layer k > 0 was trained on the outputs of layer k - 1 at the *same*
 position with token t + 1 + k, so its cache at the last k - 1 positions depends on the drafted path; a tree would
 recompute those per path (transformers' chain crops and recomputes them). Deeper layers are loaded but not used.
+A layer reads its whole cache and the drafted path (a sliding window, as Mellum's MTP layer has, is not applied to
+drafts: the target's verification keeps the output exact either way). MTP layers that keep state besides keys and
+values (Inkling's short convolution) are refused by name (`UnsupportedModelError`).
 """
 
 from __future__ import annotations
