@@ -457,7 +457,7 @@ def speedups_above_tau(text: str) -> list[str]:
     In prose, a τ goes with the speedup quoted closest before it in the same sentence (``1.59x, τ 2.65``,
     ``1.09x (τ 1.36)``), else the first after it. In a table, an overall speedup goes with its τ column
     (`_speedup_columns`) and the reason belongs in the row; a generated table's rows are the generator's
-    (hf_specdec/bench/render.py), so for them the reason stands in the paragraph that introduces the block (the lines
+    (tools/render.py), so for them the reason stands in the paragraph that introduces the block (the lines
     right above its ``<!-- results:begin`` marker)."""
     found = []
     lines = text.splitlines()
