@@ -265,5 +265,8 @@ def test_resolution_and_a_head_of_another_model(mtp_model):
     assert isinstance(proposer, MTPAssistant) and proposer.hidden_state_layers == (-1,)
     assert as_proposer("mtp", model).head is proposer.head  # read from the checkpoint once per model
     assert isinstance(as_proposer(proposer.head, model), MTPAssistant)
+    stack = MtpModel.from_pretrained(model)  # transformers' own object drafts too
+    expected = model.generate(IDS, max_new_tokens=8, do_sample=False)
+    assert_same_tokens(model.generate(IDS, max_new_tokens=8, do_sample=False, assistant=stack), expected, "MtpModel")
     with pytest.raises(ValueError, match=r"MTP layers of another deepseek_v3 model object"):
         other.generate(IDS, max_new_tokens=4, assistant=proposer.head)

@@ -11,12 +11,13 @@ and the verifier keeps sampling exact without draft probabilities; ``scores`` ca
 tree budget cuts by.
 
 transformers drafts with the same layers in a chain at batch 1 (``generate(use_mtp=True)``); here
-``assistant="mtp"`` (or an `MTPHead`) drafts trees for any batch. A model without MTP layers is refused by name.
+``assistant="mtp"`` (or an `MTPHead`, or transformers' `MtpModel`) drafts trees for any batch. A model without MTP layers is refused by name.
 """
 
 from __future__ import annotations
 
 import torch
+from transformers.modeling_layers import MtpModel
 
 from ...heads.checks import check_tree_sizes
 from ...heads.mtp import MTPHead
@@ -71,11 +72,13 @@ class MTPAssistant(EagleAssistant):
 
 
 def mtp_assistant_for(obj, target) -> Proposer | None:
-    """``assistant=`` resolver: an `MTPAssistant` when ``obj`` is an `MTPHead` or the string ``"mtp"`` (the
-    target's own MTP layers, loaded once per target and kept beside it); a `NoMTPLayersError` (a ValueError) names
+    """``assistant=`` resolver: an `MTPAssistant` when ``obj`` is an `MTPHead`, transformers' `MtpModel` of the
+    target, or the string ``"mtp"`` (the target's own MTP layers, loaded once per target and kept beside it); a `NoMTPLayersError` (a ValueError) names
     the target's type when ``"mtp"`` is asked of a model that ships none; else None."""
     if isinstance(obj, MTPHead):
         return MTPAssistant(obj)
+    if isinstance(obj, MtpModel):  # transformers' own MTP stack, e.g. MtpModel.from_pretrained(target)
+        return MTPAssistant(MTPHead(obj.eval(), str(target.config.model_type)).bind(target))
     if isinstance(obj, str) and obj == "mtp":
         return MTPAssistant(_target_head(target))
     return None
