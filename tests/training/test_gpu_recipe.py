@@ -21,7 +21,6 @@ import hf_specdec  # noqa: F401  (routes generate(assistant=...))
 from hf_specdec.heads.dflash import default_feature_layers
 from hf_specdec.testing import assert_same_tokens, left_pad, tiny_causal_lm, tiny_chat_tokenizer
 from hf_specdec.training.conversations import Conversation, ConversationSet, Turn, held_out
-from hf_specdec.training.head_kinds import HEAD_KINDS
 from tools import gpu_recipe
 from tools.gpu_recipe import (
     RecipeConfig,
@@ -111,7 +110,7 @@ def test_recipe_end_to_end_on_a_tiny_model(tiny, tmp_path, monkeypatch):
             tar.extractall(tmp_path / "heads", filter="data")
         folder = tmp_path / "heads" / name
         assert {"config.json", "model.safetensors", "training_report.json"} <= {p.name for p in folder.iterdir()}
-        head = HEAD_KINDS[name].head_class().from_pretrained(folder, base_model=model, dtype=torch.float32)
+        head = gpu_recipe.TRAINERS[name].head_class().from_pretrained(folder, base_model=model, dtype=torch.float32)
         got = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, assistant=head)
         assert_same_tokens(got, expected, f"{name} head from the recipe")
         one = model.generate(ids[:1], attention_mask=mask[:1], max_new_tokens=16, do_sample=False, assistant=head)
@@ -279,7 +278,7 @@ def test_heads_save_from_a_checkout_that_pip_never_installed(tiny, tmp_path, mon
 
     monkeypatch.setattr(importlib.metadata, "version", version)
     model, _ = tiny
-    head = HEAD_KINDS["medusa"].head_class().for_model(model, num_heads=2)
+    head = gpu_recipe.TRAINERS["medusa"].head_class().for_model(model, num_heads=2)
     head.save_pretrained(tmp_path / "head")
     config = json.loads((tmp_path / "head" / "config.json").read_text())
     assert config["hf_specdec_version"] == hf_specdec.__version__
@@ -319,7 +318,7 @@ def test_eagle_medusa_and_dflash_fine_tune_the_shipped_heads_by_default(tiny, tm
 
 def test_a_tar_over_the_file_limit_comes_back_in_pieces_that_join(tiny, tmp_path, monkeypatch):
     model, _ = tiny
-    head = HEAD_KINDS["medusa"].head_class().for_model(model, num_heads=2)
+    head = gpu_recipe.TRAINERS["medusa"].head_class().for_model(model, num_heads=2)
     folder, out = tmp_path / "medusa", tmp_path / "out"
     head.save_pretrained(folder)
     out.mkdir()
