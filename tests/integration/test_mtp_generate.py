@@ -194,6 +194,35 @@ def test_the_head_layer_computes_what_transformers_forward_layer_computes(mtp_mo
     assert key.shape[2] == t
 
 
+class FirstTree(MTPAssistant):
+    """Keeps the first tree it proposes (row 0's, after prefill)."""
+
+    first = None
+
+    def propose(self, rows):
+        trees = super().propose(rows)
+        self.first = self.first or (trees[0] if trees[0].tokens.numel() else None)
+        return trees
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "mellum"])
+def test_the_first_tree_is_the_top_k_of_transformers_mtp_draft(mtp_model, model_type):
+    """The loop's wiring (the features and tokens the head's cache receives after prefill, the root's position)
+    gives the root's children transformers' `MtpModel.forward` ranks first after the same prompt."""
+    model = mtp_model(model_type)
+    assistant = FirstTree(MTPHead.from_model(model), top_k=3, depth=1, num_nodes=3)
+    ids = torch.tensor([PROMPTS[0]])
+    t = ids.shape[1]
+    root = model.generate(ids, max_new_tokens=4, do_sample=False, assistant=assistant, **NO_BUDGET)[:, t : t + 1]
+    with torch.no_grad():
+        feats = model(ids, output_hidden_states=True).hidden_states[-1]  # [1, t, H]
+        _, logits, _ = assistant.head.mtp(
+            input_ids=torch.cat([ids[:, 1:], root], 1), last_hidden_states=feats, attention_mask=None,
+            position_ids=torch.arange(1, t + 1)[None], mtp_cache=MtpCache(config=model.config.get_mtp_config()),
+        )  # fmt: skip
+    assert assistant.first.tokens.tolist() == logits[0, -1].topk(3).indices.tolist()
+
+
 # --------------------------------------------------------------------------------------------- exact sampling
 SAMPLED = ("deepseek_v3", "mellum")
 # the packed verify forwards of these MoE / MLA models cost far more per row than a tiny Llama's on the CPU, so
