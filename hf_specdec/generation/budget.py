@@ -45,7 +45,7 @@ never scores below its child). The budgeter
    by ``margin``. Until a level was measured the rows draft one level per step (the first steps of the first call;
    a backlog the draft fed, its prompt or tokens it skipped, is no sample). While drafting is off the rows probe
    at depth 1 (the best node verified) after 16 steps, then after twice the last interval and at least after the
-   probe's own cost over 2% of the time (a catch-up after a long pause costs more), at most every 512 steps; the
+   probe's own cost over 1% of the time (a catch-up after a long pause costs more), at most every 512 steps; the
    cost, the acceptance and this schedule carry over calls and processes (the cost cache), so a later call of a
    draft that does not pay runs no draft forward from its first step. A sample a fifth cheaper than the
    median replaces the older samples: a draft that became cheap comes back at the next step.
@@ -93,7 +93,7 @@ _PRIOR_ACCEPT = 0.6
 _PRIOR_WEIGHT = 2.0
 _FIRST_PROBE_AFTER = 16
 _MAX_PROBE_INTERVAL = 512
-_PROBE_SHARE = 0.02
+_PROBE_SHARE = 0.01
 _PLAN_DEPTH = 16  # deepest level the plan weighs
 PROPOSING_COST_ENV = "HF_SPECDEC_PROPOSING_COST"  # 0 / false / off / no: a draft model's cost is not planned for
 

@@ -86,8 +86,7 @@ class DraftModelAssistant(Proposer):
     def start(self, setup: ProposerSetup) -> None:
         super().start(setup)
         self.finish()
-        # entered once per call, not per draft forward (packing the linears scans the modules)
-        self.draft = PlannedModel(self.model).__enter__()
+        self.draft = None  # entered at the call's first draft forward (`_planned`): none for a call drafting nothing
         self.cache_rows: dict[int, int] = {}
         self.cached: dict[int, int] = {}  # committed tokens of each row in the draft cache
         self.sample = setup.do_sample
@@ -108,6 +107,13 @@ class DraftModelAssistant(Proposer):
             save_proposing_cost(cost)  # for the next process on this machine (throttled; never raises)
 
     # ------------------------------------------------------------------ drafting
+    def _planned(self) -> PlannedModel:
+        """The draft's planned forwards and cache for this call, entered once per call, not per draft forward
+        (packing the linears scans the modules)."""
+        if self.draft is None:
+            self.draft = PlannedModel(self.model).__enter__()
+        return self.draft
+
     def _forward(self, tokens, positions, rows, q_lens, masks, pending, keep) -> torch.Tensor:
         """`[K, V]` fp32 draft logits at the kept positions of one packed forward (see `PlannedModel.forward`)."""
         out = self.draft.forward(rows, tokens, positions, q_lens, masks, pending_lens=pending, logits_to_keep=keep)
@@ -147,6 +153,7 @@ class DraftModelAssistant(Proposer):
             committed while it drafted nothing).
         """
         device = rows[0].tokens.device
+        self._planned()
         for r in rows:
             if r.row not in self.cache_rows:
                 self.cache_rows[r.row] = self.draft.add_rows(1)[0]
