@@ -11,10 +11,9 @@ calls run at the same time instead (transformers' generate and hf_specdec's are 
 on one model object).
 
 Within one request the two sides run one after the other, not at the same time: each streams into its pane while it
-runs. Run at once on the 2-core CPU of the default setup, each side lost about a third of its tokens/s (eagle, 64
-tokens, 4 interleaved rounds: vanilla 10.6 -> 6.8, speculative 11.9 -> 7.3 tokens/s) and the speedup followed
-whichever side finished first (the other then had the CPU to itself), so a concurrent comparison would not time
-either side honestly.
+runs. Run at once on a CPU, the two sides share its cores: each loses speed and the speedup follows whichever side
+finishes first (the other then has the CPU to itself), so a concurrent comparison would not time either side honestly
+(docs/lab/measurements.md has the run that showed it).
 """
 
 from __future__ import annotations

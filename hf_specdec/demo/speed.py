@@ -11,7 +11,7 @@ time per token, both with their prefill spread over the call), the speedup is ex
 (``N_s / S`` is τ give or take the prefill's token and accepted draft tokens cut after the end of the answer). τ is
 not an upper bound on the speedup: ``c`` can be below 1. On a CPU a verify forward over a few tokens runs the
 few-rows GEMM on pre-packed weights, which can cost less than vanilla's one-token decode forward on stock kernels
-(0.72x for 2 to 4 tokens of the default model on a 2-core AMD EPYC, `generation/packed_linears.py`), so a speedup above τ is a
+(docs/results/amd_few_rows_forward.json measures it), so a speedup above τ is a
 measurement, not an error. Over several prompts the times and counts add up (`step_cost`).
 """
 
