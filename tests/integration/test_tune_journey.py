@@ -1,0 +1,163 @@
+"""``hf-specdec tune`` end to end on models nobody tuned for: tiny random models of three families (llama, qwen3, and
+gemma2 with sliding-window layers), each with its own tokenizer and vocabulary size and no chat template, saved to
+folders; local conversations as the training data (nothing from the Hub). The command writes the head, its card with
+the measured table, its exports and the report; the head reloads and decodes vanilla's greedy tokens; a rerun skips
+the finished steps; a bad option fails before any weights load, naming the option."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hf_specdec.cli import main
+from hf_specdec.kinds import HEAD_KINDS
+from hf_specdec.models import PLAIN_RENDERING, chat_prompt_ids
+from hf_specdec.testing import char_tokenizer, tiny_causal_lm, tiny_chat_tokenizer
+from hf_specdec.tune import STEPS
+
+WORDS = "alpha beta gamma delta eps zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
+# family -> (the kind tune trains for it, the model's settings, its tokenizer)
+FAMILIES = {
+    "llama": ("eagle", dict(vocab_size=97), lambda: char_tokenizer(97)),
+    "qwen3": ("dflash", dict(vocab_size=64),
+              lambda: tiny_chat_tokenizer(WORDS + ["System:", "User:", "Assistant:"], 64, chat_template=None)),
+    "gemma2": ("medusa", dict(vocab_size=130), lambda: char_tokenizer(130)),  # sliding windows of 8 tokens
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def conversations(tmp_path_factory):
+    """A JSON file of 40 four-turn conversations of random words, in ShareGPT's layout."""
+    rng = random.Random(0)
+
+    def text(n: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(n))
+
+    records = [{"id": f"c{i}", "conversations": [{"from": f, "value": text(n)} for f, n in
+                                                 (("human", 5), ("gpt", 12), ("human", 4), ("gpt", 10))]}
+               for i in range(40)]  # fmt: skip
+    path = tmp_path_factory.mktemp("data") / "conversations.json"
+    path.write_text(json.dumps(records), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_folders(tmp_path_factory):
+    """family -> a folder holding a tiny 4-layer model of the family and its tokenizer (no chat template)."""
+    folders = {}
+    for family, (_, settings, tokenizer) in FAMILIES.items():
+        folder = tmp_path_factory.mktemp(family) / "model"
+        tiny_causal_lm(family, hidden_size=32, num_layers=4, seed=3, **settings).save_pretrained(folder)
+        tok = tokenizer()
+        assert not tok.chat_template
+        tok.save_pretrained(folder)
+        folders[family] = folder
+    return folders
+
+
+def _tune(folder, out, data, kind: str, *extra: str) -> list[str]:
+    return ["tune", "--model", str(folder), "--out", str(out), "--data", str(data), "--kind", kind,
+            "--budget-minutes", "0.5", "--prompts", "2", "--max-new-tokens", "12", "--conversation-tokens", "96",
+            *extra]  # fmt: skip
+
+
+def _reloads_greedy_equal(folder, head_dir, kind: str) -> None:
+    """The saved head, loaded as a user would, drafts for the model with vanilla's greedy tokens."""
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    tok = AutoTokenizer.from_pretrained(folder)
+    head = HEAD_KINDS[kind].load("head").from_pretrained(head_dir, base_model=model)
+    ids = chat_prompt_ids(tok, "alpha beta gamma delta")  # [1, W]
+    mask = torch.ones_like(ids)
+    vanilla = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
+    spec = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, assistant=head,
+                          return_dict_in_generate=True)  # fmt: skip
+    assert torch.equal(spec.sequences, vanilla) and spec.spec_stats.steps >= 1
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_journey_on_a_model_nobody_tuned_for(family, model_folders, conversations, tmp_path, capsys):
+    kind = FAMILIES[family][0]
+    out = tmp_path / "tuned"
+    assert main(_tune(model_folders[family], out, conversations, kind)) == 0
+    printed = capsys.readouterr()
+    assert "no chat template" in printed.err and "| assistant | speedup |" in printed.out
+    assert "use it: model.generate(ids" in printed.out
+
+    report = json.loads((out / "tune_report.json").read_text())
+    assert report["complete"] and list(report["steps"]) == list(STEPS)
+    assert all(step["seconds"] >= 0 for step in report["steps"].values())
+    assert report["steps"]["data"]["prompt_format"] == PLAIN_RENDERING
+    assert report["steps"]["train"]["steps"] >= 1 and report["steps"]["verify_cost"]["seconds_by_tokens"]["1"] > 0
+    published = report["steps"]["publish"]
+    benched = {row["method"] for row in published["table"]}
+    assert {"ngram", "suffix", "draft", kind, f"ngram+{kind}"} <= benched
+    assert all(row["mismatches"] == 0 for row in published["table"] if row["checked"])  # fp32: vanilla's tokens
+    assert published["winner"] in benched | {"vanilla"}
+
+    config = json.loads((out / "head" / "config.json").read_text())
+    assert config["head_type"] == kind
+    card = (out / "head" / "README.md").read_text()
+    assert "Measured by `hf-specdec tune`" in card and "| `NgramAssistant()` |" in card
+    formats = [f for f in HEAD_KINDS[kind].load("head").export_formats if f != "hf-specdec"]
+    assert set(published["exports"]) == set(formats)
+    for fmt, where in published["exports"].items():
+        assert where.startswith("not written") or (out / f"export-{fmt}" / "config.json").is_file()
+    if "speculators" in formats and kind == "dflash":
+        assert (out / "export-speculators" / "config.json").is_file()
+    _reloads_greedy_equal(model_folders[family], out / "head", kind)
+
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "steps").iterdir()}
+    assert main(_tune(model_folders[family], out, conversations, kind)) == 0  # a rerun: every step skipped
+    err = capsys.readouterr().err
+    assert all(f"{step}: done earlier" in err for step in STEPS) and "loaded" not in err
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "steps").iterdir()} == before
+
+
+def test_an_interrupted_journey_resumes_after_its_last_finished_step(model_folders, conversations, tmp_path, capsys):
+    out = tmp_path / "tuned"
+    argv = _tune(model_folders["llama"], out, conversations, "eagle")
+    assert main(argv) == 0
+    for step in ("bench_head", "publish"):  # as if the run had stopped after training
+        (out / "steps" / f"{step}.json").unlink()
+    capsys.readouterr()
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert all(f"{step}: done earlier" in err for step in ("verify_cost", "bench_untrained", "data", "train"))
+    assert "bench_head: benching" in err and "publish: picking" in err
+    assert json.loads((out / "tune_report.json").read_text())["complete"]
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (("--model", "/no/such/model"), "--model /no/such/model"),
+        (("--model", "NO_TOKENIZER"), "no tokenizer"),
+        (("--data", "/no/such/conversations.json"), "--data /no/such/conversations.json"),
+        (("--kind", "lookahead"), "--kind"),
+        (("--budget-minutes", "0"), "--budget-minutes"),
+        (("--draft-layers", "4"), "--draft-layers 4: the model has 4 layers"),
+        (("--chat-template", "/no/such/template.jinja"), "--chat-template"),
+        (("--device", "cuda:7" if not torch.cuda.is_available() else "nonsense"), "--device"),
+    ],
+)
+def test_a_bad_option_fails_at_once_naming_it(change, words, model_folders, conversations, tmp_path, capsys):
+    bare = tmp_path / "bare"  # a model folder without a tokenizer
+    bare.mkdir()
+    (bare / "config.json").write_text((model_folders["llama"] / "config.json").read_text())
+    argv = _tune(model_folders["llama"], tmp_path / "out", conversations, "eagle")
+    flag, value = change
+    if flag in argv:
+        argv[argv.index(flag) + 1] = str(bare) if value == "NO_TOKENIZER" else value
+    else:
+        argv += [flag, value]
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and time.perf_counter() - start < 5
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "out" / "steps").exists()
