@@ -1,5 +1,5 @@
-"""The head kinds: one `HeadKind` per kind of trained drafter (EAGLE, Medusa, MLP speculator, DFlash, MTP), the one
-place a kind is entered.
+"""The head kinds: one `HeadKind` per kind of drafter that reads the target's states (EAGLE, Medusa, MLP speculator,
+DFlash, and a model's own MTP layers), the one place a kind is entered.
 
 A descriptor is data: every piece of a kind is named by its import path (``"module:attribute"``) and imported only
 when used, so this module imports nothing of the package and every layer may read it. Each field names a module of
@@ -167,6 +167,14 @@ HEAD_KINDS: dict[str, HeadKind] = {
             serving=f"{_SERVING}:dflash_sections",
             scorer=f"{_SCORERS}:DFLASH_SCORER",
             recipe_share=0.3,
+        ),
+        HeadKind(  # the model's own multi-token-prediction layers: nothing to train, ship or export
+            name="mtp",
+            title="MTP layers",
+            drafts="EAGLE-2 dynamic trees",
+            head="hf_specdec.heads.mtp:MTPHead",
+            resolver="hf_specdec.generation.proposers.mtp:mtp_assistant_for",
+            assistant="hf_specdec.generation.proposers.mtp:MTPAssistant",
         ),
     )
 }

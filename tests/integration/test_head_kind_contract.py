@@ -9,17 +9,21 @@ registered without passing it fails CI.
 - the descriptor's pieces exist and agree (head, resolver, assistant, trainer, shipped folder, serving, scorer).
 
 Random heads: what is checked is exactness and the kind's wiring, not acceptance (the tree budget is off so that a
-random head's trees are verified in full).
+random head's trees are verified in full). A trained kind's head is built for a tiny Llama (``for_model``); a kind whose
+heads are the target's own layers (MTP: ``from_model``, nothing to save) drafts for a tiny model of a type that ships
+them, named in `OWN_LAYERS` (a new such kind fails until it is given one).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from test_mtp_generate import saved_with_mtp  # noqa: E402  (tests/integration is on the path, as for every test)
 
 from hf_specdec.generation.proposers import as_proposer
 from hf_specdec.kinds import HEAD_KINDS, PATH_FIELDS, HeadKind
 from hf_specdec.testing import (
+    SAMPLING_VOCAB,
     assert_same_tokens,
     first_tokens_p_values,
     left_pad,
@@ -29,14 +33,24 @@ from hf_specdec.testing import (
 )
 
 KINDS = list(HEAD_KINDS)
+# kinds whose heads are the target's own layers -> (tiny target with them, saved to and loaded from a folder)
+OWN_LAYERS = {"mtp": lambda folder, seed=0, vocab=None: saved_with_mtp("deepseek_v3", folder, seed=seed, vocab=vocab)}
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 5, 6, 7], [3, 4, 5], [9, 9, 8, 7, 6, 5, 4], [12, 13, 12, 13, 12, 13, 12, 13, 12]]
 FULL_TREES = {"tree_budget": False}
 SAMPLED_ROWS = 2000
 
 
+def own_layers(kind: HeadKind) -> bool:
+    """Whether the kind's heads are the target's own layers (built ``from_model``), not trained heads."""
+    return not hasattr(kind.load("head"), "for_model")
+
+
 def random_head(kind: HeadKind, model, seed: int = 0):
-    """A head of ``kind`` for ``model`` with random weights (std 0.1, so that its guesses vary), in eval mode."""
+    """A head of ``kind`` for ``model`` with random weights (std 0.1, so that its guesses vary), in eval mode; the
+    target's own layers for an `own_layers` kind (their weights are the target's, random already)."""
     head_class = kind.load("head")
+    if own_layers(kind):
+        return head_class.from_model(model)
     torch.manual_seed(seed)
     head = head_class.for_model(model)
     with torch.no_grad():
@@ -47,12 +61,27 @@ def random_head(kind: HeadKind, model, seed: int = 0):
 
 
 @pytest.fixture(scope="module")
-def target():
-    return tiny_causal_lm("llama", num_layers=6)
+def targets(tmp_path_factory):
+    """``targets(name, seed=0, vocab=None)``: the tiny target a kind drafts for, built once per arguments."""
+    built = {}
+
+    def target(name: str, seed: int = 0, vocab: int | None = None):
+        kind = HEAD_KINDS[name]
+        key = (name if own_layers(kind) else "llama", seed, vocab)
+        if key not in built:
+            if own_layers(kind):
+                assert name in OWN_LAYERS, f"{name}: give the contract test a tiny target with its layers"
+                built[key] = OWN_LAYERS[name](tmp_path_factory.mktemp(name), seed=seed, vocab=vocab)
+            elif vocab is not None:
+                built[key] = sampling_target()
+            else:
+                built[key] = tiny_causal_lm("llama", num_layers=6, hidden_size=64 if seed == 0 else 32)
+        return built[key]
+
+    return target
 
 
-@pytest.fixture(scope="module")
-def vanilla(target):
+def _vanilla(target):
     ids, mask = left_pad(PROMPTS)
     ragged = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
     one = target.generate(ids[1:2, -3:], max_new_tokens=20, do_sample=False)
@@ -72,7 +101,9 @@ def test_the_descriptor_names_pieces_that_exist(name):
     for piece in PATH_FIELDS:
         assert (kind.load(piece) is None) == (getattr(kind, piece) is None), (name, piece)
     head_class = kind.load("head")
-    assert getattr(head_class, "head_type", name) == name
+    assert head_class.head_type == name
+    if own_layers(kind):  # nothing to train, ship or export: the layers come with the model
+        assert kind.trainer is None and kind.shipped is None and not hasattr(head_class, "save_pretrained")
     if kind.shipped is not None:
         assert (kind.shipped_dir() / "config.json").is_file(), kind.shipped_dir()
     if kind.trainer is not None:
@@ -82,9 +113,10 @@ def test_the_descriptor_names_pieces_that_exist(name):
 
 
 @pytest.mark.parametrize("name", KINDS)
-def test_greedy_equals_vanilla_at_batch_1_and_ragged_4(name, target, vanilla):
+def test_greedy_equals_vanilla_at_batch_1_and_ragged_4(name, targets):
     kind = HEAD_KINDS[name]
-    ids, mask, ragged, one = vanilla
+    target = targets(name)
+    ids, mask, ragged, one = _vanilla(target)
     head = random_head(kind, target)
     proposer = as_proposer(head, target)
     assert isinstance(proposer, kind.load("assistant")), type(proposer)
@@ -96,9 +128,12 @@ def test_greedy_equals_vanilla_at_batch_1_and_ragged_4(name, target, vanilla):
 
 
 @pytest.mark.parametrize("name", KINDS)
-def test_every_format_round_trips(name, target, vanilla, tmp_path):
+def test_every_format_round_trips(name, targets, tmp_path):
     kind = HEAD_KINDS[name]
-    ids, mask, ragged, _ = vanilla
+    if own_layers(kind):
+        pytest.skip(f"{name}: the heads are the target's own layers, saved with the model")
+    target = targets(name)
+    ids, mask, _, _ = _vanilla(target)
     head = random_head(kind, target, seed=1)
     head.bind(target) if hasattr(head, "bind") else None  # an export records the target's architecture
     head.base_model_name_or_path = str(tmp_path / "target")
@@ -127,19 +162,20 @@ def test_every_format_round_trips(name, target, vanilla, tmp_path):
 
 
 @pytest.mark.parametrize("name", KINDS)
-def test_sampling_follows_the_target_distribution(name):
+def test_sampling_follows_the_target_distribution(name, targets):
     kind = HEAD_KINDS[name]
-    model = sampling_target()
-    counts = sample_first_tokens(model, random_head(kind, model, seed=2), SAMPLED_ROWS, check_power=False,
-                                 **FULL_TREES)  # fmt: skip
+    model = targets(name, vocab=SAMPLING_VOCAB)
+    model.generation_config.eos_token_id = 2  # the enumeration pads after EOS
+    rows = SAMPLED_ROWS if not own_layers(kind) else SAMPLED_ROWS // 5  # a tiny MoE / MLA verify costs far more
+    counts = sample_first_tokens(model, random_head(kind, model, seed=2), rows, check_power=False, **FULL_TREES)
     ps = first_tokens_p_values(counts, model)
     assert min(ps) > 1e-4, f"{name}: chi-square p-values of the first 1, 2, 3 tokens: {ps}"
 
 
 @pytest.mark.parametrize("name", KINDS)
-def test_a_head_for_another_model_is_refused(name, target):
+def test_a_head_for_another_model_is_refused(name, targets):
     kind = HEAD_KINDS[name]
-    other = tiny_causal_lm("llama", hidden_size=32, num_layers=6)
-    head = random_head(kind, target)
-    with pytest.raises(ValueError, match=r"hidden size|vocab|does not fit|cannot serve"):
+    other = targets(name, seed=1)
+    head = random_head(kind, targets(name))
+    with pytest.raises(ValueError, match=r"hidden size|vocab|does not fit|cannot serve|another .* model"):
         other.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=4, assistant=head)

@@ -14,7 +14,6 @@ from .ngram import NgramAssistant as NgramAssistant
 # Proposer) when ``obj`` is that method's object (a draft model, ...), else None.
 # Listed by path so that importing hf_specdec does not import every head type.
 _RESOLVERS: list[tuple[str, str] | Callable] = [
-    ("hf_specdec.generation.proposers.mtp", "mtp_assistant_for"),
     ("hf_specdec.generation.proposers.draft_model", "draft_model_assistant_for"),
 ]
 
