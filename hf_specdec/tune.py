@@ -382,12 +382,15 @@ def bench(journey: Journey, methods: list[Method], label: str) -> dict:
         records = run_bench(model, prompts, methods, [Setting(GREEDY, {"do_sample": False})],
                             max_new_tokens=journey.args.max_new_tokens, seed=journey.args.seed,
                             draft_factory=lambda: draft_model_from_layers(model, journey.args.draft_layers),
-                            log=lambda msg: bar.write(msg, file=sys.stderr), on_prompt=lambda _: bar.update(1))  # fmt: skip
+                            log=lambda msg: bar.write(msg, file=sys.stderr),
+                            on_prompt=lambda _: bar.update(1))  # fmt: skip
     bar.close()
     keys = ("speedup", "tau", "tokens_per_s", "mismatches", "checked", "errors", "error")
-    overall = {row["method"]: {k: row.get(k) for k in keys} for row in summarize(records) if row["category"] == OVERALL}
+    rows = [row for row in summarize(records) if row["category"] == OVERALL]
+    overall = {row["method"]: {k: row.get(k) for k in keys} for row in rows}
     return {"methods": {m.name: m.description for m in methods}, "overall": overall, "records": records,
-            "prompts": [str(p.question_id) for p in prompts], "max_new_tokens": journey.args.max_new_tokens}  # fmt: skip
+            "prompts": [str(p.question_id) for p in prompts],
+            "max_new_tokens": journey.args.max_new_tokens}  # fmt: skip
 
 
 def step_bench_untrained(journey: Journey) -> dict:
@@ -406,7 +409,8 @@ def step_data(journey: Journey) -> dict:
             source = None if value in SOURCES else load_conversations(value)
             folders += build_conversation_data(model, tokenizer, journey.out / "data" / Path(value).stem,
                                                num_conversations=count, seed=args.seed,
-                                               max_tokens=args.conversation_tokens, aux_layers=layers, source=source)  # fmt: skip
+                                               max_tokens=args.conversation_tokens, aux_layers=layers,
+                                               source=source)  # fmt: skip
         else:
             folders.append(Path(value))
     data = load_distillation_data(folders, with_aux=bool(layers))
@@ -424,29 +428,32 @@ def _conversations_for_budget(journey: Journey) -> int:
 
 def step_train(journey: Journey) -> dict:
     """The kind's trainer (`TrainerKind.train`) on the data, for the steps the budget leaves after a probe run
-    timed one step (the plan is kept in ``DIR/train/plan.json``, so that a rerun resumes the same run); the head is
-    saved in ``DIR/train/trained-head``."""
+    timed one step (the schedule is kept in ``DIR/train/schedule.json``, so that a rerun resumes the same run); the
+    head is saved in ``DIR/train/trained-head``."""
     model, _ = journey.target()
     args, kind, run_dir = journey.args, journey.kind, journey.out / "train"
     built = journey.results["data"]
     data = load_distillation_data([Path(f) for f in built["folders"]], with_aux=bool(built["aux_layers"]))
-    plan_path = run_dir / "plan.json"
-    plan = json.loads(plan_path.read_text(encoding="utf-8")) if plan_path.is_file() else _plan(journey, data)
-    _write_json(plan_path, plan)
-    config = kind.config_class()(max_steps=plan["max_steps"], seed=args.seed)
+    schedule_path = run_dir / "schedule.json"
+    schedule = (
+        json.loads(schedule_path.read_text(encoding="utf-8")) if schedule_path.is_file() else _schedule(journey, data)
+    )
+    _write_json(schedule_path, schedule)
+    config = kind.config_class()(max_steps=schedule["max_steps"], seed=args.seed)
     resume = (run_dir / "checkpoints").is_dir()
-    journey.say(f"training {plan['max_steps']} steps of the {kind.name} trainer (about {plan['expected_s']:.0f} s; "
-                f"{plan['epoch_steps']} steps would be its epochs over the data)"
+    journey.say(f"training {schedule['max_steps']} steps of the {kind.name} trainer "
+                f"(about {schedule['expected_s']:.0f} s; "
+                f"{schedule['epoch_steps']} steps would be its epochs over the data)"
                 + (", resuming its checkpoint" if resume else ""))  # fmt: skip
-    with timed_bar(f"train {kind.name}", plan["expected_s"]):
+    with timed_bar(f"train {kind.name}", schedule["expected_s"]):
         head, report = kind.train(model, data, run_dir, config, resume, args.device or "cpu", None)
     head.save_pretrained(run_dir / "trained-head")
     keys = ("steps", "training_time_s", "held_out_before", "held_out", "training_data", "prompt_format", "config")
-    return {"kind": kind.name, "plan": plan, "head_dir": str(run_dir / "trained-head"),
+    return {"kind": kind.name, "schedule": schedule, "head_dir": str(run_dir / "trained-head"),
             **{k: report.get(k) for k in keys}}  # fmt: skip
 
 
-def _plan(journey: Journey, data) -> dict:
+def _schedule(journey: Journey, data) -> dict:
     """``{"max_steps", "epoch_steps", "seconds_per_step", "expected_s", ...}``: a `PROBE_STEPS`-step run of the
     trainer times a step and the fixed cost around the steps; the steps are what the budget leaves after that and a
     second bench (about as long as the first one), at least one, at most the trainer config's epochs over the data."""

@@ -13,24 +13,26 @@ import hf_specdec
 from hf_specdec.cli import build_parser
 
 REQUIRED = {"train medusa": ["--out", "x"], "train mlp-speculator": ["--out", "x"], "train eagle": ["--out", "x"],
-            "train dflash": ["--out", "x"], "export": ["--format", "eagle", "--out", "x"]}  # fmt: skip
+            "train dflash": ["--out", "x"], "export": ["--format", "eagle", "--out", "x"],
+            "tune": ["--model", "x", "--out", "x"]}  # fmt: skip
 POSITIONAL = {"generate": ["hello"], "export": ["eagle"]}
 
 # which subcommands share which flag (every subcommand that runs a model takes --threads)
 SHARED = {
     "--threads": ["generate", "bench", "eval-heads", "train medusa", "train mlp-speculator", "train eagle",
-                  "train dflash", "demo"],
-    "--device": ["generate", "bench", "train medusa", "train mlp-speculator", "train eagle", "train dflash", "demo"],
+                  "train dflash", "demo", "tune"],
+    "--device": ["generate", "bench", "train medusa", "train mlp-speculator", "train eagle", "train dflash", "demo",
+                 "tune"],
     "--model": ["generate", "bench", "train medusa", "train mlp-speculator", "train eagle", "train dflash", "export",
-                "demo"],
+                "demo", "tune"],
     "--dtype": ["generate", "bench", "demo"],
     "--quantization": ["generate", "bench"],
     "--max-new-tokens": ["generate", "bench", "eval-heads", "train medusa", "train mlp-speculator", "train eagle",
-                         "train dflash"],
+                         "train dflash", "tune"],
     "--do-sample": ["generate", "bench", "train medusa"],
     "--temperature": ["generate", "bench"],
     "--top-p": ["generate", "bench"],
-    "--chat-template": ["bench", "train medusa", "train mlp-speculator", "train eagle", "train dflash"],
+    "--chat-template": ["bench", "train medusa", "train mlp-speculator", "train eagle", "train dflash", "tune"],
 }
 VALUES = {"--threads": "2", "--device": "cpu", "--model": "org/name", "--dtype": "bfloat16", "--quantization": "int8", "--max-new-tokens": "16", "--temperature": "0.5",
           "--top-p": "0.8", "--chat-template": "chat.jinja"}  # fmt: skip
@@ -59,7 +61,7 @@ def parse(command: str, *extra: str) -> argparse.Namespace:
 def test_the_subcommands_are_the_ones_the_table_knows():
     names = set(subcommands(build_parser()))
     assert names == {"generate", "bench", "eval-heads", "convert", "build-kernels", "train medusa", "train mlp-speculator",
-                     "train eagle", "train dflash", "export", "demo"}  # fmt: skip
+                     "train eagle", "train dflash", "export", "demo", "tune"}  # fmt: skip
     for commands in SHARED.values():
         assert set(commands) <= names
 
