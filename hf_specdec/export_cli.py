@@ -31,7 +31,7 @@ def export_formats() -> dict[str, list[HeadKind]]:
     beyond its own ``hf-specdec``)."""
     formats: dict[str, list[HeadKind]] = {}
     for kind in HEAD_KINDS.values():
-        for fmt in kind.load("head").export_formats:
+        for fmt in getattr(kind.load("head"), "export_formats", ()):  # none for a model's own layers (MTP)
             if fmt != "hf-specdec":
                 formats.setdefault(fmt, []).append(kind)
     return formats
