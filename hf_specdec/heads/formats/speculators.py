@@ -52,8 +52,8 @@ WRITE_KINDS = ("eagle3",)
 REFUSED_KINDS = {
     "peagle": "P-EAGLE drafts several positions at once from a learnt mask state (mask_hidden); hf-specdec has no "
     "parallel-drafting proposer",
-    "mtp": "an MTP layer normalises the embedding and the hidden state separately and has its own decoder layer "
-    "and lm_head; hf-specdec has no MTP proposer",
+    "mtp": "a separate MTP checkpoint; hf-specdec drafts with the MTP layers a model ships in its own checkpoint "
+    "(assistant=\"mtp\"), not with a speculators MTP folder",
     "dflash2": "DFlash2 drafts a whole block at once by block diffusion; hf-specdec has no block-diffusion proposer",
     "dspark": "DSpark drafts a whole block at once (block diffusion with a Markov head); hf-specdec has no such "
     "proposer",
