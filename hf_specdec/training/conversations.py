@@ -72,6 +72,7 @@ class ConversationSet:
     train: list[Conversation]
     held_out: list[Conversation]
     counts: dict = field(default_factory=dict)
+    file: str | None = None  # the name of the file read (`load_conversations`); None: made in memory
 
 
 def iter_json_records(f) -> Iterator[dict]:
@@ -247,7 +248,7 @@ def load_conversations(
     train = [c for c in kept if not held_out(c.id, held_out_permille)]
     held = [c for c in kept if held_out(c.id, held_out_permille)]
     counts.update(train=len(train), held_out=len(held))
-    return ConversationSet(train, held, counts)
+    return ConversationSet(train, held, counts, Path(path).name)
 
 
 def _overlapping(conversations: Sequence[Conversation], questions_file: Path) -> tuple[set[int], set[int]]:

@@ -103,6 +103,7 @@ def test_the_journey_on_a_model_nobody_tuned_for(family, model_folders, conversa
     assert config["head_type"] == kind
     card = (out / "head" / "README.md").read_text()
     assert "Measured by `hf-specdec tune`" in card and "| `NgramAssistant()` |" in card
+    assert "conversations of conversations.json" in config["model_card"]["training_data"]  # not "ShareGPT"
     formats = [f for f in HEAD_KINDS[kind].load("head").export_formats if f != "hf-specdec"]
     assert set(published["exports"]) == set(formats)
     for fmt, where in published["exports"].items():
