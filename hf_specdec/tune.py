@@ -613,9 +613,16 @@ def main(args: argparse.Namespace) -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(STEPS), desc="hf-specdec tune", unit="step", file=sys.stderr)
     journey = Journey(args, say=lambda msg: bar.write(f"[tune] {msg}", file=sys.stderr))
-    for name in STEPS:
-        run_step(journey, name, STEP_FUNCTIONS[name])
-        bar.update(1)
+    try:
+        for name in STEPS:
+            run_step(journey, name, STEP_FUNCTIONS[name])
+            bar.update(1)
+    except KeyboardInterrupt:
+        bar.close()
+        done = ", ".join(journey.results) or "none"
+        print(f"\nhf-specdec tune: interrupted; finished steps kept in {Path(args.out) / STEPS_DIR} ({done}): the "
+              "same command goes on from there", file=sys.stderr)  # fmt: skip
+        return 130
     bar.close()
     published = journey.results["publish"]
     print(markdown_table(published["table"]))
