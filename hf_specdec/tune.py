@@ -20,7 +20,7 @@ interrupted run goes on where it stopped (the data builders and the trainer also
    times one step).
 5. ``bench_head``: the head alone, n-gram with the head behind it, and the best untrained assistant, against
    vanilla in one interleaved run.
-6. ``publish``: the best assistant picked (greedy-equal to vanilla on every prompt, fastest overall), ``DIR/head``
+6. ``publish``: the best assistant of step 5 picked (greedy-equal to vanilla on every prompt, fastest), ``DIR/head``
    saved with a model card holding the measured table, the head in each export format of its class
    (``DIR/export-<format>``: speculators for vLLM, ...), ``DIR/tune_report.json`` with every step's figures and
    seconds, and one printed line that uses the winner.
@@ -346,11 +346,9 @@ def step_verify_cost(journey: Journey) -> dict:
     positions = int(getattr(model.config, "max_position_embeddings", 4096) or 4096)
     context = min(256, positions // 2)
     sizes = [n for n in VERIFY_SIZES if context + n <= positions]
-    timer = cpu_timer(5)
-    if next(model.parameters()).device.type == "cuda":
-        base = timer
-        timer = lambda fn: base(lambda: (fn(), torch.cuda.synchronize()))  # noqa: E731  (kernels finish inside)
-    curves, _ = verify_cost_curve(model, context, sizes, timer, backends=("hf_specdec",))
+    with tqdm(total=len(sizes), desc="verify cost", unit="size", file=sys.stderr, leave=False) as bar:
+        timer = _ticking(cpu_timer(5), bar, next(model.parameters()).device.type == "cuda")
+        curves, _ = verify_cost_curve(model, context, sizes, timer, backends=("hf_specdec",))
     seconds = {n: us / 1e6 for n, us in curves["hf_specdec"].items()}
     cost = cost_model_for(model)
     for n, s in seconds.items():
@@ -360,6 +358,18 @@ def step_verify_cost(journey: Journey) -> dict:
     return {"context": context, "seconds_by_tokens": seconds,
             "relative_to_one_token": {n: s / seconds[1] for n, s in seconds.items()},
             "verify_tokens_per_s": largest / seconds[largest]}  # fmt: skip
+
+
+def _ticking(timer: Callable, bar, cuda: bool) -> Callable:
+    """``timer`` (`step_cost.cpu_timer`) advancing ``bar`` once per timed size; on a GPU each timed call waits for
+    its kernels (``torch.cuda.synchronize``) before the clock stops."""
+
+    def timed(fn: Callable[[], object]) -> float:
+        us = timer((lambda: (fn(), torch.cuda.synchronize())) if cuda else fn)
+        bar.update(1)
+        return us
+
+    return timed
 
 
 def _untrained_methods(journey: Journey) -> list[Method]:
@@ -516,7 +526,9 @@ def _rows(result: dict, run: str) -> list[dict]:
 
 
 def measured_table(journey: Journey) -> list[dict]:
-    """Every assistant's overall row, the head bench's where a method ran in both (measured beside the head)."""
+    """Every assistant's overall row, the head bench's where a method ran in both (measured beside the head). The
+    winner is picked from the head bench's rows alone: the untrained assistants' best ran there again, so the pick
+    compares figures of one interleaved run, not of two runs under different machine loads."""
     later = _rows(journey.results["bench_head"], "bench_head")
     again = {row["method"] for row in later}
     earlier = [r for r in _rows(journey.results["bench_untrained"], "bench_untrained") if r["method"] not in again]
@@ -574,7 +586,7 @@ def step_publish(journey: Journey) -> dict:
         head.save_pretrained(head_dir)
         exports = {fmt: _export(head, fmt, journey.out / f"export-{fmt}") for fmt in head.export_formats
                    if fmt != "hf-specdec"}  # fmt: skip
-    winner = _pick(table)
+    winner = _pick([r for r in table if r["run"] == "bench_head"])  # the head beside step 2's best, one run
     return {"table": table, "winner": winner["method"] if winner else "vanilla", "head_dir": str(head_dir),
             "exports": exports, "usage": usage_line(winner, kind, head_dir, args.draft_layers)}  # fmt: skip
 

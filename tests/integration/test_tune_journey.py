@@ -97,7 +97,8 @@ def test_the_journey_on_a_model_nobody_tuned_for(family, model_folders, conversa
     benched = {row["method"] for row in published["table"]}
     assert {"ngram", "suffix", "draft", kind, f"ngram+{kind}"} <= benched
     assert all(row["mismatches"] == 0 for row in published["table"] if row["checked"])  # fp32: vanilla's tokens
-    assert published["winner"] in benched | {"vanilla"}
+    beside_the_head = {row["method"] for row in published["table"] if row["run"] == "bench_head"}
+    assert published["winner"] in beside_the_head | {"vanilla"}  # picked within one interleaved run
 
     config = json.loads((out / "head" / "config.json").read_text())
     assert config["head_type"] == kind
