@@ -5,7 +5,8 @@ Per dtype: the default model, a cheap draft (``draft_model_from_layers(model, 6)
 layers); per Spec-Bench prompt, vanilla ``generate`` then each method (interleaved, process CPU time, one torch
 thread). ``draftN`` is ``assistant=draft`` as shipped; ``draftN_before`` the same call with
 ``HF_SPECDEC_PROPOSING_COST=0`` (the budget does not plan for the draft's own cost and every row feeds the draft every
-step: the behaviour before it); ``hf_assistantN`` is ``assistant_model=draft``. Every call is checked greedy-equal to
+step: the behaviour before it); ``hf_assistantN`` is ``assistant_model=draft``; ``loop_drafting_nothing`` is hf_specdec's
+loop with an assistant that never drafts (the floor a draft that is switched off can reach). Every call is checked greedy-equal to
 vanilla. The cost cache points at a fresh folder, so the first call of each draft learns from nothing.
 
     python benchmarks/draft_model_cost.py --prompts 6 --max-new-tokens 128 --out docs/results/draft_model_cost.json
@@ -25,14 +26,35 @@ from pathlib import Path
 LEARNING_STEPS = 8  # the first steps of a call: the plan may still be learning
 
 
+NOTHING = "loop_drafting_nothing"  # hf_specdec's loop with an assistant that never drafts: the loop's own floor
+
+
 def _methods(layers: list[int]) -> list[str]:
-    return [f"{kind}{n}" for n in layers for kind in ("draft", "draft_before", "hf_assistant")]
+    return [NOTHING] + [f"{kind}{n}" for n in layers for kind in ("draft", "draft_before", "hf_assistant")]
+
+
+def _nothing():
+    """An assistant that drafts nothing, every step (the loop's plain steps, no proposer cost)."""
+    from hf_specdec.generation.proposers.base import Proposer
+    from hf_specdec.generation.tree import DraftTree
+
+    class Nothing(Proposer):
+        proposes_for_free = True
+
+        def propose(self, rows):
+            return [DraftTree.empty(r.tokens.device) for r in rows]
+
+    return Nothing()
 
 
 def _call(model, ids, method: str, drafts: dict, max_new_tokens: int):
     """One generate call of ``method``: ``(output ids [1, W + G], spec_stats or None)``."""
-    kind, n = method.rstrip("0123456789"), int(method[len(method.rstrip("0123456789")) :])
+    kind = method.rstrip("0123456789")
+    n = int(method[len(kind) :] or 0)
     kw = dict(max_new_tokens=max_new_tokens, do_sample=False)
+    if method == NOTHING:
+        out = model.generate(ids, assistant=_nothing(), return_dict_in_generate=True, **kw)
+        return out.sequences, None
     if kind == "hf_assistant":
         return model.generate(ids, assistant_model=drafts[n], **kw), None
     os.environ["HF_SPECDEC_PROPOSING_COST"] = "0" if kind == "draft_before" else "1"
@@ -121,6 +143,10 @@ def summarize(calls: list[dict], methods: list[str]) -> dict:
     return out
 
 
+def _x(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
 def markdown(results: list[dict]) -> str:
     lines = [
         "| dtype | method | overall | first call | later calls | lowest category | nodes/step (later calls) "
@@ -135,9 +161,16 @@ def markdown(results: list[dict]) -> str:
             )
             lines.append(
                 f"| {res['dtype']} | {m} | {s['overall']:.2f}x | {s['first_call']:.2f}x | "
-                f"{s['after_the_first'] or 0:.2f}x | {s['lowest_category']:.2f}x | {nodes} | {levels} | {s['mismatches']} | {s['calls']} |"
+                f"{_x(s['after_the_first'])} | {s['lowest_category']:.2f}x | {nodes} | {levels} | {s['mismatches']} | {s['calls']} |"
             )
     return "\n".join(lines)
+
+
+def _commit() -> str | None:
+    import subprocess
+
+    run = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+    return run.stdout.strip() or None
 
 
 def _meta(args) -> dict:
@@ -164,6 +197,7 @@ def _meta(args) -> dict:
         "torch_threads": 1,
         "timing": "process CPU time, each prompt through vanilla then every method (interleaved)",
         "note": args.note,
+        "commit": _commit(),
     }
 
 

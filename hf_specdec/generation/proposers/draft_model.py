@@ -19,11 +19,12 @@ With ``do_sample=True`` children are drawn without replacement from the processe
 What drafting costs is planned for (`TreeBudgeter.plan_proposing`): every step the draft times its own forwards
 (its layers, its lm_head over the whole vocabulary, the feeding of the committed tokens) and reports the seconds per
 level drafted; the budget weighs them, in plain steps of the target, against the acceptance its drafts showed and
-caps the rows' depth at the levels that pay, none where no level pays. A row the budget gives depth 0 costs no draft
-forward: its committed tokens wait and are fed in one chunk the next time the row drafts (the same cache entries a
-forward per step would have written, so the draft's guesses are the same). The cost is kept per (draft, target)
-across calls and processes (`cost_model.proposing_cost_for`). ``HF_SPECDEC_PROPOSING_COST=0`` turns this off: every
-row then feeds every step, as before.
+caps the rows' depth at the levels that pay, none where no level pays. A step whose rows all have depth 0 runs no
+draft forward: the committed tokens wait and are fed in one chunk the next time the rows draft (their keys and
+values as a forward per step would have written them, up to rounding); a row paused while others
+draft feeds its tokens in their forward, where they cost little. The cost is kept per (draft, target) across calls
+and processes (`cost_model.proposing_cost_for`). ``HF_SPECDEC_PROPOSING_COST=0`` turns this off: the draft then
+feeds every step, as before.
 """
 
 from __future__ import annotations
@@ -144,13 +145,13 @@ class DraftModelAssistant(Proposer):
         top = logq.topk(k, dim=-1)
         return top.indices, top.values, None
 
-    def _feed_new_tokens(self, rows: Sequence[RowState]) -> tuple[list[int], torch.Tensor, bool]:
+    def _feed_new_tokens(self, rows: Sequence[RowState]) -> tuple[list[int], torch.Tensor]:
         """Level 0: feed each row's tokens the draft has not seen (ending with the root) and commit them.
 
         Returns:
-            the rows' draft cache rows, `[B, V]` fp32 draft logits at each root (the depth-1 distribution), and
-            whether a row fed a backlog (more than a step's root and accepted tokens: its prompt, or the tokens
-            committed while it drafted nothing).
+            the rows' draft cache rows, and `[B, V]` fp32 draft logits at each root (the depth-1 distribution).
+            ``fed_backlog`` says whether a row fed more than a step's root and accepted tokens (its prompt, or the
+            tokens committed while it drafted nothing).
         """
         device = rows[0].tokens.device
         self._planned()
@@ -167,28 +168,25 @@ class DraftModelAssistant(Proposer):
         self.draft.commit_chunks(cache_rows, q_lens)  # the fed tokens stay; last step's tree is forgotten
         for r in rows:
             self.cached[r.row] = r.tokens.numel()
-        return cache_rows, logits, max(q_lens) > self.depth + 1
+        self.fed_backlog = max(q_lens) > self.depth + 1
+        return cache_rows, logits
 
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
         device = rows[0].tokens.device
         if self.cost is None:
             return self._draft(rows)[0]
-        live = [b for b, r in enumerate(rows) if r.max_depth > 0]  # rows at depth 0 cost no forward
-        out = [DraftTree.empty(device) for _ in rows]
-        if not live:
-            return out
+        if all(r.max_depth <= 0 for r in rows):  # drafting is off: no forward; the rows catch up when it is on
+            return [DraftTree.empty(device) for _ in rows]
         start, tuning = time.perf_counter(), tuning_calls()
-        trees, levels, catching_up = self._draft([rows[b] for b in live])
+        trees, levels, catching_up = self._draft(rows)  # a paused row among drafting rows feeds in their forward
         if tuning_calls() == tuning:  # a GEMM form timed inside is no fair sample
             self.budget.record_proposing(time.perf_counter() - start, levels, catching_up)
-        for b, tree in zip(live, trees):
-            out[b] = tree
-        return out
+        return trees
 
     def _draft(self, rows: Sequence[RowState]) -> tuple[list[DraftTree], int, bool]:
         """One tree per row, the levels drafted (draft forwards run) and whether a row fed a backlog."""
         device = rows[0].tokens.device
-        cache_rows, logits, catching_up = self._feed_new_tokens(rows)
+        cache_rows, logits = self._feed_new_tokens(rows)
         levels = 1
         table = _NodeTable(len(rows), [min(self.depth, r.max_depth) for r in rows], device)
         frontier = _Frontier.at_roots(len(rows), device)
@@ -216,7 +214,7 @@ class DraftModelAssistant(Proposer):
                 [pending] * going.size,
                 0,
             )
-        return table.trees(self.num_nodes, self.sample, device), levels, catching_up
+        return table.trees(self.num_nodes, self.sample, device), levels, self.fed_backlog
 
 
 class _Frontier:
