@@ -155,6 +155,28 @@ def check_arguments(args: argparse.Namespace) -> None:
         args.draft_layers = max(1, layers // 4) if layers > 1 else None
     elif args.draft_layers >= layers:
         raise UsageError(f"--draft-layers {args.draft_layers}: the model has {layers} layers; pass 1..{layers - 1}")
+    _check_same_run(args)
+
+
+# the options a finished step's result depends on: a rerun into the same --out must pass the same values
+RUN_OPTIONS = ("model", "kind", "data", "conversations", "conversation_tokens", "prompts", "max_new_tokens",
+               "draft_layers", "seed", "chat_template")  # fmt: skip
+OPTIONS_NAME = "options.json"
+
+
+def _check_same_run(args: argparse.Namespace) -> None:
+    """``--out`` holding steps of an earlier run: the options its results depend on (`RUN_OPTIONS`, kept in
+    ``DIR/steps/options.json``) must be this run's, else the first that differs is refused."""
+    path = Path(args.out) / STEPS_DIR / OPTIONS_NAME
+    mine = {name: getattr(args, name) for name in RUN_OPTIONS}
+    if not path.is_file():
+        return
+    earlier = json.loads(path.read_text(encoding="utf-8"))
+    for name in RUN_OPTIONS:
+        if earlier.get(name) != mine[name]:
+            shown = " ".join(mine[name]) if isinstance(mine[name], list) else mine[name]
+            raise UsageError(f"--{name.replace('_', '-')} {shown}: {args.out} holds a run made with {earlier.get(name)}"
+                             "; pass that value to go on with it, or another --out")  # fmt: skip
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -625,7 +647,8 @@ def main(args: argparse.Namespace) -> int:
     """``hf-specdec tune``: the options checked, then every step not finished by an earlier run; prints the
     measured table and the line that uses the winner."""
     check_arguments(args)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
+    if not (Path(args.out) / STEPS_DIR / OPTIONS_NAME).is_file():  # else the same (`_check_same_run`)
+        _write_json(Path(args.out) / STEPS_DIR / OPTIONS_NAME, {name: getattr(args, name) for name in RUN_OPTIONS})
     bar = tqdm(total=len(STEPS), desc="hf-specdec tune", unit="step", file=sys.stderr)
     journey = Journey(args, say=lambda msg: bar.write(f"[tune] {msg}", file=sys.stderr))
     try:

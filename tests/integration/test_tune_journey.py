@@ -118,6 +118,10 @@ def test_the_journey_on_a_model_nobody_tuned_for(family, model_folders, conversa
     err = capsys.readouterr().err
     assert all(f"{step}: done earlier" in err for step in STEPS) and "loaded" not in err
     assert {p.name: p.stat().st_mtime_ns for p in (out / "steps").iterdir()} == before
+    with pytest.raises(SystemExit) as exit_:  # another kind into the same folder: refused, not mixed with this run
+        main(_tune(model_folders[family], out, conversations, "mlp_speculator"))
+    assert exit_.value.code == 2
+    assert f"--kind mlp_speculator: {out} holds a run made with {kind}" in capsys.readouterr().err
 
 
 def test_an_interrupted_journey_resumes_after_its_last_finished_step(model_folders, conversations, tmp_path, capsys):
