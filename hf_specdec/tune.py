@@ -305,9 +305,9 @@ def run_step(journey: Journey, name: str, step: Callable[[Journey], dict]) -> di
         journey.say(f"{name}: done earlier ({path}), skipped")
         return journey.results[name]
     journey.say(f"{name}: {STEP_TITLES[name]} ({journey.budget_left() / 60:.1f} min of the budget left)")
-    start = time.perf_counter()
+    start, loaded = time.perf_counter(), journey.load_s
     result = step(journey)
-    result["seconds"] = round(time.perf_counter() - start, 3)
+    result["seconds"] = round(time.perf_counter() - start - (journey.load_s - loaded), 3)  # loading counted apart
     _write_json(path, result)
     journey.results[name] = result
     write_report(journey)
@@ -322,6 +322,7 @@ def write_report(journey: Journey) -> Path:
         "budget_minutes": journey.args.budget_minutes,
         "machine": _machine(journey.args.device),
         "torch_threads": torch.get_num_threads(),
+        "load_s": round(journey.load_s, 3),  # this run's loading of the model (0: every step was done earlier)
         "updated": datetime.datetime.now().isoformat(timespec="seconds"),
         "complete": "publish" in journey.results,
         "steps": {name: journey.results[name] for name in STEPS if name in journey.results},
@@ -441,6 +442,7 @@ def step_data(journey: Journey) -> dict:
     folders: list[Path] = []
     for value in args.data:
         if value in SOURCES or Path(value).is_file():
+            journey.say(f"reading the conversations of {value} (cleaned, de-duplicated, checked against Spec-Bench)")
             source = None if value in SOURCES else load_conversations(value)
             folders += build_conversation_data(model, tokenizer, journey.out / "data" / Path(value).stem,
                                                num_conversations=count, seed=args.seed,
