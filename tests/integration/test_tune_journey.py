@@ -135,7 +135,15 @@ def test_an_interrupted_journey_resumes_after_its_last_finished_step(model_folde
     err = capsys.readouterr().err
     assert all(f"{step}: done earlier" in err for step in ("verify_cost", "bench_untrained", "data", "train"))
     assert "bench_head: benching" in err and "publish: picking" in err
-    assert json.loads((out / "tune_report.json").read_text())["complete"]
+    report = json.loads((out / "tune_report.json").read_text())
+    assert report["complete"]
+
+    built = report["steps"]["data"]["folders"]  # data built before, passed as folders: trained on as they are
+    again = tmp_path / "from-folders"
+    assert main(_tune(model_folders["llama"], again, built[0], "eagle")) == 0
+    steps = json.loads((again / "tune_report.json").read_text())["steps"]
+    assert steps["data"]["folders"] == built and steps["data"]["tokens"] == report["steps"]["data"]["tokens"]
+    assert (again / "head" / "config.json").is_file()
 
 
 @pytest.mark.parametrize(
