@@ -14,11 +14,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import hf_specdec
 from hf_specdec.cli import main
 from hf_specdec.kinds import HEAD_KINDS
 from hf_specdec.models import PLAIN_RENDERING, chat_prompt_ids
 from hf_specdec.testing import char_tokenizer, tiny_causal_lm, tiny_chat_tokenizer
-from hf_specdec.tune import STEPS
+from hf_specdec.tune import STEPS, usage_line
 
 WORDS = "alpha beta gamma delta eps zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 # family -> (the kind tune trains for it, the model's settings, its tokenizer)
@@ -66,17 +67,24 @@ def _tune(folder, out, data, kind: str, *extra: str) -> list[str]:
             *extra]  # fmt: skip
 
 
-def _reloads_greedy_equal(folder, head_dir, kind: str) -> None:
-    """The saved head, loaded as a user would, drafts for the model with vanilla's greedy tokens."""
+def _reloads_greedy_equal(folder, out, kind: str, methods: set[str]) -> None:
+    """The saved head, loaded as a user would, drafts for the model with vanilla's greedy tokens; so does the line
+    tune would print for each benched assistant, run as it is printed."""
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     tok = AutoTokenizer.from_pretrained(folder)
-    head = HEAD_KINDS[kind].load("head").from_pretrained(head_dir, base_model=model)
+    head = HEAD_KINDS[kind].load("head").from_pretrained(out / "head", base_model=model)
     ids = chat_prompt_ids(tok, "alpha beta gamma delta")  # [1, W]
     mask = torch.ones_like(ids)
     vanilla = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
     spec = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, assistant=head,
                           return_dict_in_generate=True)  # fmt: skip
     assert torch.equal(spec.sequences, vanilla) and spec.spec_stats.steps >= 1
+    draft_layers = json.loads((out / "steps" / "options.json").read_text())["draft_layers"]
+    plain = torch.tensor([[1, 5, 9, 14, 3, 7, 22, 11, 6]])  # [1, 9]: no pad id (the lines pass no attention_mask)
+    names = {"hf_specdec": hf_specdec, "model": model, "ids": plain}
+    for method in [*methods, None]:  # None: vanilla won
+        line = usage_line({"method": method} if method else None, kind, out / "head", draft_layers)
+        assert torch.equal(eval(line, names), eval("model.generate(ids)", names)), line
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -111,7 +119,7 @@ def test_the_journey_on_a_model_nobody_tuned_for(family, model_folders, conversa
         assert where.startswith("not written") or (out / f"export-{fmt}" / "config.json").is_file()
     if "speculators" in formats and kind == "dflash":
         assert (out / "export-speculators" / "config.json").is_file()
-    _reloads_greedy_equal(model_folders[family], out / "head", kind)
+    _reloads_greedy_equal(model_folders[family], out, kind, benched)
 
     before = {p.name: p.stat().st_mtime_ns for p in (out / "steps").iterdir()}
     assert main(_tune(model_folders[family], out, conversations, kind)) == 0  # a rerun: every step skipped
