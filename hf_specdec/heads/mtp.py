@@ -100,7 +100,7 @@ class MTPHead(nn.Module):
         self.mtp = mtp
         self.model_type = model_type
         self.tree = dict(tree or {})
-        self._kv_dims: tuple[int, int, int] | None = None  # kv heads, key dim, value dim (probed by `bind`)
+        self._kv_dims: tuple[int, int, int] | None = None  # kv heads, key dim, value dim (measured by `bind`)
 
     @classmethod
     def from_model(cls, model: nn.Module, tree: dict | None = None) -> MTPHead:
@@ -215,7 +215,7 @@ class MTPHead(nn.Module):
         return out, kv.new_key, kv.new_value
 
     def new_cache(self, rows: int, capacity: int = 256) -> MTPKVCache:
-        """An empty cache for ``rows`` rows, shaped like layer 0's keys and values (probed by `bind`)."""
+        """An empty cache for ``rows`` rows, shaped like layer 0's keys and values (measured by `bind`, which runs the layer once)."""
         heads, dk, dv = self._kv_dims
         return MTPKVCache(rows, heads, dk, dv, self._param.dtype, self._param.device, capacity)
 
