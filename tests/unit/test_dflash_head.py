@@ -231,7 +231,7 @@ def test_other_kinds_point_to_their_class(tmp_path, target):
         EagleHead.from_pretrained(tmp_path / "d")
     eagle = EagleHead.for_model(target, version=3)
     eagle.save_pretrained(tmp_path / "e", format="speculators")
-    with pytest.raises(ValueError, match="'eagle3' checkpoint, not 'dflash' \\(load it with EagleHead\\)"):
+    with pytest.raises(ValueError, match=r"'eagle3' checkpoint, not 'dflash' \(load it with EagleHead \(hf_specdec.heads.eagle\)\)"):
         DFlashHead.from_pretrained(tmp_path / "e")
 
 
