@@ -26,8 +26,7 @@ never scores below its child). The budgeter
    tokens of its kept nodes minus what its share of the step's extra time (their verify cost and its share of
    proposing) would have produced in plain steps; a row is paused once the running mean of that value turns
    negative. A head confident on every other token thus keeps proposing through the steps it drafts nothing
-   (pausing at the first such step lost the confident steps after it: on the 2-core CPU the EAGLE head drafted
-   nothing on 74% of steps, τ 1.15, against 51%, τ 1.34, without pauses). A row of a free proposer (prompt
+   (pausing at the first such step lost the confident steps after it: docs/lab/measurements.md). A row of a free proposer (prompt
    lookup) keeps proposing and is probed on the same schedule while it drafts nothing: calibration learns only
    from verified nodes, so without probes a few early rejections would stop it for good,
 6. while proposing costs something, lets a row draft one level deeper than the deepest node of its last cut
@@ -35,7 +34,7 @@ never scores below its child). The budgeter
    expand levels the budget keeps cutting away; the depth grows by one per step while the deepest nodes are kept.
    A level the budget cut is a *ceiling*: the row is not asked for it again (nor for anything deeper) for
    ``depth_retry_every`` steps, then once more; without it the row would draft, every step, the one level past its cut
-   that the budget keeps cutting (an EAGLE head pass that never paid: a 5% of a step on the 2-core CPU).
+   that the budget keeps cutting (an EAGLE head pass that never pays).
 7. plans the depth of a proposer that pays per level and says so (`plan_proposing`: a draft model, whose every level
    is a forward of its layers and of its lm_head over the whole vocabulary). It reports each step's proposing
    seconds per level (`record_proposing`), kept in plain decoding steps of the target (`ProposingCost`: the median

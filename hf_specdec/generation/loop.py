@@ -282,8 +282,8 @@ def _drafting_linears(proposer: Proposer):
     """The CPU fp32 linears of what ``proposer`` drafts with (`Proposer.drafting_modules`) on the GEMM forms
     measured fastest here, as the target's run (`packed_linears`), until the block exits. A head's copies are kept
     while the head lives (`release_packed_weights(head)` frees them): they are the head's size again, a few percent of
-    the target's, and made again on every call they cost more than the head's drafting saved (on a 2-core VM
-    whose page faults are slow, packing fresh memory ran at about 45 MB/s)."""
+    the target's, and made again on every call they would cost more than the head's drafting saves (packing fresh
+    memory is slow where page faults are: docs/lab/measurements.md)."""
     with contextlib.ExitStack() as stack:
         for module in dict.fromkeys(proposer.drafting_modules()):  # a head two proposers share is patched once
             stack.enter_context(packed_linears(module, keep=True))
