@@ -431,15 +431,21 @@ def _started(model: torch.nn.Module, prior: PriorCurve | None) -> StepCostModel:
     file = curve_file(model)
     if file is None:
         return cost
+    _restore(cost, file)
+    _FILES[cost] = (file, weakref.ref(model))
+    return cost
+
+
+def _restore(cost: StepCostModel | ProposingCost, file: CurveFile) -> None:
+    """``cost`` from the state ``file`` saved (a malformed file is no state: the next save replaces it), its save
+    clock started where the restored samples end."""
     state = file.read()
     if state is not None:
         try:
             cost.load_state(state)
         except ValueError:
-            pass  # a malformed file is no curve; the next save replaces it
+            pass
     file.saved_clock = cost.samples_taken
-    _FILES[cost] = (file, weakref.ref(model))
-    return cost
 
 
 def save_learnt_curve(cost: StepCostModel, force: bool = False) -> bool:
@@ -606,13 +612,7 @@ def _started_proposing(target: torch.nn.Module, draft: torch.nn.Module) -> Propo
     file = proposing_file(target, draft)
     if file is None:
         return cost
-    state = file.read()
-    if state is not None:
-        try:
-            cost.load_state(state)
-        except ValueError:
-            pass  # a malformed file is no record; the next save replaces it
-    file.saved_clock = cost.samples_taken
+    _restore(cost, file)
     _PROPOSING_FILES[cost] = (file, weakref.ref(target), weakref.ref(draft))
     return cost
 
