@@ -638,6 +638,9 @@ def test_draft_model_levels_with_pending_tokens_run_on_triton_and_stay_greedy_ex
     ids = torch.tensor([[1, 5, 7, 11, 13, 17, 19]], device=DEVICE)
     expected = model.generate(ids, max_new_tokens=8, do_sample=False)
     monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
+    # every level drafted, not planned from the draft's measured cost (which starts at one level per step and here,
+    # a draft as costly as the target, stops drafting): this test is about the kernel on multi-level expansions
+    monkeypatch.setenv("HF_SPECDEC_PROPOSING_COST", "0")
     pending = _kernel_plans(monkeypatch, lambda plan: plan.has_pending)
     assistant = hf_specdec.DraftModelAssistant(model, depth=3, top_k=3, num_nodes=8)
     out = model.generate(ids, max_new_tokens=8, do_sample=False, assistant=assistant)
