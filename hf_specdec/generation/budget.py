@@ -75,6 +75,7 @@ from operator import itemgetter
 import torch
 
 from .cost_model import ProposingCost, StepCostModel, exploration_ladder
+from .tensor_parallel import agreed_seconds
 from .tree import DraftSampling, DraftTree
 
 # Structural prior for nodes without a score: the rank-r child at any depth is accepted with probability
@@ -425,6 +426,7 @@ class TreeBudgeter:
         # a proposer that pays per level and measures it (`plan_proposing`): its cost, its trees' source, this
         # step's plan (levels that pay; 0: drafting is off), whether this step probes, what each step drafted
         self.proposing: ProposingCost | None = None
+        self.tp_group = None  # a tensor-parallel target's ranks (set by the loop): they agree on proposing times
         self._proposing_source: Hashable = None
         self._plan_step, self._plan, self._probe_now = -1, None, False
         self._batch = 1  # rows of the last cut
@@ -468,10 +470,16 @@ class TreeBudgeter:
         number of levels with the best predicted rate, none while no level pays (see `_planned_levels`)."""
         self.proposing, self._proposing_source = cost, source
 
-    def record_proposing(self, seconds: float, levels: int, catching_up: bool = False) -> None:
-        """The proposer drafted ``levels`` levels in ``seconds`` this step (``catching_up``: it also fed a backlog,
-        see `ProposingCost.record_level`). Counted in plain steps of the target once its cost curve has a sample."""
+    def record_proposing(self, seconds: float | None, levels: int, catching_up: bool = False) -> None:
+        """The proposer drafted ``levels`` levels in ``seconds`` this step (None: no fair sample; ``catching_up``: it
+        also fed a backlog, see `ProposingCost.record_level`). Counted in plain steps of the target once its cost
+        curve has a sample. The ranks of a tensor-parallel target record the slowest rank's seconds (None on every
+        rank when one has none), so that they plan the same depths and draft the same trees."""
         if self.proposing is None or levels < 1:
+            return
+        if self.tp_group is not None:
+            seconds = agreed_seconds(self.tp_group, None, seconds, None)[1]
+        if seconds is None:
             return
         self._step_levels = levels
         if self.cost.num_samples == 0:

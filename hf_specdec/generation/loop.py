@@ -254,6 +254,7 @@ def _run(
             budget=_tree_budget(tree_budget, model, proposer),
             tp_group=tp_group(model),
         )
+        call.budget.tp_group = call.tp_group  # the ranks agree on what proposing costs, as on the step's times
         for row, cache_row in zip(rows, target.add_rows(len(rows))):
             row.cache_row = cache_row
         try:

@@ -179,8 +179,8 @@ class DraftModelAssistant(Proposer):
             return [DraftTree.empty(device) for _ in rows]
         start, tuning = time.perf_counter(), tuning_calls()
         trees, levels, catching_up = self._draft(rows)  # a paused row among drafting rows feeds in their forward
-        if tuning_calls() == tuning:  # a GEMM form timed inside is no fair sample
-            self.budget.record_proposing(time.perf_counter() - start, levels, catching_up)
+        fair = tuning_calls() == tuning  # a GEMM form timed inside is no fair sample
+        self.budget.record_proposing(time.perf_counter() - start if fair else None, levels, catching_up)
         return trees
 
     def _draft(self, rows: Sequence[RowState]) -> tuple[list[DraftTree], int, bool]:
