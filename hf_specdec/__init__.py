@@ -66,7 +66,7 @@ from .generation.proposers import register_assistant_names as _register_assistan
 from .generation.proposers.base import RowFeedback
 from .generation.stats import SpecStats
 from .generation.tree import DraftSampling, DraftTree
-from .kinds import HEAD_KINDS
+from .kinds import HEAD_KINDS, split_path
 from .version import __version__ as __version__
 
 _register_attention()
@@ -93,8 +93,8 @@ _LAZY = {
     "packed_bytes": ".generation.packed_linears",
 }
 # every head kind's head class and assistant (`hf_specdec.kinds.HEAD_KINDS`): EagleHead, EagleAssistant, MedusaHeads...
-_KIND_NAMES = {path.rpartition(":")[2]: path.partition(":")[0].removeprefix(__name__)
-               for kind in HEAD_KINDS.values() for path in (kind.head, kind.assistant)}  # fmt: skip
+_KIND_NAMES = {name: module.removeprefix(__name__)
+               for kind in HEAD_KINDS.values() for module, name in map(split_path, (kind.head, kind.assistant))}  # fmt: skip
 _LAZY.update(_KIND_NAMES)
 
 

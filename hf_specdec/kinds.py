@@ -30,6 +30,12 @@ PATH_FIELDS = {"head": "heads", "resolver": "generation", "assistant": "generati
                "serving": "heads", "scorer": "bench"}  # fmt: skip
 
 
+def split_path(path: str) -> tuple[str, str]:
+    """``(module, attribute)`` of an import path ``"module:attribute"``."""
+    module, _, attribute = path.partition(":")
+    return module, attribute
+
+
 @dataclass(frozen=True)
 class ReadyMade:
     """A ready-made assistant over a kind's shipped head (`hf_specdec.assistants`): ``name`` (``{kind}`` stands for
@@ -89,11 +95,16 @@ class HeadKind:
         path = getattr(self, piece)
         if path is None:
             return None
-        module, _, attribute = path.partition(":")
+        module, attribute = split_path(path)
         try:
             return getattr(importlib.import_module(module), attribute)
         except ImportError as err:
             raise ImportError(f"the {self.name!r} head kind's {piece} ({path}) failed to import: {err}") from err
+
+    @property
+    def head_class_name(self) -> str:
+        """The head class's name (``"EagleHead"``), without importing it."""
+        return split_path(self.head)[1]
 
     def shipped_dir(self) -> Path | None:
         """The shipped head's folder inside the package, or None for a kind that ships none."""
@@ -190,4 +201,4 @@ def shipped_kinds() -> list[HeadKind]:
     return [kind for kind in HEAD_KINDS.values() if kind.shipped is not None]
 
 
-__all__ = ["ASSETS", "PATH_FIELDS", "HEAD_KINDS", "HeadKind", "ReadyMade", "kind_of", "shipped_kinds"]
+__all__ = ["ASSETS", "PATH_FIELDS", "HEAD_KINDS", "HeadKind", "ReadyMade", "kind_of", "shipped_kinds", "split_path"]

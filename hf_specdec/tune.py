@@ -511,10 +511,6 @@ def _schedule(journey: Journey, data) -> dict:
             "budget_left_s": journey.budget_left() - probe_s}  # fmt: skip
 
 
-def _head_class_name(kind: str) -> str:
-    return HEAD_KINDS[kind].head.rpartition(":")[2]
-
-
 def _trained_head(journey: Journey):
     """The trained head, loaded in float32 and bound to the target where its kind binds."""
     return journey.kind.load(journey.results["train"]["head_dir"], journey.target()[0])
@@ -523,7 +519,7 @@ def _trained_head(journey: Journey):
 def step_bench_head(journey: Journey) -> dict:
     """The head alone, n-gram with the head behind it, and the best untrained assistant again, against vanilla."""
     head, name = _trained_head(journey), journey.kind.name
-    cls = _head_class_name(name)
+    cls = HEAD_KINDS[name].head_class_name
     methods = [
         Method("vanilla", "model.generate (the baseline)", lambda ctx: {}),
         Method(name, f"{cls} trained here", lambda ctx: {"assistant": head}, spec_stats=True),
@@ -579,7 +575,7 @@ def markdown_table(rows: list[dict]) -> str:
 
 def usage_line(winner: dict | None, kind: str, head_dir: Path, draft_layers: int | None) -> str:
     """One line that uses ``winner`` (a row of `measured_table`, None: vanilla) in ``model.generate``."""
-    load = f"hf_specdec.{_head_class_name(kind)}.from_pretrained({str(head_dir)!r}, base_model=model)"
+    load = f"hf_specdec.{HEAD_KINDS[kind].head_class_name}.from_pretrained({str(head_dir)!r}, base_model=model)"
     assistants = {
         "ngram": "hf_specdec.NgramAssistant()",
         "suffix": "hf_specdec.SuffixAssistant(store=hf_specdec.SuffixStore())",

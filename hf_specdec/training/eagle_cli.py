@@ -89,11 +89,6 @@ def _add_task_data_arguments(parser: argparse.ArgumentParser) -> None:
     add_data_source_arguments(parser)
 
 
-def _head_class_name(kind: str) -> str:
-    """The name of the class ``--init-head`` of command ``kind`` loads (``EagleHead``), from its descriptor."""
-    return HEAD_KINDS[kind].head.rpartition(":")[2]
-
-
 
 def _add_init_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
     """``--init-head`` and ``--init-layer``, which the EAGLE and the DFlash commands share: how a head of ``kind``
@@ -102,7 +97,7 @@ def _add_init_arguments(parser: argparse.ArgumentParser, kind: str) -> None:
         "--init-head",
         default=None,
         metavar="FOLDER|shipped",
-        help=f"fine-tune this head (a saved {_head_class_name(kind)} folder, or 'shipped': the package's head for the "
+        help=f"fine-tune this head (a saved {HEAD_KINDS[kind].head_class_name} folder, or 'shipped': the package's head for the "
         "default model) instead of starting from a fresh one; its shape and draft vocabulary are kept",
     )
     parser.add_argument(
@@ -331,7 +326,7 @@ def _check_online_and_init(args: argparse.Namespace, kind: str) -> None:
     if args.init_head == "shipped":
         args.init_head = str(HEAD_KINDS[kind].shipped_dir())
     elif args.init_head is not None and not (Path(args.init_head) / "config.json").is_file():
-        raise UsageError(f"--init-head {args.init_head}: no saved {_head_class_name(kind)} there (config.json); pass one "
+        raise UsageError(f"--init-head {args.init_head}: no saved {HEAD_KINDS[kind].head_class_name} there (config.json); pass one "
                          "or 'shipped'")  # fmt: skip
 
 
@@ -343,7 +338,7 @@ def _init_head(folder: str | None, kind: str):
     import torch
 
     if not (Path(folder) / "config.json").is_file():
-        raise ValueError(f"--init-head {folder}: no saved {_head_class_name(kind)} there (config.json); pass a head "
+        raise ValueError(f"--init-head {folder}: no saved {HEAD_KINDS[kind].head_class_name} there (config.json); pass a head "
                          "folder or 'shipped'")  # fmt: skip
     return HEAD_KINDS[kind].load("head").from_pretrained(folder, dtype=torch.float32)
 

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ...kinds import HEAD_KINDS
+from ...kinds import HEAD_KINDS, split_path
 from ..hub import CONFIG_NAME, HeadSource
 from .common import rename_prefixes
 from .eagle import ExpectedShapes, check_eagle_tensors, read_eagle_weights
@@ -68,7 +68,7 @@ def reading_class(kind: str | None) -> str | None:
     the head kinds' descriptors say (`HeadKind.speculators_kinds`), or None."""
     for head_kind in HEAD_KINDS.values():
         if kind in head_kind.speculators_kinds:
-            module, _, name = head_kind.head.partition(":")
+            module, name = split_path(head_kind.head)
             return f"{name} ({module})"
     return None
 
