@@ -268,10 +268,10 @@ def curve_file(model: torch.nn.Module) -> CurveFile | None:
     return CurveFile(folder / f"{kind}-{digest}.json", key)
 
 
-def proposing_key(target: torch.nn.Module, draft: torch.nn.Module) -> dict | None:
+def proposing_key(target: torch.nn.Module, draft: torch.nn.Module, variant: str | None = None) -> dict | None:
     """The key of what ``draft`` costs drafting for ``target`` here (`cost_model.ProposingCost`: in units of the
-    target's plain step, so both models count): the target's `curve_key` and the draft's `model_key`; None when
-    either cannot be fingerprinted."""
+    target's plain step, so both models count): the target's `curve_key`, the draft's `model_key` and the way the
+    draft is run (``variant``, e.g. its draft vocabulary's size); None when either model cannot be fingerprinted."""
     target_key = _key_or_none(target)
     try:
         draft_key = model_key(draft)
@@ -280,17 +280,19 @@ def proposing_key(target: torch.nn.Module, draft: torch.nn.Module) -> dict | Non
     if target_key is None:
         return None
     key = {"format": FORMAT, "kind": "proposing", "target": target_key, "draft": draft_key}
+    if variant:
+        key["variant"] = variant
     return json.loads(json.dumps(key, default=str))
 
 
-def proposing_file(target: torch.nn.Module, draft: torch.nn.Module) -> CurveFile | None:
+def proposing_file(target: torch.nn.Module, draft: torch.nn.Module, variant: str | None = None) -> CurveFile | None:
     """The file of ``draft``'s proposing cost for ``target`` on this machine (``proposing-<type>-<digest>.json``
     beside the curves); None while the cache is off or a model has no transformers config."""
     folder = cache_folder()
     configs = [getattr(m, "config", None) for m in (target, draft)]
     if folder is None or not all(callable(getattr(c, "to_dict", None)) for c in configs):
         return None
-    key = proposing_key(target, draft)
+    key = proposing_key(target, draft, variant)
     if key is None:
         return None
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()[:24]

@@ -583,9 +583,9 @@ class ProposingCost:
             }
 
 
-# (draft module) -> (target module) -> {(target dtype/device, draft dtype/device): ProposingCost}
+# (draft module) -> (target module) -> {(target dtype/device, draft dtype/device, variant): ProposingCost}
 _PROPOSING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# ProposingCost -> (its file, weak refs to the target and the draft)
+# ProposingCost -> (its file, weak refs to the target and the draft, the variant)
 _PROPOSING_FILES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -594,26 +594,27 @@ def _placement(model: torch.nn.Module) -> tuple[str, str]:
     return (str(param.device), str(param.dtype)) if param is not None else ("cpu", "none")
 
 
-def proposing_cost_for(target: torch.nn.Module, draft: torch.nn.Module) -> ProposingCost:
-    """The `ProposingCost` of ``draft`` drafting for ``target`` (on their current devices and dtypes): shared by
-    every call of this process, started from what an earlier process saved on this machine (`cost_cache`)."""
-    key = (_placement(target), _placement(draft))
+def proposing_cost_for(target: torch.nn.Module, draft: torch.nn.Module, variant: str | None = None) -> ProposingCost:
+    """The `ProposingCost` of ``draft`` drafting for ``target`` (on their current devices and dtypes; ``variant``: how
+    the draft runs, e.g. over a draft vocabulary of some size): shared by every call of this process, started from
+    what an earlier process saved on this machine (`cost_cache`)."""
+    key = (_placement(target), _placement(draft), variant)
     with _MODELS_LOCK:
         per_draft = _PROPOSING.setdefault(draft, weakref.WeakKeyDictionary())
         per_pair = per_draft.setdefault(target, {})
         cost = per_pair.get(key)
         if cost is None:
-            cost = per_pair[key] = _started_proposing(target, draft)
+            cost = per_pair[key] = _started_proposing(target, draft, variant)
     return cost
 
 
-def _started_proposing(target: torch.nn.Module, draft: torch.nn.Module) -> ProposingCost:
+def _started_proposing(target: torch.nn.Module, draft: torch.nn.Module, variant: str | None) -> ProposingCost:
     cost = ProposingCost()
-    file = proposing_file(target, draft)
+    file = proposing_file(target, draft, variant)
     if file is None:
         return cost
     _restore(cost, file)
-    _PROPOSING_FILES[cost] = (file, weakref.ref(target), weakref.ref(draft))
+    _PROPOSING_FILES[cost] = (file, weakref.ref(target), weakref.ref(draft), variant)
     return cost
 
 
@@ -624,7 +625,7 @@ def save_proposing_cost(cost: ProposingCost, force: bool = False) -> bool:
     target, draft = (entry[1](), entry[2]()) if entry is not None else (None, None)
     if target is None or draft is None:
         return False
-    return entry[0].save(target, cost, force, current_key=proposing_key(target, draft))
+    return entry[0].save(target, cost, force, current_key=proposing_key(target, draft, entry[3]))
 
 
 @atexit.register

@@ -16,6 +16,13 @@ next step needs anyway), so no extra draft pass is spent on bookkeeping.
 With ``do_sample=True`` children are drawn without replacement from the processed draft distribution q
 (Gumbel-top-k) and the tree carries q for exact verification (`DraftSampling.WITHOUT_REPLACEMENT`).
 
+A draft vocabulary (``draft_vocab=``, the ids of the target's vocabulary the draft may propose; each call adds its
+prompts' tokens) scores the draft's last hidden state against those rows of its lm_head only: over a 262k-token
+vocabulary the full lm_head costs more than a few layers. Verification is unchanged (greedy stays exact; when
+sampling q is zero outside the draft vocabulary, which rejection sampling handles exactly). The first forward checks
+that the draft's logits are its last hidden state through its lm_head (and Gemma's soft-cap); a model where they are
+not drafts over its whole vocabulary, with a warning.
+
 What drafting costs is planned for (`TreeBudgeter.plan_proposing`): every step the draft times its own forwards
 (its layers, its lm_head over the whole vocabulary, the feeding of the committed tokens) and reports the seconds per
 level drafted; the budget weighs them, in plain steps of the target, against the acceptance its drafts showed and
@@ -30,10 +37,12 @@ feeds every step, as before.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ...kernels.mask_bits import pack_bits
 from ..budget import proposing_cost_enabled
@@ -47,9 +56,41 @@ from .base import Proposer, ProposerSetup, RowState
 _SOURCE = "draft"  # the trees' source: the budget calibrates and plans per source
 
 
+def _text_config(model):
+    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+
+
 def _vocab_size(model) -> int:
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return int(cfg.vocab_size)
+    return int(_text_config(model).vocab_size)
+
+
+class _VocabularyHead:
+    """The draft's lm_head over part of its vocabulary: `[K, H]` last hidden states -> `[K, V']` fp32 logits.
+
+    Args:
+        model: the draft model (its output embeddings and, where its config has one, the final logit soft-cap).
+        ids: `[V']` sorted distinct token ids it scores.
+    """
+
+    def __init__(self, model, ids: torch.Tensor):
+        lm_head = model.get_output_embeddings()
+        self.ids = ids.to(lm_head.weight.device)  # [V']
+        self.vocab = int(lm_head.weight.shape[0])
+        self.weight = lm_head.weight[self.ids].contiguous()  # [V', H]
+        bias = getattr(lm_head, "bias", None)
+        self.bias = None if bias is None else bias[self.ids]
+        self.softcap = getattr(_text_config(model), "final_logit_softcapping", None)
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden, self.weight, self.bias).float()  # [K, V']
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def expand(self, logits: torch.Tensor) -> torch.Tensor:
+        """`[n, V']` -> `[n, V]` with -inf outside the draft vocabulary (for logits processors and sampling)."""
+        full = logits.new_full((logits.shape[0], self.vocab), float("-inf"))
+        return full.index_copy_(1, self.ids, logits)
 
 
 class DraftModelAssistant(Proposer):
@@ -60,15 +101,22 @@ class DraftModelAssistant(Proposer):
         depth: tokens per chain / levels of the tree.
         top_k: children expanded per frontier node; 1 drafts a chain.
         num_nodes: tree size budget (ignored for chains).
+        draft_vocab: `[V']` ids of the vocabulary the draft may propose (None: all); each call adds its prompts'
+            tokens. `hf_specdec.training.text_vocabulary` picks the most frequent ids of some text.
     """
 
-    def __init__(self, model, depth: int = 4, top_k: int = 1, num_nodes: int = 12):
+    def __init__(self, model, depth: int = 4, top_k: int = 1, num_nodes: int = 12, draft_vocab=None):
         if depth < 1 or top_k < 1 or num_nodes < 1:
             raise ValueError(f"depth, top_k and num_nodes must be >= 1, got {depth}, {top_k}, {num_nodes}")
         self.model = model
         self.depth = depth
         self.top_k = top_k
         self.num_nodes = num_nodes if top_k > 1 else depth
+        self.draft_vocab = None if draft_vocab is None else torch.as_tensor(draft_vocab, dtype=torch.long).unique()
+        if self.draft_vocab is not None and self.draft_vocab.numel() == 0:
+            raise ValueError("draft_vocab is empty: pass the token ids the draft may propose, or None for all")
+        self.head_checked = False  # whether the first forward confirmed the draft vocabulary's logits
+        self.head: _VocabularyHead | None = None  # this call's draft-vocabulary lm_head (`_feed_new_tokens`)
         self.draft: PlannedModel | None = None  # the draft's planned forwards and cache, for one generate call
         self.cost = None  # what a drafted level costs (`start`)
 
@@ -83,6 +131,12 @@ class DraftModelAssistant(Proposer):
             )
         if self.model.device != target.device:
             raise ValueError(f"draft model is on {self.model.device} but the target is on {target.device}")
+        if self.draft_vocab is not None:
+            ids = self.draft_vocab
+            if int(ids[0]) < 0 or int(ids[-1]) >= dv:
+                raise ValueError(f"draft_vocab holds ids outside the vocabulary [0, {dv}): {int(ids[0])}..{int(ids[-1])}")
+            if self.model.get_output_embeddings() is None:
+                raise ValueError(f"draft_vocab needs the draft's lm_head; {type(self.model).__name__} has none")
 
     def start(self, setup: ProposerSetup) -> None:
         super().start(setup)
@@ -95,7 +149,9 @@ class DraftModelAssistant(Proposer):
         # prompt_ignore_length, sliced to the row): applied to the draft's logits when sampling
         self.processors = NodeScorer(setup.logits_processor) if setup.do_sample and setup.logits_processor else None
         # what a drafted level costs, planned for by the budget (None: every row feeds every step, as before)
-        self.cost = proposing_cost_for(setup.target, self.model) if proposing_cost_enabled() else None
+        self.head = None  # built from the call's prompts at its first draft forward
+        variant = None if self.draft_vocab is None else f"draft_vocab={self.draft_vocab.numel()}"
+        self.cost = proposing_cost_for(setup.target, self.model, variant) if proposing_cost_enabled() else None
         if self.cost is not None:
             setup.budget.plan_proposing(self.cost, _SOURCE)
 
@@ -116,21 +172,46 @@ class DraftModelAssistant(Proposer):
         return self.draft
 
     def _forward(self, tokens, positions, rows, q_lens, masks, pending, keep) -> torch.Tensor:
-        """`[K, V]` fp32 draft logits at the kept positions of one packed forward (see `PlannedModel.forward`)."""
-        out = self.draft.forward(rows, tokens, positions, q_lens, masks, pending_lens=pending, logits_to_keep=keep)
-        return out.logits.float()
+        """`[K, V]` fp32 draft logits at the kept positions of one packed forward (see `PlannedModel.forward`); `[K,
+        V']` over the draft vocabulary when the call has one (`_VocabularyHead`)."""
+        if self.head is None:
+            out = self.draft.forward(rows, tokens, positions, q_lens, masks, pending_lens=pending, logits_to_keep=keep)
+            return out.logits.float()
+        checking = not self.head_checked
+        skip = keep if checking else torch.zeros(0, dtype=torch.long, device=tokens.device)  # no full lm_head
+        out = self.draft.forward(
+            rows, tokens, positions, q_lens, masks, pending_lens=pending, logits_to_keep=skip, hidden_layers=[-1]
+        )
+        hidden = out.hidden_states[-1]  # [N, H]
+        logits = self.head(hidden if isinstance(keep, int) else hidden[keep])  # [K, V']
+        if checking:
+            self.head_checked = True
+            full = out.logits.float()[:, self.head.ids]  # [K, V']
+            if not torch.allclose(logits, full, rtol=1e-3, atol=1e-3 * float(full.abs().max().clamp(min=1.0))):
+                warnings.warn(
+                    f"{type(self.model).__name__}: its logits are not its last hidden state through its lm_head, so "
+                    "the draft vocabulary is not used; the draft scores its whole vocabulary",
+                    stacklevel=2,
+                )
+                self.draft_vocab = self.head = None
+                return out.logits.float()
+        return logits
 
     def _children(self, logits: torch.Tensor, contexts: list[tuple[int, torch.Tensor]] | None):
         """Top-k (greedy) or Gumbel-top-k (sampling) children of each expanded node of `[n, V]` ``logits``:
         ``(tokens [n, k], log q [n, k], q [n, V] or None)``; ``contexts``: per expanding row its batch row and the
         `[F, L]` token contexts of its F nodes, for the call's logits processors (sampling only)."""
+        mapped = self.head is not None and logits.shape[-1] != self.head.vocab  # scored over the draft vocabulary
+        if mapped and (self.sample or self.processors):
+            logits, mapped = self.head.expand(logits), False  # [n, V]: q and the processors see the whole vocabulary
         if self.processors:
             rows, start = [], 0
             for row, ctx in contexts:
                 rows.append(self.processors.for_row(row)(ctx, logits[start : start + ctx.shape[0]].clone()))
                 start += ctx.shape[0]
             logits = torch.cat(rows)
-        return self._top_children(logits)
+        toks, logq, q = self._top_children(logits)
+        return (self.head.ids[toks] if mapped else toks), logq, q
 
     def _top_children(self, logits: torch.Tensor):
         """``(tokens [n, k], log q [n, k], q [n, V] or None)``: the top-k (greedy) or Gumbel-top-k (sampling)
@@ -159,6 +240,9 @@ class DraftModelAssistant(Proposer):
             if r.row not in self.cache_rows:
                 self.cache_rows[r.row] = self.draft.add_rows(1)[0]
                 self.cached[r.row] = 0
+        if self.draft_vocab is not None and self.head is None:  # the call's first forward: its prompts' tokens too
+            ids = torch.cat([self.draft_vocab.to(device), *(r.tokens for r in rows)]).unique()  # [V']
+            self.head = _VocabularyHead(self.model, ids)
         feed = [r.tokens[self.cached[r.row] :] for r in rows]  # per row [n]
         q_lens = [f.numel() for f in feed]
         positions = torch.cat([torch.arange(self.cached[r.row], r.tokens.numel(), device=device) for r in rows])
@@ -322,15 +406,21 @@ class _NodeTable:
 
     def trees(self, num_nodes: int, sample: bool, device) -> list[DraftTree]:
         """Each row's ``num_nodes`` best nodes (by score; ties: shallower, then earlier) as a `DraftTree`; when
-        sampling, children drawn without replacement stay a prefix of their draws."""
+        sampling, its first ``num_nodes`` nodes level by level (never chosen by their own drawn probability), children
+        drawn without replacement a prefix of their draws."""
         if not self.widths:
             return [DraftTree.empty(device) for _ in range(self.batch)]
         tokens, scores, parents = (torch.cat(x, dim=1) for x in (self.tokens, self.scores, self.parents))  # [B, C]
         total = tokens.shape[1]
         valid_count = self.counts()
         valid = torch.arange(total, device=device)[None, :] < torch.from_numpy(valid_count).to(device)[:, None]
-        # nodes are in level order, so index order is (depth, index) order: stable sorts give (-score, depth, index)
-        order = torch.sort(scores, dim=1, descending=True, stable=True).indices
+        # nodes are in level order, so index order is (depth, index) order: stable sorts give (-score, depth, index).
+        # Sampled children are kept by structure only, (depth, parent's rank, draw rank): a draw kept for its own
+        # probability would no longer be a draw from q, and the verifier's rejection sampling would be biased.
+        if sample:
+            order = torch.arange(total, device=device).expand(self.batch, total)
+        else:
+            order = torch.sort(scores, dim=1, descending=True, stable=True).indices
         order = order.gather(1, torch.sort((~valid).gather(1, order).to(torch.uint8), dim=1, stable=True).indices)
         counts = np.minimum(valid_count, num_nodes)
         keep = torch.arange(total, device=device)[None, :] < torch.from_numpy(counts).to(device)[:, None]  # [B, C]
