@@ -88,7 +88,7 @@ def _check_generate_arguments(args: argparse.Namespace) -> None:
     if not args.question.strip():
         raise UsageError('the question is empty: pass a message for the model, e.g. hf-specdec generate "Hi!"')
     check_sampling_arguments(args)
-    check_model_argument(args.model)
+    args.model = check_model_argument(args.model)
     check_device_argument(args.device)
 
 
@@ -189,7 +189,7 @@ def run_trainer(command: TrainerCommand, args: argparse.Namespace) -> int:
     ``--device``, ``--chat-template`` with the model's tokenizer), then the kind's own (``command.check``), all
     before any model is loaded; then its main."""
     _check_out_folders(args)
-    check_model_argument(args.model)
+    args.model = check_model_argument(args.model)
     check_device_argument(args.device)
     check_chat_template_option(args)
     command.check(args)

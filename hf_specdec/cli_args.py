@@ -201,18 +201,26 @@ def missing_folders(out: str) -> list[Path]:
     return [p for p in (path, *path.parents) if not p.exists()]
 
 
-def check_model_argument(name: str | None) -> None:
+def check_model_argument(name: str | None) -> str | None:
     """``--model``: a path that looks like a folder must exist (else transformers reports a Hub repo-id error); a Hub
-    id while the Hub is switched off (``HF_HUB_OFFLINE``) must be in the local cache."""
+    id while the Hub is switched off (``HF_HUB_OFFLINE``) must be in the local cache. Returns the name to load: a
+    ``.gguf`` file becomes its converted safetensors folder (`models.gguf_model_dir`, converted once), any other name
+    is returned as given."""
     if name is None:
-        return
+        return None
+    from .models import gguf_model_dir, is_gguf_file
+
+    if is_gguf_file(name):
+        return str(gguf_model_dir(name))
     path = Path(name).expanduser()
     looks_local = path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1  # Hub ids: org/name
     if looks_local and not path.is_dir():
-        raise UsageError(f"--model {name}: no such folder (pass a local model folder or a Hub id like org/name)")
+        raise UsageError(f"--model {name}: no such folder or .gguf file (pass a local model folder, a .gguf file or "
+                         "a Hub id like org/name)")
     not_cached = None if path.is_dir() else offline_miss(name)
     if not_cached:
         raise UsageError(f"--model {name}: {not_cached}")
+    return name
 
 
 def load_model_argument(
@@ -229,7 +237,7 @@ def load_model_argument(
     Raises:
         UsageError: transformers cannot load ``name`` (`load_model_option`).
     """
-    check_model_argument(name)
+    name = check_model_argument(name)
     config = quantization_config(quantization)
     extra = {} if config is None else {"quantization_config": config}
     return load_model_option(name, device, chat_template, dtype=torch_dtype(dtype), **extra)

@@ -156,7 +156,7 @@ def export_main(args: argparse.Namespace) -> int:
     """Load the head and its target, bind them, save the export and print what was written and how to serve it."""
     import torch
 
-    check_model_argument(args.model)
+    args.model = check_model_argument(args.model)
     _check_verifier_option(args.verifier)
     out = Path(args.out)
     if out.exists() and not out.is_dir():

@@ -142,27 +142,29 @@ def _chat_generation_config(model, tokenizer) -> None:
 
 
 def convert_default_model(folder: str | os.PathLike | None = None) -> Path:
-    """Dequantise the GGUF to fp32 and save model + tokenizer + generation config as a safetensors folder.
+    """Dequantise the default model's GGUF to fp32 and save it as a safetensors folder (`convert_gguf`), with the
+    SmolLM2 chat stops in its generation config."""
+    folder = Path(folder) if folder is not None else _converted_dir()
+    return convert_gguf(gguf_path(), folder, name=DEFAULT_MODEL_NAME, adjust=_chat_generation_config)
 
-    Written to a temporary sibling folder and renamed into place at the end, so that an interrupted conversion never
-    leaves a broken cache (a concurrent conversion that finishes first wins; ours is discarded).
+
+def convert_gguf(gguf: Path, folder: Path, name: str | None = None, adjust=None) -> Path:
+    """Dequantise ``gguf`` to fp32 and save model + tokenizer + generation config as a safetensors folder.
+
+    ``adjust(model, tokenizer)``, when given, edits the configs before saving. Written to a temporary sibling folder
+    and renamed into place at the end, so that an interrupted conversion never leaves a broken cache (a concurrent
+    conversion that finishes first wins; ours is discarded).
     """
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = Path(folder) if folder is not None else _converted_dir()
-    gguf = gguf_path()
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp creates 0700; the final folder gets the usual permissions
     t0 = time.perf_counter()
-    print(
-        f"hf-specdec: converting {gguf.name} to safetensors once (about 30 s); cached in {folder}",
-        file=sys.stderr,
-        flush=True,
-    )
+    print(f"hf-specdec: converting {gguf.name} to safetensors once; cached in {folder}", file=sys.stderr, flush=True)
     try:
         with tqdm(total=3, desc="hf-specdec: GGUF -> safetensors", unit="step", file=sys.stderr) as bar:
             bar.set_postfix_str("tokenizer")
@@ -177,8 +179,9 @@ def convert_default_model(folder: str | os.PathLike | None = None) -> Path:
                 del model.config.quantization_config
             model.hf_quantizer = None
             model.is_quantized = False
-            model.config._name_or_path = DEFAULT_MODEL_NAME
-            _chat_generation_config(model, tokenizer)
+            model.config._name_or_path = name or gguf.stem
+            if adjust is not None:
+                adjust(model, tokenizer)
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             model.generation_config.save_pretrained(tmp)
@@ -190,6 +193,21 @@ def convert_default_model(folder: str | os.PathLike | None = None) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"hf-specdec: converted in {time.perf_counter() - t0:.1f} s -> {folder}", file=sys.stderr, flush=True)
+    return folder
+
+
+def is_gguf_file(name: str | os.PathLike | None) -> bool:
+    """Whether ``name`` is a local ``.gguf`` file (`gguf_model_dir` turns it into a model folder)."""
+    return name is not None and str(name).lower().endswith(".gguf") and Path(name).expanduser().is_file()
+
+
+def gguf_model_dir(gguf: str | os.PathLike) -> Path:
+    """The safetensors folder of any GGUF checkpoint transformers reads (``<cache_root()>/gguf/<stem>-<size>``),
+    converted on the first call (dequantised to fp32, tens of seconds) and read from the cache afterwards."""
+    gguf = Path(gguf).expanduser().resolve()
+    folder = cache_root() / "gguf" / f"{gguf.stem}-{gguf.stat().st_size}"
+    if not _is_complete(folder, _source_fingerprint(gguf)):
+        convert_gguf(gguf, folder)
     return folder
 
 
@@ -242,7 +260,7 @@ def load_causal_lm(
     dtype: torch.dtype = torch.float32,
     **from_pretrained,
 ):
-    """``(model, tokenizer, name)``: the causal LM ``name`` (a local folder or Hub id; in ``dtype``, fp32 by default;
+    """``(model, tokenizer, name)``: the causal LM ``name`` (a local folder, a Hub id or a ``.gguf`` file; in ``dtype``, fp32 by default;
     eval mode) and its tokenizer, or the default model when None; on ``device`` if given. ``from_pretrained`` is
     passed to transformers' ``from_pretrained`` (``quantization_config=``, ...).
 
@@ -254,8 +272,9 @@ def load_causal_lm(
         return model, tokenizer, DEFAULT_MODEL_NAME
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(name)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **from_pretrained).eval()
+    folder = gguf_model_dir(name) if is_gguf_file(name) else name
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **from_pretrained).eval()
     return (model.to(device) if device else model), tokenizer, name
 
 
@@ -388,10 +407,13 @@ __all__ = [
     "chat_rendering",
     "chat_text",
     "convert_default_model",
+    "convert_gguf",
     "default_model_dir",
     "draft_model_from_layers",
     "encode_chat",
+    "gguf_model_dir",
     "gguf_path",
     "has_chat_template",
+    "is_gguf_file",
     "load_default_model",
 ]

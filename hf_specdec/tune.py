@@ -143,7 +143,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     ``--model`` (a folder with a tokenizer, ``--chat-template`` rendering with it), ``--device``, ``--data`` and
     ``--draft-layers`` against the model's depth (read from its config)."""
     check_out_folder(args.out, holds="the head, its exports and tune_report.json")
-    check_model_argument(args.model)
+    args.model = check_model_argument(args.model)
     check_device_argument(args.device)
     for value in args.data:
         _check_data_value(value)

@@ -338,7 +338,7 @@ def checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Sett
         chosen = [s for s in chosen if rank[id(s)] < args.per_category]
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out}: a file is there; pass a folder for results.md, results.json, results.png")
-    check_model_argument(args.model)
+    args.model = check_model_argument(args.model)
     check_chat_template_option(args)
     return methods, settings, chosen
 

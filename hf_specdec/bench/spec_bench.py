@@ -508,7 +508,7 @@ def _checked_arguments(args: argparse.Namespace) -> tuple[list[Method], list[Set
         questions = sample_questions(questions, args.per_category, seed=args.seed, categories=categories)
     except ValueError as err:
         raise UsageError(f"--categories {args.categories}: {err}") from err
-    check_model_argument(args.model)
+    args.model = check_model_argument(args.model)
     if args.out:
         check_out_folder(args.out, holds="results.md, results.json, results.png")
     check_device_argument(args.device)

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    check_model_argument(args.model)
+    args.model = check_model_argument(args.model)
     check_device_argument(args.device)
     print("hf-specdec demo: starting (importing gradio)…", flush=True)
     try:

@@ -187,7 +187,8 @@ def test_the_installed_command_prints_no_traceback(command):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
-        "hf-specdec: error: --model /nonexistent: no such folder (pass a local model folder or a Hub id like org/name)"
+        "hf-specdec: error: --model /nonexistent: no such folder or .gguf file (pass a local model folder, a .gguf "
+        "file or a Hub id like org/name)"
     )
 
 
