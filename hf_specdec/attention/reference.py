@@ -3,7 +3,8 @@
 For each row of the packed batch it reads the row's `[H_kv, L, D]` K/V through its block table (a zero-copy view when
 the row's pages are contiguous; head-major pools make it one with unit stride between positions, as SDPA reads
 fastest), builds ``[prefix | own-new-tokens mask]`` once per forward (kept on the plan) and calls
-SDPA with GQA. Soft-capping and sliding windows fall back to an explicit softmax.
+SDPA with GQA. A sliding window over one new token reads the window's last keys with SDPA; soft-capping, sliding
+windows over chunks and trees, sinks and chunked attention fall back to an explicit softmax.
 """
 
 from __future__ import annotations
@@ -52,7 +53,13 @@ def paged_attention_reference(
         q = query[:, :, s:e]  # [1, H_q, n, D]
         k = k.unsqueeze(0).to(q.dtype)  # [1, H_kv, L + P + n, D]
         v = v.unsqueeze(0).to(q.dtype)
-        if sliding_window is None and softcap is None and sinks is None and chunk_size is None:
+        plain = softcap is None and sinks is None and chunk_size is None
+        if sliding_window is not None and plain and mask is None and n == 1:
+            # one new token after its committed prefix (a step that drafted nothing): it sees the last keys of the
+            # window, as SDPA over them computes, no explicit mask needed
+            keep = min(total, sliding_window)
+            o = F.scaled_dot_product_attention(q, k[:, :, -keep:], v[:, :, -keep:], scale=scale, enable_gqa=True)
+        elif sliding_window is None and plain:
             causal = mask is None and n > 1
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         else:

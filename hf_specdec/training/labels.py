@@ -57,6 +57,20 @@ def draft_vocabulary(data: DistillationData, positions: torch.Tensor, size: int)
     return top, float(counts[top].sum() / counts.sum().clamp(min=1))
 
 
+def frequent_token_ids(tokenizer, texts, size: int) -> tuple[torch.Tensor, float]:
+    """`[size]` the ids ``tokenizer`` writes most often in ``texts`` (ties: the lower id; a text holding fewer distinct
+    tokens fills up with the lowest unseen ids), sorted, and the share of those texts' tokens they cover: a draft
+    vocabulary for a draft model (`DraftModelAssistant(draft_vocab=...)`)."""
+    vocab = len(tokenizer)
+    counts = torch.zeros(vocab, dtype=torch.float64)
+    for text in texts:
+        ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        counts += torch.bincount(ids, minlength=vocab)[:vocab].double()
+    key = counts * vocab - torch.arange(vocab, dtype=torch.float64)  # count first, then the lower id
+    top = key.topk(min(size, vocab)).indices.sort().values
+    return top, float(counts[top].sum() / counts.sum().clamp(min=1))
+
+
 def label_coverage(data: DistillationData, positions: torch.Tensor, vocab: torch.Tensor) -> float:
     """The share of the first-guess labels of ``positions`` `[P]` (as `draft_vocabulary` counts them) that the draft
     vocabulary ``vocab`` `[V']` holds: what a fine-tuned head's kept vocabulary covers of new data."""
@@ -137,6 +151,7 @@ def token_targets(data: DistillationData, lm_weight: torch.Tensor, vocab: torch.
 __all__ = [
     "IGNORE",
     "draft_vocabulary",
+    "frequent_token_ids",
     "head_positions",
     "medusa_labels",
     "on_path_runs",

@@ -118,3 +118,17 @@ def test_the_packaged_sharegpt_file_yields_its_conversations():
     assert all(
         t.role in ("user", "assistant", "system") and t.text.strip() for x in source.train[:500] for t in x.turns
     )
+
+
+def test_a_draft_vocabulary_is_the_most_frequent_ids_of_the_answers():
+    from hf_specdec.testing import char_tokenizer
+    from hf_specdec.training.conversations import sharegpt_answers
+    from hf_specdec.training.labels import frequent_token_ids
+
+    tok = char_tokenizer()
+    ids, covered = frequent_token_ids(tok, ["aaab", "ab", "c"], 2)  # a: 4, b: 2, c: 1
+    assert ids.tolist() == sorted(tok.convert_tokens_to_ids(["a", "b"])) and covered == 6 / 7
+    ids, covered = frequent_token_ids(tok, ["z"], 3)  # fewer distinct tokens than asked: the lowest unseen ids
+    assert ids.tolist() == sorted({0, 1, tok.convert_tokens_to_ids("z")}) and covered == 1.0
+    answers = sharegpt_answers(20)
+    assert len(answers) >= 20 and all(isinstance(a, str) and a for a in answers)
