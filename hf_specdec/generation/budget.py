@@ -43,8 +43,9 @@ never scores below its child). The budgeter
    + d)) + t_other + d * level cost)``; depth 0, a plain step that runs no draft forward, unless a depth beats it
    by ``margin``. Until a level was measured the rows draft one level per step (the first steps of the first call;
    a backlog the draft fed, its prompt or tokens it skipped, is no sample). While drafting is off the rows probe
-   at depth 1 (the best node verified) after 16 steps, then after twice the last interval and at least after the
-   probe's own cost over 1% of the time (a catch-up after a long pause costs more), at most every 512 steps; the
+   at depth 1 (the best node verified) after 16 steps, then after twice the last interval (at most 512 steps) and
+   at least after the probe's own cost over 1% of the time (a catch-up after a long pause costs more: a deep draft
+   catching up on a new prompt may wait up to 8,192 steps, a few dozen calls); the
    cost, the acceptance and this schedule carry over calls and processes (the cost cache), so a later call of a
    draft that does not pay runs no draft forward from its first step. A sample a fifth cheaper than the
    median replaces the older samples: a draft that became cheap comes back at the next step.
@@ -92,7 +93,8 @@ _VALUE_PRIOR = 0.1  # a new row's running net value (tokens per step): it propos
 _PRIOR_ACCEPT = 0.6
 _PRIOR_WEIGHT = 2.0
 _FIRST_PROBE_AFTER = 16
-_MAX_PROBE_INTERVAL = 512
+_MAX_PROBE_INTERVAL = 512  # the doubling stops here...
+_MAX_COSTLY_PROBE_INTERVAL = 8192  # ...but a probe costing over _PROBE_SHARE of 512 steps spaces the next one further
 _PROBE_SHARE = 0.01
 _PLAN_DEPTH = 16  # deepest level the plan weighs
 PROPOSING_COST_ENV = "HF_SPECDEC_PROPOSING_COST"  # 0 / false / off / no: a draft model's cost is not planned for
@@ -489,7 +491,7 @@ class TreeBudgeter:
         if self._probe_now:  # the next probe waits until this one's cost is at most _PROBE_SHARE of the time
             least = int(seconds / plain / _PROBE_SHARE)
             cost = self.proposing
-            cost.probe_interval = min(_MAX_PROBE_INTERVAL, max(cost.probe_interval, least))
+            cost.probe_interval = max(cost.probe_interval, min(_MAX_COSTLY_PROBE_INTERVAL, least))
 
     def _planned_levels(self) -> int:
         """This step's levels for every row (computed once per step): 1 while a level's cost is not measured, 0 when

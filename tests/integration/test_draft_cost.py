@@ -116,3 +116,17 @@ def test_the_cost_is_kept_for_the_next_process(tmp_path, monkeypatch):
     again = ProposingCost()
     again.load_state(cost_cache.proposing_file(model, draft).read())
     assert again.state() == saved.state() and again.ratio() is not None
+
+
+def test_a_probe_that_costs_more_than_a_share_of_its_interval_spaces_the_next_one_further():
+    """A probe that caught a deep draft up on a long prompt cost 30 plain steps: the next waits 3,000 steps (1% of
+    the time), past the 512 the doubling stops at; a cheap probe keeps the doubling schedule."""
+    for seconds, expected in ((30.0, 3000), (0.05, 32)):
+        budget = budget_with(2.0, accepted=50, verified=50)
+        plain = budget.cost.predict(1) + budget.cost.other_seconds(1)
+        for _ in range(16):
+            cap = budget.depth_cap(0, 8)
+            if cap:
+                budget.record_proposing(seconds * plain, 1, catching_up=True)
+            budget.cut([])
+        assert cap == 1 and budget.proposing.probe_interval == expected
