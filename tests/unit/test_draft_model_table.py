@@ -104,8 +104,12 @@ class DictOfListsDraft(DraftModelAssistant):
         n = len(nb["tok"])
         if n == 0:
             return DraftTree.empty(device)
-        # keep the best num_nodes by score (ties: shallower first, so a parent is never dropped before its child)
-        order = sorted(range(n), key=lambda j: (-nb["score"][j], nb["dep"][j], j))[: self.num_nodes]
+        # keep the best num_nodes by score (ties: shallower first, so a parent is never dropped before its child);
+        # sampled nodes by structure only, level by level in creation order (never by a draw's own probability)
+        if self.sample:
+            order = sorted(range(n), key=lambda j: (nb["dep"][j], j))[: self.num_nodes]
+        else:
+            order = sorted(range(n), key=lambda j: (-nb["score"][j], nb["dep"][j], j))[: self.num_nodes]
         keep = set(order)
         if self.sample:
             keep = self._prefix_closed(nb, keep)
