@@ -28,7 +28,7 @@ class DictOfListsDraft(DraftModelAssistant):
 
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
         device = rows[0].tokens.device
-        cache_rows, logits = self._feed_new_tokens(rows)
+        cache_rows, logits, _ = self._feed_new_tokens(rows)
 
         depth_cap = [min(self.depth, r.max_depth) for r in rows]
         # Per row: node lists (token, parent, depth, score); q rows per expanded position (sampling).

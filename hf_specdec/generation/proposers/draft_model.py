@@ -226,13 +226,13 @@ class DraftModelAssistant(Proposer):
         top = logq.topk(k, dim=-1)
         return top.indices, top.values, None
 
-    def _feed_new_tokens(self, rows: Sequence[RowState]) -> tuple[list[int], torch.Tensor]:
+    def _feed_new_tokens(self, rows: Sequence[RowState]) -> tuple[list[int], torch.Tensor, bool]:
         """Level 0: feed each row's tokens the draft has not seen (ending with the root) and commit them.
 
         Returns:
-            the rows' draft cache rows, and `[B, V]` fp32 draft logits at each root (the depth-1 distribution).
-            ``fed_backlog`` says whether a row fed more than a step's root and accepted tokens (its prompt, or the
-            tokens committed while it drafted nothing).
+            the rows' draft cache rows, `[B, V]` fp32 draft logits at each root (the depth-1 distribution), and
+            whether a row fed more than a step's root and accepted tokens (its prompt, or the tokens committed while
+            it drafted nothing: a backlog, whose time is no sample of a level's cost).
         """
         device = rows[0].tokens.device
         self._planned()
@@ -252,8 +252,7 @@ class DraftModelAssistant(Proposer):
         self.draft.commit_chunks(cache_rows, q_lens)  # the fed tokens stay; last step's tree is forgotten
         for r in rows:
             self.cached[r.row] = r.tokens.numel()
-        self.fed_backlog = max(q_lens) > self.depth + 1
-        return cache_rows, logits
+        return cache_rows, logits, max(q_lens) > self.depth + 1
 
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
         device = rows[0].tokens.device
@@ -270,7 +269,7 @@ class DraftModelAssistant(Proposer):
     def _draft(self, rows: Sequence[RowState]) -> tuple[list[DraftTree], int, bool]:
         """One tree per row, the levels drafted (draft forwards run) and whether a row fed a backlog."""
         device = rows[0].tokens.device
-        cache_rows, logits = self._feed_new_tokens(rows)
+        cache_rows, logits, fed_backlog = self._feed_new_tokens(rows)
         levels = 1
         table = _NodeTable(len(rows), [min(self.depth, r.max_depth) for r in rows], device)
         frontier = _Frontier.at_roots(len(rows), device)
@@ -298,7 +297,7 @@ class DraftModelAssistant(Proposer):
                 [pending] * going.size,
                 0,
             )
-        return table.trees(self.num_nodes, self.sample, device), levels, self.fed_backlog
+        return table.trees(self.num_nodes, self.sample, device), levels, fed_backlog
 
 
 class _Frontier:
