@@ -260,9 +260,9 @@ def load_causal_lm(
     dtype: torch.dtype = torch.float32,
     **from_pretrained,
 ):
-    """``(model, tokenizer, name)``: the causal LM ``name`` (a local folder, a Hub id or a ``.gguf`` file; in ``dtype``, fp32 by default;
-    eval mode) and its tokenizer, or the default model when None; on ``device`` if given. ``from_pretrained`` is
-    passed to transformers' ``from_pretrained`` (``quantization_config=``, ...).
+    """``(model, tokenizer, name)``: the causal LM ``name`` (a local folder, a Hub id or a ``.gguf`` file; in
+    ``dtype``, fp32 by default; eval mode) and its tokenizer, or the default model when None; on ``device`` if given.
+    ``from_pretrained`` is passed to transformers' ``from_pretrained`` (``quantization_config=``, ...).
 
     Raises:
         OSError: transformers cannot load ``name`` (not a model folder, an unknown Hub id, offline).

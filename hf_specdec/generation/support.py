@@ -60,13 +60,15 @@ _WORKS = (
 )
 
 
-def _text_config(model):
+def text_config(model):
+    """The decoder's text config of ``model`` (a multimodal model's language model config; the config itself
+    otherwise)."""
     config = model.config
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
 def _name(model) -> str:
-    return f"{type(model).__name__} (model type {getattr(_text_config(model), 'model_type', '?')!r})"
+    return f"{type(model).__name__} (model type {getattr(text_config(model), 'model_type', '?')!r})"
 
 
 def refusal(model, reason: str, why: str = "") -> UnsupportedModelError:
@@ -81,7 +83,7 @@ def refusal(model, reason: str, why: str = "") -> UnsupportedModelError:
 
 def check_config(model) -> None:
     """Refuse ``model`` when its config declares layers that keep a state other than paged attention K/V."""
-    config = _text_config(model)
+    config = text_config(model)
     kinds = getattr(config, "layer_types", None) or []
     paged = PAGED_LAYER_TYPES | STATELESS_LAYER_TYPES
     if getattr(config, "attention_chunk_size", None):  # chunk masks built from the config (attention_chunk)
@@ -186,7 +188,7 @@ def _check_windows(model, attention_modules, attention_windows, mask_windows) ->
     With ``layer_types`` the config says which layers get the sliding-window mask (of ``config.sliding_window``); a
     model may build masks it uses on no layer (Qwen2-MoE builds both kinds always). Without it, every window of a mask
     the model built must be one some attention call is given."""
-    config = _text_config(model)
+    config = text_config(model)
     kinds = getattr(config, "layer_types", None)
     if kinds and attention_windows:
         wrong = [
@@ -234,7 +236,7 @@ def _unknown_stateful_modules(model, attention_modules: list[torch.nn.Module]) -
 
 def _stateless_layers(model) -> set[int]:
     """Indices of the layers whose config type (``mlp`` / ``moe``) keeps no state between forwards."""
-    kinds = getattr(_text_config(model), "layer_types", None) or []
+    kinds = getattr(text_config(model), "layer_types", None) or []
     return {i for i, k in enumerate(kinds) if k in STATELESS_LAYER_TYPES}
 
 
@@ -256,6 +258,6 @@ def unclear_failure(model, exc: Exception) -> UnsupportedModelError:
 def naming_the_model(model, exc: UnsupportedModelError) -> UnsupportedModelError:
     """A refusal raised inside the forward (by an attention call, which knows its module only), with the model and
     its type in front."""
-    if repr(_text_config(model).model_type) in str(exc):
+    if repr(text_config(model).model_type) in str(exc):
         return exc
     return refusal(model, exc.reason, str(exc))

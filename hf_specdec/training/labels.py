@@ -51,7 +51,13 @@ def draft_vocabulary(data: DistillationData, positions: torch.Tensor, size: int)
     (Medusa, EAGLE, the MLP speculator) draws its vocabulary this way."""
     vocab = int(data.manifest["vocab_size"])
     labels = data.next_tokens()[positions + 1]
-    counts = torch.bincount(labels[labels >= 0], minlength=vocab).double()
+    return _most_counted(torch.bincount(labels[labels >= 0], minlength=vocab).double(), size)
+
+
+def _most_counted(counts: torch.Tensor, size: int) -> tuple[torch.Tensor, float]:
+    """`[size]` the ids of the highest `[V]` fp64 ``counts`` (ties and uncounted ids: the lower id first), sorted,
+    and the share of the counts they hold."""
+    vocab = counts.numel()
     key = counts * vocab - torch.arange(vocab, dtype=torch.float64)  # count first, then the lower id
     top = key.topk(min(size, vocab)).indices.sort().values
     return top, float(counts[top].sum() / counts.sum().clamp(min=1))
@@ -66,9 +72,7 @@ def frequent_token_ids(tokenizer, texts, size: int) -> tuple[torch.Tensor, float
     for text in texts:
         ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
         counts += torch.bincount(ids, minlength=vocab)[:vocab].double()
-    key = counts * vocab - torch.arange(vocab, dtype=torch.float64)  # count first, then the lower id
-    top = key.topk(min(size, vocab)).indices.sort().values
-    return top, float(counts[top].sum() / counts.sum().clamp(min=1))
+    return _most_counted(counts, size)
 
 
 def label_coverage(data: DistillationData, positions: torch.Tensor, vocab: torch.Tensor) -> float:

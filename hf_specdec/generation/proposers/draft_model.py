@@ -49,6 +49,7 @@ from ..budget import proposing_cost_enabled
 from ..cost_model import proposing_cost_for, save_proposing_cost
 from ..logits import NodeScorer
 from ..packed_linears import tuning_calls
+from ..support import text_config
 from ..target import PlannedModel, TailMask
 from ..tree import DraftSampling, DraftTree
 from .base import Proposer, ProposerSetup, RowState
@@ -56,12 +57,8 @@ from .base import Proposer, ProposerSetup, RowState
 _SOURCE = "draft"  # the trees' source: the budget calibrates and plans per source
 
 
-def _text_config(model):
-    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-
-
 def _vocab_size(model) -> int:
-    return int(_text_config(model).vocab_size)
+    return int(text_config(model).vocab_size)
 
 
 class _VocabularyHead:
@@ -79,7 +76,7 @@ class _VocabularyHead:
         self.weight = lm_head.weight[self.ids].contiguous()  # [V', H]
         bias = getattr(lm_head, "bias", None)
         self.bias = None if bias is None else bias[self.ids]
-        self.softcap = getattr(_text_config(model), "final_logit_softcapping", None)
+        self.softcap = getattr(text_config(model), "final_logit_softcapping", None)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = F.linear(hidden, self.weight, self.bias).float()  # [K, V']
@@ -102,7 +99,7 @@ class DraftModelAssistant(Proposer):
         top_k: children expanded per frontier node; 1 drafts a chain.
         num_nodes: tree size budget (ignored for chains).
         draft_vocab: `[V']` ids of the vocabulary the draft may propose (None: all); each call adds its prompts'
-            tokens. `hf_specdec.training.text_vocabulary` picks the most frequent ids of some text.
+            tokens. `hf_specdec.training.labels.frequent_token_ids` picks the most frequent ids of some text.
     """
 
     def __init__(self, model, depth: int = 4, top_k: int = 1, num_nodes: int = 12, draft_vocab=None):
