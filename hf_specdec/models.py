@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -396,7 +397,36 @@ def draft_model_from_layers(model, num_layers: int):
             f"unexpected {unexpected[:4]} (expected decoder layers named '...layers.<i>...')"
         )
     draft.generation_config = copy.deepcopy(model.generation_config)
-    return draft.to(param.device).eval()
+    draft = draft.to(param.device).eval()
+    _FIRST_LAYERS[draft] = (weakref.ref(model), _weight_versions(draft, model))
+    return draft
+
+
+# draft -> (its target, the weights' versions when it was made): see `is_first_layers_of`
+_FIRST_LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _weight_versions(draft, model) -> tuple[tuple[int, int], ...] | None:
+    """Per parameter of ``draft`` the in-place versions of it and of ``model``'s parameter of the same name; None where
+    ``model`` has none of that name, shape, dtype and device."""
+    versions = []
+    for name, weight in draft.named_parameters():
+        try:
+            own = model.get_parameter(name)
+        except AttributeError:
+            return None
+        if (own.shape, own.dtype, own.device) != (weight.shape, weight.dtype, weight.device):
+            return None
+        versions.append((weight._version, own._version))
+    return tuple(versions)
+
+
+def is_first_layers_of(draft, model) -> bool:
+    """Whether ``draft`` is `draft_model_from_layers` ``(model, n)``, its weights and ``model``'s unchanged since (no
+    in-place change, dtype or device): its layer ``i`` then computes what ``model``'s layer ``i`` computes, so the
+    keys and values ``model`` wrote for its first ``n`` layers are the draft's."""
+    made = _FIRST_LAYERS.get(draft)
+    return made is not None and made[0]() is model and made[1] is not None and _weight_versions(draft, model) == made[1]
 
 
 __all__ = [
@@ -414,6 +444,7 @@ __all__ = [
     "gguf_model_dir",
     "gguf_path",
     "has_chat_template",
+    "is_first_layers_of",
     "is_gguf_file",
     "load_default_model",
 ]

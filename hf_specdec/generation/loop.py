@@ -38,7 +38,7 @@ from .packed_linears import packed_linears, tuning_calls
 from .proposers import as_proposer
 from .proposers.base import Proposer, ProposerSetup, RowFeedback, RowState, checked_proposals
 from .stats import SpecStats
-from .target import PlannedModel, PlannedOutput, TailMask
+from .target import PlannedModel, PlannedOutput, TailMask, TargetCache
 from .tensor_parallel import agreed_seconds, check_same_trees, tp_group
 from .tree import DraftTree, pack_trees
 from .verify import Verdict, sample_from_scores, verify_tree
@@ -258,7 +258,7 @@ def _run(
         for row, cache_row in zip(rows, target.add_rows(len(rows))):
             row.cache_row = cache_row
         try:
-            proposer.start(_setup(call, generation_config, logits_processor, len(rows)))
+            proposer.start(_setup(call, generation_config, logits_processor, rows))
             with _drafting_linears(proposer):
                 _prefill(call, rows)
                 while (active := [r for r in rows if not r.finished]) and any(r.done_at is None for r in rows):
@@ -315,15 +315,18 @@ def _checked_call(
     return stopper, max_length, rows
 
 
-def _setup(call: _Call, generation_config, logits_processor, batch_size: int) -> ProposerSetup:
+def _setup(call: _Call, generation_config, logits_processor, rows: Sequence[_Row]) -> ProposerSetup:
     return ProposerSetup(
         target=call.model,
         generation_config=generation_config,
         do_sample=call.do_sample,
         logits_processor=logits_processor,
         generator=call.generator,
-        batch_size=batch_size,
+        batch_size=len(rows),
         budget=call.budget,
+        # a draft made of the target's first layers reads their keys and values from the target's cache; a
+        # tensor-parallel target's cache holds each rank's heads only
+        target_cache=None if call.tp_group is not None else TargetCache(call.target, tuple(r.cache_row for r in rows)),
     )
 
 

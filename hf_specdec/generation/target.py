@@ -32,7 +32,7 @@ from ..attention.plan import AttentionPlan, TailMask, build_plan
 from ..attention.unsupported import UnsupportedModelError
 from ..cache.paged import PagedCache
 from .packed_linears import packed_bytes, packed_linears, tuning_calls
-from .support import check_config, check_forward, naming_the_model, unclear_failure
+from .support import check_config, check_forward, naming_the_model, text_config, unclear_failure
 
 
 @dataclass
@@ -55,7 +55,8 @@ class PlannedOutput:
 
 
 class PlannedModel:
-    """Planned forwards of ``model`` over its own `PagedCache`, for the length of one ``with`` block.
+    """Planned forwards of ``model`` over its own `PagedCache` (or one it is lent), for the length of one ``with``
+    block.
 
     Args:
         model: a transformers causal LM.
@@ -66,6 +67,10 @@ class PlannedModel:
         keep_packed: what happens to the packed copies when the block exits (``generate(..., keep_packed=...)``):
             None (default) keeps those made for the model's later calls, True also packs from the first verify
             forward, False releases them (`packed_linears`' ``keep``).
+        lent_cache: another `PlannedModel` whose cache this one writes and reads instead of its own (a layer-skip
+            draft, ``model`` being the first layers of the lender's model: its layer ``i`` is the lender's layer
+            ``i``). Its backend and rows are the lender's; this one commits nothing there (its tokens stay pending
+            until the lender's next forward writes over them) and frees none of its rows.
     """
 
     def __init__(
@@ -76,12 +81,17 @@ class PlannedModel:
         block_size: int = 16,
         pack_linears: bool | None = None,
         keep_packed: bool | None = None,
+        lent_cache: PlannedModel | None = None,
     ):
         self.model = model
         self.device = next(model.parameters()).device
-        self.backend = choose_backend(self.device, backend)
-        # the torch path reads each row's K/V as SDPA's [H_kv, L, D]: head-major pools make that a unit-stride view
-        self.cache = PagedCache(model.config, block_size=block_size, head_major=self.backend == "torch")
+        self._owns_cache = lent_cache is None
+        if lent_cache is not None:
+            self.backend, self.cache = lent_cache.backend, lent_cache.cache
+        else:
+            self.backend = choose_backend(self.device, backend)
+            # the torch path reads each row's K/V as SDPA's [H_kv, L, D]: head-major pools make that a unit-stride view
+            self.cache = PagedCache(model.config, block_size=block_size, head_major=self.backend == "torch")
         self._pack_linears = pack_linears
         self._keep_packed = keep_packed
         self._stack: contextlib.ExitStack | None = None
@@ -99,8 +109,8 @@ class PlannedModel:
         self.close()
 
     def close(self) -> None:
-        """Free every row and leave the call scope (idempotent)."""
-        for row in range(self.cache.num_rows):
+        """Free every row of its own cache and leave the call scope (idempotent)."""
+        for row in range(self.cache.num_rows if self._owns_cache else 0):
             self.free(row)
         stack, self._stack = self._stack, None
         if stack is not None:
@@ -150,7 +160,7 @@ class PlannedModel:
         check_forward(
             self.model,
             plan.attention_modules,
-            len(self.cache.layers),
+            len(self.cache.layers) if self._owns_cache else int(text_config(self.model).num_hidden_layers),
             plan.attention_windows,
             plan.mask_windows,
             plan.state_modules,
@@ -227,4 +237,23 @@ class PlannedModel:
         return PlannedOutput(out.logits[0], hidden, cu, tuning_calls() != trials)  # logits [K, V]
 
 
-__all__ = ["PlannedModel", "PlannedOutput", "TailMask"]
+@dataclass(frozen=True)
+class TargetCache:
+    """The target's planned forwards and each batch row's cache row, lent for one generate call to a draft made of
+    the target's own first layers (`ProposerSetup.target_cache`): the keys and values of those layers for every
+    committed token are the target's, written by its verify forwards, so the draft keeps no cache of its own.
+
+    Attributes:
+        planned: the target's `PlannedModel` (a draft's forwards are ``PlannedModel(draft, lent_cache=planned)``).
+        rows: `[B]` the cache row of each batch row (host ints).
+    """
+
+    planned: PlannedModel
+    rows: tuple[int, ...]
+
+    def length(self, row: int) -> int:
+        """Committed tokens of batch row ``row``."""
+        return self.planned.length(self.rows[row])
+
+
+__all__ = ["PlannedModel", "PlannedOutput", "TailMask", "TargetCache"]

@@ -28,6 +28,7 @@ import torch
 from ..budget import TreeBudgeter
 from ..cost_model import PriorCurve, StepCostModel
 from ..draft_dtype import draft_dtype
+from ..target import TargetCache
 from ..tree import DraftSampling, DraftTree
 
 
@@ -104,6 +105,8 @@ class ProposerSetup:
             (``DraftTree.scores``) so that the budget can keep those that pay; an assistant choosing between trees
             may ask it what each is worth (`TreeBudgeter.speedup`). Default: one that never cuts, over a fresh
             cost curve (a proposer driven outside ``generate``).
+        target_cache: the target's cache, lent to a draft made of the target's own first layers (`TargetCache`);
+            None where the loop lends none (a proposer driven outside ``generate``, a tensor-parallel target).
     """
 
     target: torch.nn.Module
@@ -114,6 +117,7 @@ class ProposerSetup:
     batch_size: int = 1
     extras: dict = field(default_factory=dict)
     budget: TreeBudgeter = field(default_factory=lambda: TreeBudgeter(StepCostModel(), cuts=False))
+    target_cache: TargetCache | None = None
 
 
 class Proposer:

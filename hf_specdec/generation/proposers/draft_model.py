@@ -13,6 +13,12 @@ attention plan's mask, siblings never see each other. After verification the dra
 prefix; the accepted tokens are fed again at the next step together with the new root (the same forward that the
 next step needs anyway), so no extra draft pass is spent on bookkeeping.
 
+A draft made of the target's own first layers (`hf_specdec.draft_model_from_layers`, weights unchanged since:
+`models.is_first_layers_of`) keeps no cache: the keys and values of its layers for every committed token are the
+ones the target's verify forward wrote for its first layers (LayerSkip's self-speculation), so level 0 feeds the
+root alone and the tree's tokens stay pending in the target's cache, which its next verify forward writes over. A
+row that drafted nothing for a while resumes at the cost of one level, not of a catch-up over what it skipped.
+
 With ``do_sample=True`` children are drawn without replacement from the processed draft distribution q
 (Gumbel-top-k) and the tree carries q for exact verification (`DraftSampling.WITHOUT_REPLACEMENT`).
 
@@ -45,12 +51,13 @@ import torch
 import torch.nn.functional as F
 
 from ...kernels.mask_bits import pack_bits
+from ...models import is_first_layers_of
 from ..budget import proposing_cost_enabled
 from ..cost_model import proposing_cost_for, save_proposing_cost
 from ..logits import NodeScorer
 from ..packed_linears import tuning_calls
 from ..support import text_config
-from ..target import PlannedModel, TailMask
+from ..target import PlannedModel, TailMask, TargetCache
 from ..tree import DraftSampling, DraftTree
 from .base import Proposer, ProposerSetup, RowState
 
@@ -115,6 +122,7 @@ class DraftModelAssistant(Proposer):
         self.head_checked = False  # whether the first forward confirmed the draft vocabulary's logits
         self.head: _VocabularyHead | None = None  # this call's draft-vocabulary lm_head (`_feed_new_tokens`)
         self.draft: PlannedModel | None = None  # the draft's planned forwards and cache, for one generate call
+        self.shared: TargetCache | None = None  # the target's cache, when the draft is its first layers (`start`)
         self.cost = None  # what a drafted level costs (`start`)
 
     def validate(self, target) -> None:
@@ -131,7 +139,9 @@ class DraftModelAssistant(Proposer):
         if self.draft_vocab is not None:
             ids = self.draft_vocab
             if int(ids[0]) < 0 or int(ids[-1]) >= dv:
-                raise ValueError(f"draft_vocab holds ids outside the vocabulary [0, {dv}): {int(ids[0])}..{int(ids[-1])}")
+                raise ValueError(
+                    f"draft_vocab holds ids outside the vocabulary [0, {dv}): {int(ids[0])}..{int(ids[-1])}"
+                )
             if self.model.get_output_embeddings() is None:
                 raise ValueError(f"draft_vocab needs the draft's lm_head; {type(self.model).__name__} has none")
 
@@ -145,14 +155,22 @@ class DraftModelAssistant(Proposer):
         # the call's processors as each row sees them (batch-indexed state, e.g. a repetition penalty's per-row
         # prompt_ignore_length, sliced to the row): applied to the draft's logits when sampling
         self.processors = NodeScorer(setup.logits_processor) if setup.do_sample and setup.logits_processor else None
-        # what a drafted level costs, planned for by the budget (None: every row feeds every step, as before)
         self.head = None  # built from the call's prompts at its first draft forward
-        variant = None if self.draft_vocab is None else f"draft_vocab={self.draft_vocab.numel()}"
-        self.cost = proposing_cost_for(setup.target, self.model, variant) if proposing_cost_enabled() else None
+        lent = setup.target_cache
+        self.shared = lent if lent is not None and is_first_layers_of(self.model, setup.target) else None
+        self._plan_cost()
+
+    def _plan_cost(self) -> None:
+        """What a drafted level costs, planned for by the budget (None: every row feeds every step, as before); kept
+        per way of drafting (a draft vocabulary's size, over the target's cache or its own)."""
+        ways = [] if self.draft_vocab is None else [f"draft_vocab={self.draft_vocab.numel()}"]
+        variant = ",".join([*ways, "target_cache"] if self.shared is not None else ways) or None
+        self.cost = proposing_cost_for(self.setup.target, self.model, variant) if proposing_cost_enabled() else None
         if self.cost is not None:
-            setup.budget.plan_proposing(self.cost, _SOURCE)
+            self.setup.budget.plan_proposing(self.cost, _SOURCE)
 
     def finish(self) -> None:
+        self.shared = None
         draft, self.draft = self.draft, None
         if draft is not None:
             draft.close()
@@ -165,7 +183,12 @@ class DraftModelAssistant(Proposer):
         """The draft's planned forwards and cache for this call, entered once per call, not per draft forward
         (packing the linears scans the modules)."""
         if self.draft is None:
-            self.draft = PlannedModel(self.model).__enter__()
+            cache = None if self.shared is None else self.shared.planned.cache
+            if cache is not None and (cache.conv_states or cache.recurrent_states):  # states are not per layer
+                self.shared = None  # (a hybrid target: its convolution or recurrent states would be the draft's too)
+                self._plan_cost()
+            lent = None if self.shared is None else self.shared.planned
+            self.draft = PlannedModel(self.model, lent_cache=lent).__enter__()
         return self.draft
 
     def _forward(self, tokens, positions, rows, q_lens, masks, pending, keep) -> torch.Tensor:
@@ -233,13 +256,15 @@ class DraftModelAssistant(Proposer):
         """
         device = rows[0].tokens.device
         self._planned()
+        if self.draft_vocab is not None and self.head is None:  # the call's first forward: its prompts' tokens too
+            ids = torch.cat([self.draft_vocab.to(device), *(r.tokens for r in rows)]).unique()  # [V']
+            self.head = _VocabularyHead(self.model, ids)
+        if self.shared is not None:
+            return self._feed_roots(rows)
         for r in rows:
             if r.row not in self.cache_rows:
                 self.cache_rows[r.row] = self.draft.add_rows(1)[0]
                 self.cached[r.row] = 0
-        if self.draft_vocab is not None and self.head is None:  # the call's first forward: its prompts' tokens too
-            ids = torch.cat([self.draft_vocab.to(device), *(r.tokens for r in rows)]).unique()  # [V']
-            self.head = _VocabularyHead(self.model, ids)
         feed = [r.tokens[self.cached[r.row] :] for r in rows]  # per row [n]
         q_lens = [f.numel() for f in feed]
         positions = torch.cat([torch.arange(self.cached[r.row], r.tokens.numel(), device=device) for r in rows])
@@ -250,6 +275,23 @@ class DraftModelAssistant(Proposer):
         for r in rows:
             self.cached[r.row] = r.tokens.numel()
         return cache_rows, logits, max(q_lens) > self.depth + 1
+
+    def _feed_roots(self, rows: Sequence[RowState]) -> tuple[list[int], torch.Tensor, bool]:
+        """Level 0 over the target's cache: each row's root alone, left pending (the target committed every earlier
+        token's keys and values in the layers the draft is made of). Returns what `_feed_new_tokens` returns."""
+        cache_rows = [self.shared.rows[r.row] for r in rows]
+        lengths = self.draft.lengths(cache_rows)  # [B]
+        expected = np.array([r.tokens.numel() - 1 for r in rows])
+        if (lengths != expected).any():
+            raise RuntimeError(f"the target's cache holds {lengths.tolist()} tokens of rows whose tokens before their "
+                               f"roots number {expected.tolist()}: the draft cannot read its layers' keys there")  # fmt: skip
+        device = rows[0].tokens.device
+        roots = torch.stack([r.tokens[-1] for r in rows])  # [B]
+        every = torch.arange(len(rows), device=device)  # [B] each row's one token is its root
+        logits = self._forward(
+            roots, torch.from_numpy(lengths).to(device), cache_rows, [1] * len(rows), None, None, every
+        )
+        return cache_rows, logits, False
 
     def propose(self, rows: Sequence[RowState]) -> list[DraftTree]:
         device = rows[0].tokens.device
@@ -269,7 +311,7 @@ class DraftModelAssistant(Proposer):
         cache_rows, logits, fed_backlog = self._feed_new_tokens(rows)
         levels = 1
         table = _NodeTable(len(rows), [min(self.depth, r.max_depth) for r in rows], device)
-        frontier = _Frontier.at_roots(len(rows), device)
+        frontier = _Frontier.at_roots(len(rows), device, pending_root=self.shared is not None)
         for level in range(1, table.levels + 1):
             expanding = table.expanding(level)  # [E] rows whose frontier was fed (all rows at level 1)
             contexts = frontier.contexts(rows, expanding) if self.processors else None
@@ -313,10 +355,13 @@ class _Frontier:
         self.nodes, self.scores, self.tokens, self.paths, self.fed = nodes, scores, tokens, paths, fed
 
     @classmethod
-    def at_roots(cls, batch: int, device) -> _Frontier:
+    def at_roots(cls, batch: int, device, pending_root: bool = False) -> _Frontier:
+        """Every row's root; ``pending_root``: the root is the row's one pending token (over the target's cache)
+        rather than committed."""
         nodes = torch.full((batch, 1), -1, dtype=torch.long, device=device)
         empty = torch.zeros(batch, 1, 0, dtype=torch.long, device=device)
-        return cls(nodes, torch.zeros(batch, 1, device=device), nodes.clone(), empty, empty.bool())
+        fed = torch.ones(batch, 1, int(pending_root), dtype=torch.bool, device=device)  # [B, 1, P]
+        return cls(nodes, torch.zeros(batch, 1, device=device), nodes.clone(), empty, fed)
 
     def next(self, table: _NodeTable, level: int, width: int) -> _Frontier:
         """The ``width`` best children (by score; ties in creation order) of this frontier's nodes, per row."""
