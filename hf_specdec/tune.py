@@ -68,6 +68,7 @@ from .generation.proposers.ngram import NgramAssistant
 from .generation.proposers.suffix import SuffixAssistant
 from .kinds import HEAD_KINDS
 from .models import chat_prompt_ids, chat_rendering, draft_model_from_layers
+from .text_config import text_config
 from .training.chat_template import read_chat_template
 from .training.conversation_data import build_conversation_data
 from .training.conversations import load_conversations
@@ -228,7 +229,7 @@ def _model_layers(name: str) -> int:
         config = AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as err:
         raise UsageError(f"--model {name}: {str(err).splitlines()[0]}") from err
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    config = text_config(config)
     return int(getattr(config, "num_hidden_layers", 0) or 0)
 
 

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from ..text_config import text_config
 from .conv_states import ConvStates
 from .recurrent_states import RecurrentStates
 
@@ -360,7 +361,7 @@ class PagedCache(Cache):
         self.allocator = BlockAllocator(block_size)
         self.head_major = head_major
         if config is not None:
-            cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+            cfg = text_config(config)
             num_layers = cfg.num_hidden_layers
         layers = [PagedLayer(self.allocator, i, head_major) for i in range(num_layers or 0)]
         super().__init__(layers=layers)

@@ -29,6 +29,7 @@ from transformers.generation import (
     StoppingCriteriaList,
 )
 
+from ..text_config import text_config
 from .budget import TreeBudgeter, carried_calibration, keep_calibration
 from .cost_model import cost_model_for, save_learnt_curve
 from .gemm_cache import load_gemm_choices, save_gemm_choices
@@ -536,8 +537,7 @@ def _sanitize(tree: DraftTree, row: _Row, call: _Call) -> tuple[DraftTree, torch
 
 
 def _vocab_size(model) -> int | None:
-    config = model.config
-    return config.get_text_config().vocab_size if hasattr(config, "get_text_config") else None
+    return getattr(text_config(model), "vocab_size", None)
 
 
 def _check_vocabulary(vocab: int | None, tokens: torch.Tensor, outside: torch.Tensor | None) -> None:

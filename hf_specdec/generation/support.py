@@ -36,6 +36,7 @@ from ..attention.lightning import is_lightning
 from ..attention.mamba import is_mamba
 from ..attention.short_conv import is_short_conv
 from ..attention.unsupported import UnsupportedModelError
+from ..text_config import text_config
 
 # layer kinds (transformers' ``config.layer_types`` vocabulary) whose only state is attention K/V we page
 PAGED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
@@ -58,13 +59,6 @@ _WORKS = (
     "Models whose every layer is full or sliding-window attention are supported (Llama, Qwen2/3, Mistral, Gemma, "
     "Phi, ...); docs/architectures.md lists every model type with its outcome"
 )
-
-
-def text_config(model):
-    """The decoder's text config of ``model`` (a multimodal model's language model config; the config itself
-    otherwise)."""
-    config = model.config
-    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
 def _name(model) -> str:

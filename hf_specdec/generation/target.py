@@ -31,8 +31,9 @@ from ..attention.backend import choose_backend, install_for, planned
 from ..attention.plan import AttentionPlan, TailMask, build_plan
 from ..attention.unsupported import UnsupportedModelError
 from ..cache.paged import PagedCache
+from ..text_config import text_config
 from .packed_linears import packed_bytes, packed_linears, tuning_calls
-from .support import check_config, check_forward, naming_the_model, text_config, unclear_failure
+from .support import check_config, check_forward, naming_the_model, unclear_failure
 
 
 @dataclass

@@ -32,6 +32,7 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding
 
+from ..text_config import text_config
 from .checks import check_token_ids, check_tree, check_verifier
 from .derived import dense_weight, drafting_copy, lm_head_logits
 from .draft_cache import DraftKVCache
@@ -187,7 +188,7 @@ class DFlashHead(
                 target's rows at those ids.
             **kwargs: `DFlashHead` arguments (``aux_layers``, ``mask_token_id``, ``tree``, ``model_card``...).
         """
-        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        text = text_config(model)
         hidden, vocab = base_model_dims(model)
         fields = {k: getattr(text, k) for k in LAYER_FIELDS if getattr(text, k, None) is not None}
         fields.update(hidden_size=hidden, vocab_size=vocab, num_hidden_layers=num_layers)
@@ -532,7 +533,7 @@ def default_feature_layers(layers: int) -> list[int]:
 
 def _default_mask_token(model: nn.Module) -> int:
     """The mask token of a fresh head: the target's pad token, else its EOS token, else 0."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = text_config(model)
     for key in ("pad_token_id", "eos_token_id"):
         value = getattr(config, key, None)
         value = value[0] if isinstance(value, list) and value else value

@@ -30,6 +30,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..cache.model_arg import cache_kwarg
+from ..text_config import text_config
 from .checks import check_verifier
 from .derived import cached_derived, dense_weight, drafting_copy, lm_head_linear, lm_head_logits
 from .draft_cache import DraftKVCache, ExtendKV
@@ -192,7 +193,7 @@ class EagleHead(
             draft_vocab: optional `[V']` token ids the head drafts over (sorted, distinct).
             **kwargs: `EagleHead` arguments (``tree``, ``model_card``...).
         """
-        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        text = text_config(model)
         hidden, vocab = base_model_dims(model)
         fields = {k: getattr(text, k) for k in _LLAMA_FIELDS if getattr(text, k, None) is not None}
         fields.update(hidden_size=hidden, vocab_size=vocab, num_hidden_layers=1, bias=version == 1)
@@ -600,7 +601,7 @@ def _architectures(model: nn.Module) -> list[str]:
 
 
 def _num_layers(model: nn.Module) -> int:
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = text_config(model)
     return int(config.num_hidden_layers)
 
 

@@ -36,6 +36,7 @@ from huggingface_hub.file_download import repo_folder_name
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from ..text_config import text_config
 from ..version import __version__
 from .checks import HUB_ID, check_finite
 from .serving import serving_sections
@@ -353,7 +354,7 @@ def base_model_dims(model: torch.nn.Module) -> tuple[int, int]:
     config = getattr(model, "config", None)
     if config is None:
         raise TypeError(f"cannot read the hidden and vocabulary sizes of a {type(model).__name__}")
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     return int(text.hidden_size), int(text.vocab_size)
 
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..attention.unsupported import UnsupportedModelError
+from ..text_config import text_config
 from .draft_cache import DraftKVCache
 
 
@@ -32,7 +33,7 @@ class NoMTPLayersError(ValueError):
 
 def num_mtp_layers(model: nn.Module) -> int:
     """``config.num_mtp_layers`` of ``model``'s text config (0 when the config has no such field)."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = text_config(model)
     return int(getattr(config, "num_mtp_layers", None) or 0)
 
 

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from ..heads.dflash import DFlashHead, default_feature_layers
 from ..heads.hub import base_model_dims
+from ..text_config import text_config
 from .labels import (
     draft_vocabulary,
     head_positions,
@@ -254,7 +255,7 @@ def _fresh_head(
     vocab_size = base_model_dims(model)[1]
     if cfg.draft_vocab and cfg.draft_vocab < vocab_size:
         vocab, coverage = draft_vocabulary(data, head_positions(data, train_seqs), cfg.draft_vocab)
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = text_config(model)
     held = online.aux_layers if online is not None else data.aux_layers
     layers = held or default_feature_layers(int(config.num_hidden_layers))
     head = DFlashHead.for_model(model, cfg.num_layers, cfg.block_size, draft_vocab=vocab, aux_layers=list(layers))

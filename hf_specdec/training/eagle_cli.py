@@ -27,6 +27,7 @@ import json
 from pathlib import Path
 
 from ..kinds import HEAD_KINDS
+from ..text_config import text_config
 from .data_arguments import SOURCES, add_data_source_arguments, resolve_data
 from .trainer_cli import (
     TrainerCommand,
@@ -276,7 +277,7 @@ def train_dflash_main(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     model, tokenizer = _target(args)
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = text_config(model)
     data = _command_data(args, model, tokenizer, default_feature_layers(int(config.num_hidden_layers)))
     if data is None:  # --data-only
         return 0

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from ..cache.model_arg import cache_kwarg
+from ..text_config import text_config
 from .padding import left_padded
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ def _takes(forward, name: str) -> bool:
 def check_static_decodable(model) -> None:
     """Refuse (ValueError, naming why) a model whose layers are not all full attention over one cache: sliding
     windows, linear attention and recurrent layers keep other caches than the static slots the step's bias covers."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = text_config(model)
     kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"}:
         raise ValueError(f"static decoding needs full attention in every layer; {type(model).__name__} has {kinds}")

@@ -174,6 +174,13 @@ def _draft_model(target, o: dict):
     return DraftModelAssistant(draft, **o["tree"]) if o["tree"] is not None else draft
 
 
+def _layer_skip(target, o: dict):
+    """The target's own first layers as its draft: it drafts over the target's cache (`models.is_first_layers_of`)."""
+    draft = hf_specdec.draft_model_from_layers(target, min(o["layers"], target.config.num_hidden_layers))
+    vocab = _draft_vocab(o["draft_vocab"], o["seed"])
+    return DraftModelAssistant(draft, **(o["tree"] or {}), draft_vocab=vocab)
+
+
 def _medusa(target, o: dict):
     heads = MedusaHeads.for_model(
         target,
@@ -265,6 +272,12 @@ ASSISTANTS: dict[str, AssistantKind] = {
             {"arch": st.sampled_from(ARCHS), "seed": _SEED, "layers": _sizes(1, 2), "tree": _DRAFT_TREE}
         ),
         _draft_model,
+    ),
+    "layer-skip": AssistantKind(
+        st.fixed_dictionaries(
+            {"seed": _SEED, "layers": _sizes(1, 3), "tree": _DRAFT_TREE, "draft_vocab": _DRAFT_VOCAB}
+        ),
+        _layer_skip,
     ),
     "medusa": AssistantKind(
         st.fixed_dictionaries(

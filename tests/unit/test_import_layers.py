@@ -13,8 +13,8 @@ ROOT = Path(hf_specdec.__file__).parent
 # lowest first; a module may import from its own layer and the layers before it
 LAYERS = [
     # version.py: the package version; kinds.py: the head kinds' descriptors (data: import paths, imports nothing of
-    # the package); both readable from every layer
-    ("version", ["version", "kinds"]),
+    # the package); text_config.py: a model's decoder config, read one way; all readable from every layer
+    ("version", ["version", "kinds", "text_config"]),
     ("kernels", ["kernels"]),
     ("cache", ["cache"]),
     ("attention", ["attention"]),

@@ -52,11 +52,11 @@ import torch.nn.functional as F
 
 from ...kernels.mask_bits import pack_bits
 from ...models import is_first_layers_of
+from ...text_config import text_config
 from ..budget import proposing_cost_enabled
 from ..cost_model import proposing_cost_for, save_proposing_cost
 from ..logits import NodeScorer
 from ..packed_linears import tuning_calls
-from ..support import text_config
 from ..target import PlannedModel, TailMask, TargetCache
 from ..tree import DraftSampling, DraftTree
 from .base import Proposer, ProposerSetup, RowState
