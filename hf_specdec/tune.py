@@ -71,8 +71,9 @@ from .models import chat_prompt_ids, chat_rendering, draft_model_from_layers
 from .text_config import text_config
 from .training.chat_template import read_chat_template
 from .training.conversation_data import build_conversation_data
-from .training.conversations import load_conversations
+from .training.conversations import load_conversations, sharegpt_answers
 from .training.head_kinds import TrainerKind, trainer_kinds
+from .training.labels import frequent_token_ids
 from .training.run import step_counts
 from .training.shards import load_distillation_data
 from .training.step_cost import cpu_timer, verify_cost_curve
@@ -93,6 +94,12 @@ HEAD_DIR = "head"
 VERIFY_SIZES = (1, 2, 4, 8, 16, 32, 64)
 DATA_SHARE = 0.3  # of the budget, for teacher-forcing the conversations (the target's forwards)
 PROBE_STEPS = 2  # optimizer steps of the run that times one step
+# a model whose vocabulary exceeds LARGE_VOCAB tokens benches its layer-skip draft over the DRAFT_VOCAB_SIZE ids most
+# frequent in the --data answers (``DIR/draft_vocab.json``): over Gemma 3's 262,144 tokens the draft's lm_head costs
+# more than its layers
+DRAFT_VOCAB_SIZE = 32_768
+LARGE_VOCAB = 2 * DRAFT_VOCAB_SIZE
+DRAFT_VOCAB_FILE = "draft_vocab.json"
 
 
 # ---------------------------------------------------------------------------------------------------- options
@@ -244,6 +251,7 @@ class Journey:
     load_s: float = 0.0
     _target: tuple | None = None
     _prompts: list | None = None
+    _no_draft_vocab: bool = False
 
     @property
     def out(self) -> Path:
@@ -270,6 +278,23 @@ class Journey:
         spent = sum(r.get("seconds", 0.0) for r in self.results.values()) + self.load_s
         return self.args.budget_minutes * 60 - spent
 
+    def draft_vocab(self) -> Path | None:
+        """The draft vocabulary of the layer-skip draft (``DIR/draft_vocab.json``, made on the first call): None where
+        the model's vocabulary is at most `LARGE_VOCAB` tokens or no ``--data`` value holds conversations."""
+        file = self.out / DRAFT_VOCAB_FILE
+        if file.is_file() or self._no_draft_vocab:
+            return None if self._no_draft_vocab else file
+        model, tokenizer = self.target()
+        answers = _answers(self.args.data) if int(text_config(model).vocab_size) > LARGE_VOCAB else []
+        if not answers:
+            self._no_draft_vocab = True
+            return None
+        ids, covered = frequent_token_ids(tokenizer, answers, DRAFT_VOCAB_SIZE)
+        self.say(f"draft vocabulary: the {DRAFT_VOCAB_SIZE} ids most frequent in {len(answers)} answers of "
+                 f"{', '.join(self.args.data)} ({covered:.1%} of their tokens) and each prompt's")  # fmt: skip
+        _write_json(file, ids.tolist())
+        return file
+
     def prompts(self) -> list:
         """The benched prompts: held-out Spec-Bench questions (one category after another), each short enough that
         it and ``--max-new-tokens`` fit the model's positions."""
@@ -283,6 +308,18 @@ class Journey:
                 raise RuntimeError(f"no Spec-Bench question fits the model's {limit} positions with --max-new-tokens")
             self._prompts = fit[: self.args.prompts]
         return self._prompts
+
+
+def _answers(data: list[str], count: int = 1000) -> list[str]:
+    """The assistant turns of the first ``count`` training conversations of the first ``--data`` value that holds
+    conversations (ShareGPT or a JSON file; data folders hold none): text to pick a draft vocabulary from."""
+    for value in data:
+        if value in SOURCES:
+            return sharegpt_answers(count)
+        if Path(value).is_file():
+            kept = load_conversations(value).train[:count]
+            return [t.text for c in kept for t in c.turns if t.role == "assistant"]
+    return []
 
 
 def _count(model) -> int:
@@ -404,7 +441,9 @@ def _untrained_methods(journey: Journey) -> list[Method]:
         Method("suffix", "SuffixAssistant()", lambda ctx: {"assistant": SuffixAssistant()}, spec_stats=True),
     ]
     if journey.args.draft_layers:
-        methods.append(Method("draft", f"draft_model_from_layers(model, {journey.args.draft_layers})",
+        vocab = journey.draft_vocab()
+        over = f", draft_vocab={str(vocab)!r}" if vocab else ""
+        methods.append(Method("draft", f"draft_model_from_layers(model, {journey.args.draft_layers}){over}",
                               lambda ctx: {"assistant": ctx.draft}, spec_stats=True, needs_draft=True))  # fmt: skip
     return methods
 
@@ -419,6 +458,7 @@ def bench(journey: Journey, methods: list[Method], label: str) -> dict:
         records = run_bench(model, prompts, methods, [Setting(GREEDY, {"do_sample": False})],
                             max_new_tokens=journey.args.max_new_tokens, seed=journey.args.seed,
                             draft_factory=lambda: draft_model_from_layers(model, journey.args.draft_layers),
+                            draft_vocab=_read_draft_vocab(journey.draft_vocab()),
                             log=lambda msg: bar.write(msg, file=sys.stderr),
                             on_prompt=lambda _: bar.update(1))  # fmt: skip
     bar.close()
@@ -428,6 +468,10 @@ def bench(journey: Journey, methods: list[Method], label: str) -> dict:
     return {"methods": {m.name: m.description for m in methods}, "overall": overall, "records": records,
             "prompts": [str(p.question_id) for p in prompts],
             "max_new_tokens": journey.args.max_new_tokens}  # fmt: skip
+
+
+def _read_draft_vocab(file: Path | None) -> torch.Tensor | None:
+    return None if file is None else torch.tensor(json.loads(file.read_text(encoding="utf-8")), dtype=torch.long)
 
 
 def step_bench_untrained(journey: Journey) -> dict:
@@ -574,13 +618,17 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def usage_line(winner: dict | None, kind: str, head_dir: Path, draft_layers: int | None) -> str:
-    """One line that uses ``winner`` (a row of `measured_table`, None: vanilla) in ``model.generate``."""
+def usage_line(
+    winner: dict | None, kind: str, head_dir: Path, draft_layers: int | None, draft_vocab: Path | None = None
+) -> str:
+    """One line that uses ``winner`` (a row of `measured_table`, None: vanilla) in ``model.generate`` (``draft_vocab``:
+    the file of the layer-skip draft's draft vocabulary, if it had one)."""
     load = f"hf_specdec.{HEAD_KINDS[kind].head_class_name}.from_pretrained({str(head_dir)!r}, base_model=model)"
+    draft = f"hf_specdec.draft_model_from_layers(model, {draft_layers})"
     assistants = {
         "ngram": "hf_specdec.NgramAssistant()",
         "suffix": "hf_specdec.SuffixAssistant(store=hf_specdec.SuffixStore())",
-        "draft": f"hf_specdec.draft_model_from_layers(model, {draft_layers})",
+        "draft": f"hf_specdec.DraftModelAssistant({draft}, draft_vocab={str(draft_vocab)!r})" if draft_vocab else draft,
         kind: load,
         f"ngram+{kind}": f"hf_specdec.FallbackAssistant(hf_specdec.NgramAssistant(), {load})",
     }
@@ -609,7 +657,7 @@ def step_publish(journey: Journey) -> dict:
                    if fmt != "hf-specdec"}  # fmt: skip
     winner = _pick([r for r in table if r["run"] == "bench_head"])  # the head beside step 2's best, one run
     return {"table": table, "winner": winner["method"] if winner else "vanilla", "head_dir": str(head_dir),
-            "exports": exports, "usage": usage_line(winner, kind, head_dir, args.draft_layers)}  # fmt: skip
+            "exports": exports, "usage": usage_line(winner, kind, head_dir, args.draft_layers, journey.draft_vocab())}  # fmt: skip
 
 
 def _card_facts(journey: Journey, table: list[dict], shown: dict) -> dict:

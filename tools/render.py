@@ -185,8 +185,19 @@ def render_matrix(runs: list[Run], page: Path, options: dict) -> str:
     return "\n".join(lines) + f"\n\nSource: {run.report_link(page)} ({run.date()}, {machine(run)})."
 
 
+def lowest_category(run: Run, method: str) -> str:
+    """The lowest per-category speedup of ``method`` in ``run`` (greedy), with its category."""
+    rows = [run.row(method, category) for category in run.categories()]
+    rows = [r for r in rows if r is not None and r.get("speedup") is not None]
+    if not rows:
+        return ""
+    low = min(rows, key=lambda r: r["speedup"])
+    return f"{speedup(low)} ({low['category']})"
+
+
 RUN_COLUMNS = {  # the columns a `runs` block may show per run: header, cell of the run's overall row
     "overall": ("overall", speedup),
+    "lowest": ("lowest category", None),  # a cell of the run's categories, not of its overall row: `lowest_category`
     "median": ("median", median),
     "tau": ("τ", tau),
     "tokens_per_s": ("tokens/s", lambda row: f"{row['tokens_per_s']:.1f}" if row and row.get("tokens_per_s") else ""),
@@ -197,8 +208,8 @@ RUN_COLUMNS = {  # the columns a `runs` block may show per run: header, cell of 
 def render_runs(runs: list[Run], page: Path, options: dict) -> str:
     """Several runs side by side: per method, each run's overall speedup, median and τ (methods of the first run,
     fastest first; vanilla too where tokens/s are shown). ``labels=seed_0,seed_1`` names the runs (an underscore
-    stands for a space); ``columns=overall,tau,mismatches`` picks the columns of `RUN_COLUMNS` (default
-    overall,median,tau)."""
+    stands for a space); ``columns=overall,lowest,tau,mismatches`` picks the columns of `RUN_COLUMNS` (default
+    overall,median,tau; lowest: the method's lowest category)."""
     labels = options["labels"].replace("_", " ").split(",") if options.get("labels") else [r.path for r in runs]
     columns = options.get("columns", "overall,median,tau").split(",")
     unknown = [c for c in columns if c not in RUN_COLUMNS]
@@ -213,7 +224,7 @@ def render_runs(runs: list[Run], page: Path, options: dict) -> str:
         cells = [method]
         for run in runs:
             total = run.row(method)
-            cells += [RUN_COLUMNS[c][1](total) for c in columns]
+            cells += [lowest_category(run, method) if c == "lowest" else RUN_COLUMNS[c][1](total) for c in columns]
         lines.append("| " + " | ".join(cells) + " |")
     sources = ", ".join(f"{label}: {run.report_link(page)}" for label, run in zip(labels, runs))
     return "\n".join(lines) + f"\n\nSources: {sources}."

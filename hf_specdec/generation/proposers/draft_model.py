@@ -42,9 +42,12 @@ feeds every step, as before.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -105,8 +108,9 @@ class DraftModelAssistant(Proposer):
         depth: tokens per chain / levels of the tree.
         top_k: children expanded per frontier node; 1 drafts a chain.
         num_nodes: tree size budget (ignored for chains).
-        draft_vocab: `[V']` ids of the vocabulary the draft may propose (None: all); each call adds its prompts'
-            tokens. `hf_specdec.training.labels.frequent_token_ids` picks the most frequent ids of some text.
+        draft_vocab: `[V']` ids of the vocabulary the draft may propose (None: all), or the path of a JSON list of
+            them (``hf-specdec tune`` writes ``DIR/draft_vocab.json``); each call adds its prompts' tokens.
+            `hf_specdec.training.labels.frequent_token_ids` picks the most frequent ids of some text.
     """
 
     def __init__(self, model, depth: int = 4, top_k: int = 1, num_nodes: int = 12, draft_vocab=None):
@@ -116,6 +120,8 @@ class DraftModelAssistant(Proposer):
         self.depth = depth
         self.top_k = top_k
         self.num_nodes = num_nodes if top_k > 1 else depth
+        if isinstance(draft_vocab, (str, os.PathLike)):
+            draft_vocab = json.loads(Path(draft_vocab).read_text(encoding="utf-8"))
         self.draft_vocab = None if draft_vocab is None else torch.as_tensor(draft_vocab, dtype=torch.long).unique()
         if self.draft_vocab is not None and self.draft_vocab.numel() == 0:
             raise ValueError("draft_vocab is empty: pass the token ids the draft may propose, or None for all")
