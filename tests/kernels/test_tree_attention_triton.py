@@ -648,6 +648,25 @@ def test_draft_model_levels_with_pending_tokens_run_on_triton_and_stay_greedy_ex
     assert any(pending), "no forward with pending tokens reached the Triton kernel"
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_layer_skip_draft_over_the_target_cache_runs_on_triton_and_stays_greedy_exact(monkeypatch, batch):
+    """A draft of the target's own first layers writes its levels as pending tokens into the target's slot-major
+    cache (`ProposerSetup.target_cache`); the kernel serves them and the target's verify forward writes over them."""
+    import hf_specdec
+
+    model = tiny_causal_lm("llama", num_layers=3).to(DEVICE)
+    ids = torch.tensor([[1, 5, 7, 11, 13, 17, 19], [1, 4, 4, 9, 13, 2, 8]][:batch], device=DEVICE)
+    expected = model.generate(ids, max_new_tokens=8, do_sample=False)
+    monkeypatch.setenv("HF_SPECDEC_ATTENTION", "triton")
+    monkeypatch.setenv("HF_SPECDEC_PROPOSING_COST", "0")  # every level drafted (see the test above)
+    pending = _kernel_plans(monkeypatch, lambda plan: plan.has_pending)
+    draft = hf_specdec.draft_model_from_layers(model, 2)
+    assistant = hf_specdec.DraftModelAssistant(draft, depth=3, top_k=2, num_nodes=6)
+    out = model.generate(ids, max_new_tokens=8, do_sample=False, assistant=assistant, return_dict_in_generate=True)
+    assert out.sequences.tolist() == expected.tolist()
+    assert any(pending) and out.spec_stats.drafted_tokens > 0
+
+
 def test_the_interpreter_probe_passes_here_and_its_failure_is_a_clear_error(monkeypatch):
     if tree_attention.INTERPRETED:
         assert tree_attention._interpreter_runs_scalar_ranges()  # the stack CI installs runs the kernels
