@@ -1,6 +1,7 @@
 """The proposer interface: what every assistant (n-gram, draft model, Medusa, EAGLE, MLP speculator) implements.
 
-The loop owns the target and its cache; a proposer only sees token ids and, if it asks, the target's hidden states.
+The loop owns the target and its cache; a proposer only sees token ids and, if it asks, the target's hidden states
+(a draft made of the target's own first layers also reads the target's cache: `ProposerSetup.target_cache`).
 One generate() call goes:
 
     proposer.validate(target)                      # before anything runs: refuse a wrong head / vocabulary
