@@ -15,7 +15,8 @@ interrupted run goes on where it stopped (the data builders and the trainer also
    questions (the data builders drop any conversation sharing text with them).
 3. ``data``: the head kind's training data, teacher-forced from ``--data``: the ShareGPT conversations (default),
    a JSON file of conversations in ShareGPT's layout, or data folders built before; as many conversations as the
-   budget allows at the measured verify speed (``--conversations`` sets it).
+   budget allows at the measured verify speed, then, where they took less than two thirds of the data's share, more
+   at the rate they were teacher-forced (``--conversations`` sets the count instead).
 4. ``train``: the kind's trainer (`TrainerKind.train`), for as many steps as the budget leaves (a 2-step probe
    times one step).
 5. ``bench_head``: the head alone, n-gram with the head behind it, and the best untrained assistant, against
@@ -70,8 +71,8 @@ from .kinds import HEAD_KINDS
 from .models import chat_prompt_ids, chat_rendering, draft_model_from_layers
 from .text_config import text_config
 from .training.chat_template import read_chat_template
-from .training.conversation_data import build_conversation_data
-from .training.conversations import load_conversations, sharegpt_answers
+from .training.conversation_data import build_conversation_data, pick_conversations
+from .training.conversations import ConversationSet, load_conversations, load_sharegpt, sharegpt_answers
 from .training.head_kinds import TrainerKind, trainer_kinds
 from .training.labels import frequent_token_ids
 from .training.run import step_counts
@@ -484,21 +485,56 @@ def step_data(journey: Journey) -> dict:
     model, tokenizer = journey.target()
     args, layers = journey.args, tuple(journey.kind.feature_layers(model))
     count = args.conversations or _conversations_for_budget(journey)
+    share_s = DATA_SHARE * max(0.0, journey.budget_left())  # the data's seconds
     folders: list[Path] = []
+    total = 0
     for value in args.data:
         if value in SOURCES or Path(value).is_file():
             journey.say(f"reading the conversations of {value} (cleaned, de-duplicated, checked against Spec-Bench)")
-            source = None if value in SOURCES else load_conversations(value)
-            folders += build_conversation_data(model, tokenizer, journey.out / "data" / Path(value).stem,
-                                               num_conversations=count, seed=args.seed,
-                                               max_tokens=args.conversation_tokens, aux_layers=layers,
-                                               source=source)  # fmt: skip
+            source = load_sharegpt() if value in SOURCES else load_conversations(value)
+            folder = journey.out / "data" / Path(value).stem
+            built, seconds = _teacher_forced(journey, source, folder, count, layers)
+            folders += built
+            total += count
+            more = 0 if args.conversations else _more_conversations(count, seconds, share_s, len(source.train))
+            if more:  # the conversations went faster than predicted: the rest of the data's share on more of them
+                journey.say(f"{count} conversations took {seconds:.0f} s of the data's {share_s:.0f} s: "
+                            f"teacher-forcing {more} more")  # fmt: skip
+                rest = pick_conversations(source, None, args.seed)[count:]
+                others = ConversationSet(rest, source.held_out, source.counts, source.file)
+                folders += _teacher_forced(journey, others, folder.with_name(folder.name + "-more"), more, layers)[0]
+                total += more
         else:
             folders.append(Path(value))
     data = load_distillation_data(folders, with_aux=bool(layers))
-    return {"sources": list(args.data), "folders": [str(f) for f in folders], "conversations": count,
+    return {"sources": list(args.data), "folders": [str(f) for f in folders], "conversations": total,
+            "conversations_predicted": count,
             "aux_layers": list(layers), "sequences": int(data.seq_bounds.shape[0]),
             "tokens": int(data.input_ids.numel()), "prompt_format": chat_rendering(tokenizer)}  # fmt: skip
+
+
+def _teacher_forced(journey: Journey, source, folder: Path, count: int, layers: tuple) -> tuple[list[Path], float]:
+    """``count`` conversations of ``source`` teacher-forced into ``folder`` (`build_conversation_data`, resuming a
+    build begun there) and the seconds the whole build took (kept in ``folder/seconds.json``, so that a resumed build
+    reports the first run's time, not the rest's)."""
+    model, tokenizer = journey.target()
+    timing = folder / "seconds.json"
+    start = time.perf_counter()
+    built = build_conversation_data(model, tokenizer, folder, num_conversations=count, seed=journey.args.seed,
+                                    max_tokens=journey.args.conversation_tokens, aux_layers=layers,
+                                    source=source)  # fmt: skip
+    if not timing.is_file():
+        _write_json(timing, time.perf_counter() - start)
+    return built, float(json.loads(timing.read_text(encoding="utf-8")))
+
+
+def _more_conversations(count: int, seconds: float, share_s: float, available: int) -> int:
+    """Conversations to add after ``count`` took ``seconds`` of the data's ``share_s``: the rest of the share at the
+    measured rate, when at least a third of it is left (0 otherwise), at most the ``available - count`` not taken."""
+    left = share_s - seconds
+    if seconds <= 0 or left < share_s / 3:
+        return 0
+    return max(0, min(available - count, int(count * left / seconds)))
 
 
 def _conversations_for_budget(journey: Journey) -> int:

@@ -107,6 +107,8 @@ def test_the_journey_on_a_model_nobody_tuned_for(family, model_folders, conversa
     assert report["complete"] and list(report["steps"]) == list(STEPS)
     assert all(step["seconds"] >= 0 for step in report["steps"].values())
     assert report["steps"]["data"]["prompt_format"] == PLAIN_RENDERING
+    data = report["steps"]["data"]  # more conversations where the predicted ones took under 2/3 of the data's share
+    assert len(data["folders"]) == 1 + (data["conversations"] > data["conversations_predicted"])
     assert report["steps"]["train"]["steps"] >= 1 and report["steps"]["verify_cost"]["seconds_by_tokens"]["1"] > 0
     published = report["steps"]["publish"]
     benched = {row["method"] for row in published["table"]}
@@ -203,3 +205,25 @@ def test_a_bad_option_fails_at_once_naming_it(change, words, model_folders, conv
     assert exit_.value.code == 2 and time.perf_counter() - start < 5
     assert words in capsys.readouterr().err
     assert not (tmp_path / "out" / "steps").exists()
+
+
+def test_the_data_grows_where_the_predicted_conversations_went_fast(
+    model_folders, conversations, tmp_path, monkeypatch
+):
+    """8 conversations predicted for the data's share, teacher-forced in a fraction of it: the rest of the file's
+    training conversations are added in a second folder, and the journey trains on both."""
+    monkeypatch.setattr(tune, "_conversations_for_budget", lambda journey: 8)
+    out = tmp_path / "tuned"
+    assert main(_tune(model_folders["llama"], out, conversations, "eagle")) == 0
+    data = json.loads((out / "tune_report.json").read_text())["steps"]["data"]
+    assert data["conversations_predicted"] == 8 and data["conversations"] > 8
+    assert [f.split("/")[-2] for f in data["folders"]] == ["conversations", "conversations-more"]
+    assert data["sequences"] > 8
+
+
+@pytest.mark.parametrize(
+    ("count", "seconds", "share", "available", "more"),
+    [(10, 20.0, 90.0, 100, 35), (10, 20.0, 90.0, 30, 20), (10, 70.0, 90.0, 100, 0), (10, 0.0, 90.0, 100, 0)],
+)
+def test_the_data_grows_by_the_measured_rate_while_a_third_of_its_share_is_left(count, seconds, share, available, more):
+    assert tune._more_conversations(count, seconds, share, available) == more
