@@ -442,9 +442,9 @@ def _untrained_methods(journey: Journey) -> list[Method]:
         Method("suffix", "SuffixAssistant()", lambda ctx: {"assistant": SuffixAssistant()}, spec_stats=True),
     ]
     if journey.args.draft_layers:
-        vocab = journey.draft_vocab()
-        over = f", draft_vocab={str(vocab)!r}" if vocab else ""
-        methods.append(Method("draft", f"draft_model_from_layers(model, {journey.args.draft_layers}){over}",
+        vocab, draft = journey.draft_vocab(), f"draft_model_from_layers(model, {journey.args.draft_layers})"
+        described = f"DraftModelAssistant({draft}, draft_vocab={str(vocab)!r})" if vocab else draft
+        methods.append(Method("draft", described,
                               lambda ctx: {"assistant": ctx.draft}, spec_stats=True, needs_draft=True))  # fmt: skip
     return methods
 
