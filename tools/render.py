@@ -195,13 +195,21 @@ def lowest_category(run: Run, method: str) -> str:
     return f"{speedup(low)} ({low['category']})"
 
 
-RUN_COLUMNS = {  # the columns a `runs` block may show per run: header, cell of the run's overall row
-    "overall": ("overall", speedup),
-    "lowest": ("lowest category", None),  # a cell of the run's categories, not of its overall row: `lowest_category`
-    "median": ("median", median),
-    "tau": ("τ", tau),
-    "tokens_per_s": ("tokens/s", lambda row: f"{row['tokens_per_s']:.1f}" if row and row.get("tokens_per_s") else ""),
-    "mismatches": ("mismatches", lambda row: mismatches(row)),
+def _of_overall(cell: Callable[[dict | None], str]) -> Callable[[Run, str], str]:
+    """A `RUN_COLUMNS` cell made of ``cell`` of the method's overall row."""
+    return lambda run, method: cell(run.row(method))
+
+
+RUN_COLUMNS = {  # the columns a `runs` block may show per run: header, cell(run, method)
+    "overall": ("overall", _of_overall(speedup)),
+    "lowest": ("lowest category", lowest_category),
+    "median": ("median", _of_overall(median)),
+    "tau": ("τ", _of_overall(tau)),
+    "tokens_per_s": (
+        "tokens/s",
+        _of_overall(lambda row: f"{row['tokens_per_s']:.1f}" if row and row.get("tokens_per_s") else ""),
+    ),
+    "mismatches": ("mismatches", _of_overall(mismatches)),
 }
 
 
@@ -223,8 +231,7 @@ def render_runs(runs: list[Run], page: Path, options: dict) -> str:
     for method in methods:
         cells = [method]
         for run in runs:
-            total = run.row(method)
-            cells += [lowest_category(run, method) if c == "lowest" else RUN_COLUMNS[c][1](total) for c in columns]
+            cells += [RUN_COLUMNS[c][1](run, method) for c in columns]
         lines.append("| " + " | ".join(cells) + " |")
     sources = ", ".join(f"{label}: {run.report_link(page)}" for label, run in zip(labels, runs))
     return "\n".join(lines) + f"\n\nSources: {sources}."

@@ -252,9 +252,5 @@ class TargetCache:
     planned: PlannedModel
     rows: tuple[int, ...]
 
-    def length(self, row: int) -> int:
-        """Committed tokens of batch row ``row``."""
-        return self.planned.length(self.rows[row])
-
 
 __all__ = ["PlannedModel", "PlannedOutput", "TailMask", "TargetCache"]
