@@ -283,8 +283,10 @@ class Journey:
         """The draft vocabulary of the layer-skip draft (``DIR/draft_vocab.json``, made on the first call): None where
         the model's vocabulary is at most `LARGE_VOCAB` tokens or no ``--data`` value holds conversations."""
         file = self.out / DRAFT_VOCAB_FILE
-        if file.is_file() or self._no_draft_vocab:
-            return None if self._no_draft_vocab else file
+        if self._no_draft_vocab:
+            return None
+        if file.is_file():
+            return file
         model, tokenizer = self.target()
         answers = _answers(self.args.data) if int(text_config(model).vocab_size) > LARGE_VOCAB else []
         if not answers:
@@ -513,26 +515,32 @@ def step_data(journey: Journey) -> dict:
             "tokens": int(data.input_ids.numel()), "prompt_format": chat_rendering(tokenizer)}  # fmt: skip
 
 
-def _teacher_forced(journey: Journey, source, folder: Path, count: int, layers: tuple) -> tuple[list[Path], float]:
+def _teacher_forced(
+    journey: Journey, source, folder: Path, count: int, layers: tuple
+) -> tuple[list[Path], float | None]:
     """``count`` conversations of ``source`` teacher-forced into ``folder`` (`build_conversation_data`, resuming a
-    build begun there) and the seconds the whole build took (kept in ``folder/seconds.json``, so that a resumed build
-    reports the first run's time, not the rest's)."""
+    build begun there) and the seconds the whole build took, kept in ``folder/seconds.json`` (None where this call
+    resumed a build an interrupted run began: the time of its first part is unknown)."""
     model, tokenizer = journey.target()
     timing = folder / "seconds.json"
+    resumed = folder.exists() and not timing.is_file()
     start = time.perf_counter()
     built = build_conversation_data(model, tokenizer, folder, num_conversations=count, seed=journey.args.seed,
                                     max_tokens=journey.args.conversation_tokens, aux_layers=layers,
                                     source=source)  # fmt: skip
     if not timing.is_file():
-        _write_json(timing, time.perf_counter() - start)
-    return built, float(json.loads(timing.read_text(encoding="utf-8")))
+        _write_json(timing, None if resumed else time.perf_counter() - start)
+    return built, json.loads(timing.read_text(encoding="utf-8"))
 
 
-def _more_conversations(count: int, seconds: float, share_s: float, available: int) -> int:
+def _more_conversations(count: int, seconds: float | None, share_s: float, available: int) -> int:
     """Conversations to add after ``count`` took ``seconds`` of the data's ``share_s``: the rest of the share at the
-    measured rate, when at least a third of it is left (0 otherwise), at most the ``available - count`` not taken."""
+    measured rate, when at least a third of it is left (0 otherwise, and where the time is unknown), at most the
+    ``available - count`` not taken."""
+    if not seconds or seconds <= 0:
+        return 0
     left = share_s - seconds
-    if seconds <= 0 or left < share_s / 3:
+    if left < share_s / 3:
         return 0
     return max(0, min(available - count, int(count * left / seconds)))
 

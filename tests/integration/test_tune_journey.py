@@ -223,7 +223,13 @@ def test_the_data_grows_where_the_predicted_conversations_went_fast(
 
 @pytest.mark.parametrize(
     ("count", "seconds", "share", "available", "more"),
-    [(10, 20.0, 90.0, 100, 35), (10, 20.0, 90.0, 30, 20), (10, 70.0, 90.0, 100, 0), (10, 0.0, 90.0, 100, 0)],
+    [
+        (10, 20.0, 90.0, 100, 35),
+        (10, 20.0, 90.0, 30, 20),
+        (10, 70.0, 90.0, 100, 0),
+        (10, 0.0, 90.0, 100, 0),
+        (10, None, 90.0, 100, 0),
+    ],  # None: a resumed build, whose first part's time is unknown
 )
 def test_the_data_grows_by_the_measured_rate_while_a_third_of_its_share_is_left(count, seconds, share, available, more):
     assert tune._more_conversations(count, seconds, share, available) == more
