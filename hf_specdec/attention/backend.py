@@ -26,6 +26,7 @@ import contextvars
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -146,12 +147,24 @@ def triton_tree_attention(
 
 def attention_chunk(module: torch.nn.Module) -> int | None:
     """The chunk size of a ``chunked_attention`` layer (Llama 4: a token sees only keys of its own chunk of
-    ``attention_chunk_size`` positions; transformers gives it as the layer's mask, not as an argument), else None."""
+    ``attention_chunk_size`` positions; transformers gives it as the layer's mask, not as an argument), else None.
+
+    Read from the config once per layer and kept (a layer's kind is fixed when the model is built): a config's
+    attribute reads cost microseconds in transformers 5, and every layer of every forward asks."""
+    known = _CHUNKS.get(module, _UNKNOWN)
+    if known is not _UNKNOWN:
+        return known
     config = getattr(module, "config", None)
     kinds = getattr(config, "layer_types", None)
+    chunk = None
     if kinds and kinds[module.layer_idx] == "chunked_attention":
-        return int(config.attention_chunk_size)
-    return None
+        chunk = int(config.attention_chunk_size)
+    _CHUNKS[module] = chunk
+    return chunk
+
+
+_CHUNKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # attention module -> its chunk size or None
+_UNKNOWN = object()
 
 
 def paged_attention(
@@ -189,7 +202,7 @@ def paged_attention(
         plan.attention_windows.append(kwargs.get("sliding_window"))
     layer = plan.cache.layer(module.layer_idx)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    layer.write(plan.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))  # [N, H_kv, D]
+    layer.write_heads(plan.write_slots, key[0], value[0])  # [H_kv, N, D]
     sliding_window, softcap, sinks = kwargs.get("sliding_window"), kwargs.get("softcap"), kwargs.get("s_aux")
     chunk = attention_chunk(module)
     if plan.backend == "triton" and softcap is None and sliding_window is None and chunk is None:  # sinks or not

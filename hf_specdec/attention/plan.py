@@ -114,6 +114,8 @@ class AttentionPlan:
         prefix_lens: `[B]` (host) committed length of each row before this forward.
         pending_lens: `[B]` (host) uncommitted tokens between each row's prefix and its new tokens.
         slot_mapping: `[N]` int64 pool slot of each new token (on the model's device).
+        slot_start: the first slot when the new tokens' slots are consecutive (the usual case: a row's tail within
+            its pages), else None; layers then write them with one slice copy instead of an indexed one.
         positions: `[N]` int64 position ids of the new tokens (rotary positions: prefix + depth for trees).
         mask: the `TailMask` of the forward.
         backend: ``"triton"`` or ``"torch"``: which attention path serves this forward (the call's backend, or the
@@ -138,6 +140,7 @@ class AttentionPlan:
     slot_mapping: torch.Tensor
     positions: torch.Tensor
     mask: TailMask
+    slot_start: int | None = None
     backend: str = "torch"
     kernel_metadata: dict[tuple[int, int], object] = field(default_factory=dict)
     row_reads: list[RowRead] | None = None
@@ -147,6 +150,12 @@ class AttentionPlan:
     checking: bool = False
     attention_windows: list = field(default_factory=list)
     mask_windows: list = field(default_factory=list)
+
+    @property
+    def write_slots(self) -> int | torch.Tensor:
+        """Where the layers write the new tokens' K/V: `slot_start` when set, else `slot_mapping` (`PagedLayer.write`
+        takes either)."""
+        return self.slot_mapping if self.slot_start is None else self.slot_start
 
     @property
     def has_pending(self) -> bool:
@@ -231,8 +240,16 @@ def build_plan(
         slot_mapping=torch.from_numpy(slots).to(device, non_blocking=True),
         positions=positions.to(device),
         mask=mask,
+        slot_start=_consecutive_start(slots),
         backend=backend,
     )
+
+
+def _consecutive_start(slots: np.ndarray) -> int | None:
+    """The first of ``slots`` `[N]` when they are consecutive, else None."""
+    if slots.size == 0 or (slots.size > 1 and not (np.diff(slots) == 1).all()):
+        return None
+    return int(slots[0])
 
 
 def sdpa_decode_keys(device: torch.device) -> int:

@@ -50,9 +50,10 @@ def paged_attention_reference(
         s, e, total, mask = read.start, read.end, read.total, read.mask
         n = e - s
         k, v = layer.gather_heads(int(plan.rows[b]), total, read.where)  # [H_kv, L + P + n, D]
-        q = query[:, :, s:e]  # [1, H_q, n, D]
-        k = k.unsqueeze(0).to(q.dtype)  # [1, H_kv, L + P + n, D]
-        v = v.unsqueeze(0).to(q.dtype)
+        q = query if len(plan.row_reads) == 1 else query[:, :, s:e]  # [1, H_q, n, D]
+        k, v = k[None], v[None]  # [1, H_kv, L + P + n, D]
+        if k.dtype != q.dtype:  # a cache kept in another dtype than the model's
+            k, v = k.to(q.dtype), v.to(q.dtype)
         plain = softcap is None and sinks is None and chunk_size is None
         if sliding_window is not None and plain and mask is None and n == 1:
             # one new token after its committed prefix (a step that drafted nothing): it sees the last keys of the

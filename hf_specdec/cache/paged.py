@@ -272,14 +272,29 @@ class PagedLayer(CacheLayerMixin):
             return self.keys.transpose(0, 1), self.values.transpose(0, 1)
         return self.keys.flatten(0, 1), self.values.flatten(0, 1)
 
-    def write(self, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Store `[N, H_kv, D]` key/value rows at flat ``slots`` `[N]`."""
+    def write(self, slots: torch.Tensor | int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Store `[N, H_kv, D]` key/value rows at flat ``slots`` `[N]`, or at ``slots, slots + 1, ...`` when an int
+        (one slice copy: cheaper than the indexed copy for the one token of a decode step)."""
         if not self.is_initialized:
             self.lazy_initialization(key, value)
         self.ensure_capacity()
         k, v = self.flat()
+        if isinstance(slots, int):
+            k[slots : slots + key.shape[0]].copy_(key)
+            v[slots : slots + value.shape[0]].copy_(value)
+            return
         k.index_copy_(0, slots, key.to(k.dtype))
         v.index_copy_(0, slots, value.to(v.dtype))
+
+    def write_heads(self, slots: torch.Tensor | int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """`write` for `[H_kv, N, D]` key/value (transformers' layout of one batch row): head-major pools take a
+        consecutive run of slots as they are, with no transposes."""
+        if self.head_major and isinstance(slots, int) and self.is_initialized:
+            self.ensure_capacity()
+            self.keys[:, slots : slots + key.shape[1]].copy_(key)
+            self.values[:, slots : slots + value.shape[1]].copy_(value)
+            return
+        self.write(slots, key.transpose(0, 1), value.transpose(0, 1))
 
     def gather(
         self, row: int, length: int, where: int | torch.Tensor | None = None
@@ -303,7 +318,9 @@ class PagedLayer(CacheLayerMixin):
         `gather`)."""
         if where is None:
             where = self.allocator.read_index(row, length, self.keys.device)
-        if self.head_major and not isinstance(where, int):  # scattered pages: copy straight into [H_kv, L, D]
+        if self.head_major:  # a view of consecutive slots, or scattered pages copied straight into [H_kv, L, D]
+            if isinstance(where, int):
+                return self.keys[:, where : where + length], self.values[:, where : where + length]
             return self.keys.index_select(1, where), self.values.index_select(1, where)
         k, v = self.gather(row, length, where)  # [L, H_kv, D]
         return k.transpose(0, 1), v.transpose(0, 1)
@@ -520,6 +537,9 @@ class PagedCache(Cache):
             raise ValueError(f"row {int(rows[b])}: accepted positions must start with the root (0), got {got}")
         alloc = self.allocator
         base = alloc.lengths_of(rows)
+        if acc.size == rows.size:  # every row kept its root alone (a step that drafted nothing): nothing moves
+            alloc.truncate_rows(rows, base + 1)
+            return
         owner = np.repeat(np.arange(rows.size), counts)  # [M] which row each accepted position belongs to
         index = np.arange(acc.size) - first[owner]  # [M] where each accepted position goes
         moved = acc != index

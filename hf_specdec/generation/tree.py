@@ -388,6 +388,8 @@ def pack_trees(
         raise ValueError(f"{len(roots)} roots for {num} trees")
     device = trees[0].device if trees else torch.device("cpu")
     sizes = np.array([t.tokens.shape[0] for t in trees], dtype=np.int64)
+    if num and not sizes.any():
+        return _pack_roots(roots, trees, base, device)
     q_lens = sizes + 1
     cu = np.zeros(num + 1, dtype=np.int64)
     np.cumsum(q_lens, out=cu[1:])
@@ -427,6 +429,30 @@ def pack_trees(
         width=width,
         depth_bound=deepest,
         own_bits=dev[o[4] :].view(total, words).to(torch.int32),
+    )
+
+
+def _pack_roots(
+    roots: Sequence[int] | torch.Tensor, trees: Sequence[DraftTree], base: Sequence[int] | np.ndarray | None, device
+) -> PackedTrees:
+    """`pack_trees` when every tree is empty (a step that drafts nothing): each row packs its root alone, its own
+    parent at depth 0, and the general path's array bookkeeping is skipped."""
+    num = len(trees)
+    if isinstance(roots, torch.Tensor):
+        tokens = roots.to(device=device, dtype=torch.long).reshape(num)
+    else:
+        tokens = torch.tensor(roots, dtype=torch.long).to(device)
+    positions = torch.from_numpy(np.asarray(base, dtype=np.int64)).to(device) if base is not None else None
+    return PackedTrees(
+        tokens=tokens,
+        depth=torch.zeros(num, dtype=torch.long, device=device),
+        parent=torch.arange(num, device=device),
+        cu_seqlens=torch.arange(num + 1),
+        trees=list(trees),
+        positions=positions,
+        width=1,
+        depth_bound=0,
+        own_bits=torch.ones(num, 1, dtype=torch.int32, device=device),
     )
 
 

@@ -102,6 +102,52 @@ def test_commit_requires_root_first():
         cache.rollback(row, 5)
 
 
+def test_commit_of_roots_alone_advances_every_row_by_one():
+    """A step that drafted nothing keeps each row's root (a shortcut: nothing moves); a non-root is still refused."""
+    cache = PagedCache(block_size=4, num_layers=1)
+    rows = cache.add_rows(2)
+    for row, n in zip(rows, (3, 5)):
+        _write_tree(cache, row, n, [torch.zeros(n)])
+        cache.commit([row], [list(range(n))])
+    for row in rows:
+        _write_tree(cache, row, 1, [torch.ones(1)])
+    cache.commit(rows, [torch.zeros(1, dtype=torch.long)] * 2)
+    assert [cache.lengths[r] for r in rows] == [4, 6]
+    for row in rows:
+        _write_tree(cache, row, 1, [torch.ones(1)])
+    with pytest.raises(ValueError, match="start with the root"):
+        cache.commit(rows, [[0], [1]])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_writes_at_consecutive_slots_equal_indexed_writes(layout):
+    """`PagedLayer.write` / `write_heads` at an int (the first of consecutive slots, a plan's `slot_start`) store
+    what the indexed write stores; a plan gives `slot_start` only when its slots are consecutive."""
+    pools = []
+    for how in ("indexed", "start", "heads"):
+        cache = PagedCache(block_size=4, num_layers=1, head_major=LAYOUTS[layout])
+        (row,) = cache.add_rows(1)
+        plan = build_plan(cache, [row], [6], torch.arange(6), None, "cpu")
+        assert plan.slot_start == int(plan.slot_mapping[0]) and plan.write_slots == plan.slot_start
+        torch.manual_seed(0)
+        key, value = torch.randn(6, 2, 3), torch.randn(6, 2, 5)  # [N, H_kv, D]
+        layer = cache.layer(0)
+        if how == "indexed":
+            layer.write(plan.slot_mapping, key, value)
+        elif how == "start":
+            layer.write(plan.slot_start, key, value)
+        else:
+            layer.write(plan.slot_mapping[:1], key[:1], value[:1])  # first write creates the pools
+            layer.write_heads(plan.slot_start, key.transpose(0, 1), value.transpose(0, 1))  # [H_kv, N, D]
+        pools.append((layer.keys.clone(), layer.values.clone()))
+    for keys, values in pools[1:]:
+        assert torch.equal(keys, pools[0][0]) and torch.equal(values, pools[0][1])
+    cache = PagedCache(block_size=2, num_layers=1)
+    rows = cache.add_rows(2)
+    plan = build_plan(cache, rows, [3, 3], torch.arange(6), None, "cpu")  # slots 0-2 and 4-6: a gap between rows
+    assert plan.slot_start is None and plan.write_slots is plan.slot_mapping
+
+
 def test_head_major_rows_read_as_unit_stride_views():
     """A row whose pages are consecutive reads as a view of the head-major pool with unit stride between positions
     (what SDPA reads fastest), after the pool grew several times."""

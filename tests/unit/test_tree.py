@@ -64,3 +64,21 @@ def test_pack_trees_concatenates_rows():
     assert p.tokens.tolist() == [100, 1, 2, 200]
     assert p.depth.tolist() == [0, 1, 2, 0]
     assert p.cu_seqlens.tolist() == [0, 3, 4]
+
+
+@pytest.mark.parametrize("roots_as_tensor", [False, True])
+def test_pack_trees_of_empty_trees_pack_the_roots_as_the_general_path_does(roots_as_tensor):
+    """A step that drafts nothing packs each row's root alone (a shortcut past the array bookkeeping); its fields are
+    those the general path gives a root: its own parent, depth 0, its own mask bit, position = the row's length."""
+    roots = torch.tensor([7, 8, 9]) if roots_as_tensor else [7, 8, 9]
+    fast = pack_trees(roots, [DraftTree.empty()] * 3, base=[4, 10, 0])
+    general = pack_trees([7, 5, 8, 9], [DraftTree.empty(), DraftTree.chain([1]), DraftTree.empty(), DraftTree.empty()])
+    assert fast.tokens.tolist() == [7, 8, 9] and fast.tokens.dtype == torch.long
+    assert fast.depth.tolist() == [0, 0, 0] and fast.positions.tolist() == [4, 10, 0]
+    assert fast.parent.tolist() == [0, 1, 2]
+    assert fast.cu_seqlens.tolist() == [0, 1, 2, 3] and fast.q_lens.tolist() == [1, 1, 1]
+    assert (fast.width, fast.depth_bound, fast.total) == (1, 0, 3)
+    roots_of_general = [0, 3, 4]  # packed positions of the general pack's empty rows' roots
+    assert general.parent[roots_of_general].tolist() == roots_of_general  # a root is its own parent there too
+    assert fast.ancestor_bits().tolist() == [[1], [1], [1]] == general.ancestor_bits()[roots_of_general, :1].tolist()
+    assert fast.ancestor_masks().tolist() == [[True]] * 3
