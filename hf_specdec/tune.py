@@ -18,7 +18,9 @@ interrupted run goes on where it stopped (the data builders and the trainer also
    budget allows at the measured verify speed, then, where they took less than two thirds of the data's share, more
    at the rate they were teacher-forced (``--conversations`` sets the count instead).
 4. ``train``: the kind's trainer (`TrainerKind.train`), for as many steps as the budget leaves (a 2-step probe
-   times one step).
+   times one step). Where its epochs over the data would end with over a quarter of that time unspent, it first
+   teacher-forces more conversations of the source, as many as the spare time covers at the measured costs of
+   teacher-forcing one and of training on it.
 5. ``bench_head``: the head alone, n-gram with the head behind it, and the best untrained assistant, against
    vanilla in one interleaved run.
 6. ``publish``: the best assistant of step 5 picked (greedy-equal to vanilla on every prompt, fastest), ``DIR/head``
@@ -489,15 +491,16 @@ def step_data(journey: Journey) -> dict:
     count = args.conversations or _conversations_for_budget(journey)
     share_s = DATA_SHARE * max(0.0, journey.budget_left())  # the data's seconds
     folders: list[Path] = []
-    total = 0
+    total, rate = 0, None
     for value in args.data:
         if value in SOURCES or Path(value).is_file():
             journey.say(f"reading the conversations of {value} (cleaned, de-duplicated, checked against Spec-Bench)")
-            source = load_sharegpt() if value in SOURCES else load_conversations(value)
+            source = _conversation_source(value)
             folder = journey.out / "data" / Path(value).stem
             built, seconds = _teacher_forced(journey, source, folder, count, layers)
             folders += built
             total += count
+            rate = seconds / count if seconds else None
             more = 0 if args.conversations else _more_conversations(count, seconds, share_s, len(source.train))
             if more:  # the conversations went faster than predicted: the rest of the data's share on more of them
                 journey.say(f"{count} conversations took {seconds:.0f} s of the data's {share_s:.0f} s: "
@@ -510,9 +513,13 @@ def step_data(journey: Journey) -> dict:
             folders.append(Path(value))
     data = load_distillation_data(folders, with_aux=bool(layers))
     return {"sources": list(args.data), "folders": [str(f) for f in folders], "conversations": total,
-            "conversations_predicted": count,
+            "conversations_predicted": count, "seconds_per_conversation": rate,
             "aux_layers": list(layers), "sequences": int(data.seq_bounds.shape[0]),
             "tokens": int(data.input_ids.numel()), "prompt_format": chat_rendering(tokenizer)}  # fmt: skip
+
+
+def _conversation_source(value: str) -> ConversationSet:
+    return load_sharegpt() if value in SOURCES else load_conversations(value)
 
 
 def _teacher_forced(
@@ -564,25 +571,76 @@ def step_train(journey: Journey) -> dict:
     schedule = (
         json.loads(schedule_path.read_text(encoding="utf-8")) if schedule_path.is_file() else _schedule(journey, data)
     )
-    _write_json(schedule_path, schedule)
+    _write_json(schedule_path, schedule)  # before the data grow: a rerun grows the same folder by the same count
+    folders, grown_s = [Path(f) for f in built["folders"]], None
+    if schedule.get("more_conversations"):
+        more = schedule["more_conversations"]
+        journey.say(f"the data would run out after {schedule['epoch_steps']} steps, with "
+                    f"{schedule['spare_s']:.0f} s of the budget left: teacher-forcing {more} more conversations "
+                    "to train on")  # fmt: skip
+        start = time.perf_counter()
+        folders += _grown(journey, more)
+        grown_s = time.perf_counter() - start
+        data = load_distillation_data(folders, with_aux=bool(built["aux_layers"]))
     config = kind.config_class()(max_steps=schedule["max_steps"], seed=args.seed)
     resume = (run_dir / "checkpoints").is_dir()
+    epochs = "at most its epochs over the grown data" if grown_s is not None else (
+        f"{schedule['epoch_steps']} steps would be its epochs over the data")  # fmt: skip
     journey.say(f"training {schedule['max_steps']} steps of the {kind.name} trainer "
-                f"(about {schedule['expected_s']:.0f} s; "
-                f"{schedule['epoch_steps']} steps would be its epochs over the data)"
+                f"(about {schedule['expected_s']:.0f} s; {epochs})"
                 + (", resuming its checkpoint" if resume else ""))  # fmt: skip
     with timed_bar(f"train {kind.name}", schedule["expected_s"]):
         head, report = kind.train(model, data, run_dir, config, resume, args.device or "cpu", None)
     head.save_pretrained(run_dir / "trained-head")
     keys = ("steps", "training_time_s", "held_out_before", "held_out", "training_data", "prompt_format", "config")
     return {"kind": kind.name, "schedule": schedule, "head_dir": str(run_dir / "trained-head"),
-            **{k: report.get(k) for k in keys}}  # fmt: skip
+            "conversations_added": schedule.get("more_conversations", 0), "data_folders": [str(f) for f in folders],
+            "growing_s": grown_s, **{k: report.get(k) for k in keys}}  # fmt: skip
+
+
+def _grown(journey: Journey, count: int) -> list[Path]:
+    """``count`` more conversations of the data's one source (those after the ones taken in the data step),
+    teacher-forced into ``DIR/data/<source>-for-training`` (resuming a build begun there)."""
+    built = journey.results["data"]
+    (value,) = built["sources"]
+    source = _conversation_source(value)
+    rest = pick_conversations(source, None, journey.args.seed)[built["conversations"] :]
+    others = ConversationSet(rest, source.held_out, source.counts, source.file)
+    folder = journey.out / "data" / f"{Path(value).stem}-for-training"
+    return _teacher_forced(journey, others, folder, count, tuple(built["aux_layers"]))[0]
+
+
+def _more_for_training(spare_s: float, left_s: float, data_s: float | None, train_s: float, available: int) -> int:
+    """Conversations to teacher-force before training when the trainer's epochs over the data take ``spare_s`` less
+    than the ``left_s`` it has: the spare time over one more conversation's cost (``data_s`` to teacher-force it,
+    ``train_s`` for the epochs' steps over it), at most ``available``; 0 below a quarter of ``left_s`` spare, fewer
+    than 8 conversations, or an unknown ``data_s``."""
+    if not data_s or spare_s < left_s / 4:
+        return 0
+    more = min(available, int(spare_s / (data_s + train_s)))
+    return more if more >= 8 else 0
+
+
+def _growth_room(journey: Journey) -> tuple[float | None, int]:
+    """``(seconds per conversation, conversations not taken yet)`` of the data's source, where the data came from one
+    conversation source (ShareGPT or a JSON file) at a measured rate and no ``--conversations`` fixed their count;
+    ``(None, 0)`` otherwise."""
+    built, args = journey.results["data"], journey.args
+    if args.conversations or len(built["sources"]) != 1 or not built.get("seconds_per_conversation"):
+        return None, 0
+    value = built["sources"][0]
+    if not (value in SOURCES or Path(value).is_file()):
+        return None, 0
+    available = len(_conversation_source(value).train) - int(built["conversations"])
+    return float(built["seconds_per_conversation"]), max(0, available)
 
 
 def _schedule(journey: Journey, data) -> dict:
     """``{"max_steps", "epoch_steps", "seconds_per_step", "expected_s", ...}``: a `PROBE_STEPS`-step run of the
     trainer times a step and the fixed cost around the steps; the steps are what the budget leaves after that and a
-    second bench (about as long as the first one), at least one, at most the trainer config's epochs over the data."""
+    second bench (about as long as the first one), at least one, at most the trainer config's epochs over the data.
+    Where those epochs leave time spare, ``more_conversations`` (`_more_for_training`) are to be added first, and the
+    steps are what the budget leaves after teacher-forcing them."""
     kind, args = journey.kind, journey.args
     config = kind.config_class()(max_steps=PROBE_STEPS, seed=args.seed)
     start = time.perf_counter()
@@ -594,10 +652,17 @@ def _schedule(journey: Journey, data) -> dict:
     fixed = max(0.0, probe_s - float(probe["training_time_s"]))
     left = journey.budget_left() - probe_s - fixed - journey.results["bench_untrained"]["seconds"]
     epoch_steps = step_counts(int(probe["train_positions"]), config.positions_per_step, config.epochs, None)[1]
-    steps = max(1, min(epoch_steps, int(left / per_step)))
+    spare = left - epoch_steps * per_step
+    data_s, available = _growth_room(journey)
+    train_s = epoch_steps * per_step / max(1, int(journey.results["data"]["conversations"]))
+    more = _more_for_training(spare, left, data_s, train_s, available)
+    if more:  # the trainer stops at its epochs over the grown data, or at the budget's steps
+        steps = max(1, int((left - more * data_s) / per_step))
+    else:
+        steps = max(1, min(epoch_steps, int(left / per_step)))
     return {"max_steps": steps, "epoch_steps": epoch_steps, "seconds_per_step": per_step,
-            "expected_s": fixed + steps * per_step, "probe_s": probe_s,
-            "budget_left_s": journey.budget_left() - probe_s}  # fmt: skip
+            "expected_s": fixed + steps * per_step, "probe_s": probe_s, "spare_s": spare,
+            "more_conversations": more, "budget_left_s": journey.budget_left() - probe_s}  # fmt: skip
 
 
 def _trained_head(journey: Journey):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from hf_specdec import tune
 from hf_specdec.cli import main
 from hf_specdec.kinds import HEAD_KINDS
 from hf_specdec.models import PLAIN_RENDERING, chat_prompt_ids
+from hf_specdec.training.shards import load_distillation_data
 from hf_specdec.testing import char_tokenizer, tiny_causal_lm, tiny_chat_tokenizer
 from hf_specdec.tune import STEPS, usage_line
 
@@ -219,6 +221,44 @@ def test_the_data_grows_where_the_predicted_conversations_went_fast(
     assert data["conversations_predicted"] == 8 and data["conversations"] > 8
     assert [f.split("/")[-2] for f in data["folders"]] == ["conversations", "conversations-more"]
     assert data["sequences"] > 8
+
+
+def test_the_data_grows_before_training_where_the_epochs_would_leave_time_unspent(
+    model_folders, conversations, tmp_path, monkeypatch
+):
+    """8 conversations, no growth in the data step, a budget whose training time their epochs cannot fill: the train
+    step teacher-forces more of the file's conversations (those after the 8, into a folder of their own) and trains
+    on both folders; a rerun keeps every step."""
+    monkeypatch.setattr(tune, "_conversations_for_budget", lambda journey: 8)
+    monkeypatch.setattr(tune, "_more_conversations", lambda *args: 0)
+    out = tmp_path / "tuned"
+    assert main(_tune(model_folders["llama"], out, conversations, "eagle", "--budget-minutes", "3")) == 0
+    steps = json.loads((out / "tune_report.json").read_text())["steps"]
+    assert steps["data"]["conversations"] == 8 and len(steps["data"]["folders"]) == 1
+    train = steps["train"]
+    added = train["conversations_added"]
+    assert added == train["schedule"]["more_conversations"] and 8 <= added <= 40 - 8  # the rest of the file
+    assert [f.split("/")[-2] for f in train["data_folders"]] == ["conversations", "conversations-for-training"]
+    assert train["growing_s"] > 0 and train["schedule"]["spare_s"] > 0
+    grown = load_distillation_data([Path(f) for f in train["data_folders"]], with_aux=True)
+    assert grown.seq_bounds.shape[0] > steps["data"]["sequences"]
+    assert main(_tune(model_folders["llama"], out, conversations, "eagle", "--budget-minutes", "3")) == 0
+
+
+@pytest.mark.parametrize(
+    ("spare", "left", "data_s", "train_s", "available", "more"),
+    [
+        (60.0, 100.0, 2.0, 1.0, 100, 20),  # 60 s over 3 s a conversation
+        (60.0, 100.0, 2.0, 1.0, 12, 12),  # all that is left of the source
+        (20.0, 100.0, 2.0, 1.0, 100, 0),  # under a quarter of the training time spare
+        (60.0, 100.0, 2.0, 6.0, 100, 0),  # 7 conversations: not worth a second build
+        (60.0, 100.0, None, 1.0, 100, 0),  # the data step's rate is unknown (a resumed build)
+    ],
+)
+def test_training_grows_its_data_by_the_spare_time_over_a_conversations_cost(
+    spare, left, data_s, train_s, available, more
+):
+    assert tune._more_for_training(spare, left, data_s, train_s, available) == more
 
 
 @pytest.mark.parametrize(
