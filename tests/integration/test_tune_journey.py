@@ -20,8 +20,8 @@ from hf_specdec import tune
 from hf_specdec.cli import main
 from hf_specdec.kinds import HEAD_KINDS
 from hf_specdec.models import PLAIN_RENDERING, chat_prompt_ids
-from hf_specdec.training.shards import load_distillation_data
 from hf_specdec.testing import char_tokenizer, tiny_causal_lm, tiny_chat_tokenizer
+from hf_specdec.training.shards import load_distillation_data
 from hf_specdec.tune import STEPS, usage_line
 
 WORDS = "alpha beta gamma delta eps zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
