@@ -17,10 +17,10 @@ interrupted run goes on where it stopped (the data builders and the trainer also
    a JSON file of conversations in ShareGPT's layout, or data folders built before; as many conversations as the
    budget allows at the measured verify speed, then, where they took less than two thirds of the data's share, more
    at the rate they were teacher-forced (``--conversations`` sets the count instead).
-4. ``train``: the kind's trainer (`TrainerKind.train`), for as many steps as the budget leaves (a 2-step probe
-   times one step). Where its epochs over the data would end with over a quarter of that time unspent, it first
-   teacher-forces more conversations of the source, as many as the spare time covers at the measured costs of
-   teacher-forcing one and of training on it.
+4. ``train``: the kind's trainer (`TrainerKind.train`), for as many steps as the budget leaves (a 1-step and a
+   3-step run time one step by their difference). Where its epochs over the data would end with over a quarter of
+   that time unspent, it first teacher-forces more conversations of the source, as many as the spare time covers at
+   the measured costs of teacher-forcing one and of training on it.
 5. ``bench_head``: the head alone, n-gram with the head behind it, and the best untrained assistant, against
    vanilla in one interleaved run.
 6. ``publish``: the best assistant of step 5 picked (greedy-equal to vanilla on every prompt, fastest), ``DIR/head``
@@ -36,6 +36,7 @@ import contextlib
 import datetime
 import importlib.util
 import json
+import shutil
 import sys
 import threading
 import time
@@ -96,7 +97,7 @@ REPORT_NAME = "tune_report.json"
 HEAD_DIR = "head"
 VERIFY_SIZES = (1, 2, 4, 8, 16, 32, 64)
 DATA_SHARE = 0.3  # of the budget, for teacher-forcing the conversations (the target's forwards)
-PROBE_STEPS = 2  # optimizer steps of the run that times one step
+PROBE_STEPS = (1, 3)  # optimizer steps of the two runs whose difference times one step
 # a model whose vocabulary exceeds LARGE_VOCAB tokens benches its layer-skip draft over the DRAFT_VOCAB_SIZE ids most
 # frequent in the --data answers (``DIR/draft_vocab.json``): over Gemma 3's 262,144 tokens the draft's lm_head costs
 # more than its layers
@@ -636,21 +637,19 @@ def _growth_room(journey: Journey) -> tuple[float | None, int]:
 
 
 def _schedule(journey: Journey, data) -> dict:
-    """``{"max_steps", "epoch_steps", "seconds_per_step", "expected_s", ...}``: a `PROBE_STEPS`-step run of the
-    trainer times a step and the fixed cost around the steps; the steps are what the budget leaves after that and a
-    second bench (about as long as the first one), at least one, at most the trainer config's epochs over the data.
-    Where those epochs leave time spare, ``more_conversations`` (`_more_for_training`) are to be added first, and the
-    steps are what the budget leaves after teacher-forcing them."""
-    kind, args = journey.kind, journey.args
-    config = kind.config_class()(max_steps=PROBE_STEPS, seed=args.seed)
-    start = time.perf_counter()
-    with timed_bar("probe: timing a training step", 30):
-        _, probe = kind.train(journey.target()[0], data, journey.out / "train-probe", config, False,
-                              args.device or "cpu", None)  # fmt: skip
-    probe_s = time.perf_counter() - start
-    per_step = max(float(probe["training_time_s"]) / max(1, int(probe["steps"])), 1e-3)
-    fixed = max(0.0, probe_s - float(probe["training_time_s"]))
+    """``{"max_steps", "epoch_steps", "seconds_per_step", "expected_s", ...}``: two short runs of the trainer
+    (`PROBE_STEPS`) time a step (their difference: each run's first step also pays the run's warm-up) and the cost
+    around the steps; the steps are what the budget leaves after that and a second bench (about as long as the first
+    one), at least one, at most the trainer config's epochs over the data. Where those epochs leave time spare,
+    ``more_conversations`` (`_more_for_training`) are to be added first, and the steps are what the budget leaves
+    after teacher-forcing them."""
+    (short_s, short_train_s, _), (long_s, long_train_s, probe) = (_probe(journey, data, n) for n in PROBE_STEPS)
+    per_step = _seconds_per_step(short_train_s, long_train_s)
+    warm_up = max(0.0, short_train_s - PROBE_STEPS[0] * per_step)
+    fixed = max(0.0, long_s - long_train_s) + warm_up
+    probe_s = short_s + long_s
     left = journey.budget_left() - probe_s - fixed - journey.results["bench_untrained"]["seconds"]
+    config = journey.kind.config_class()()
     epoch_steps = step_counts(int(probe["train_positions"]), config.positions_per_step, config.epochs, None)[1]
     spare = left - epoch_steps * per_step
     data_s, available = _growth_room(journey)
@@ -660,9 +659,31 @@ def _schedule(journey: Journey, data) -> dict:
         steps = max(1, int((left - more * data_s) / per_step))
     else:
         steps = max(1, min(epoch_steps, int(left / per_step)))
-    return {"max_steps": steps, "epoch_steps": epoch_steps, "seconds_per_step": per_step,
+    return {"max_steps": steps, "epoch_steps": epoch_steps, "seconds_per_step": per_step, "warm_up_s": warm_up,
             "expected_s": fixed + steps * per_step, "probe_s": probe_s, "spare_s": spare,
             "more_conversations": more, "budget_left_s": journey.budget_left() - probe_s}  # fmt: skip
+
+
+def _probe(journey: Journey, data, steps: int) -> tuple[float, float, dict]:
+    """A ``steps``-step run of the kind's trainer (in ``DIR/train-probe/<steps>-steps``): its seconds, its training
+    loop's seconds and its report. A probe an interrupted run left there is started over."""
+    kind, args = journey.kind, journey.args
+    config = kind.config_class()(max_steps=steps, seed=args.seed)
+    folder = journey.out / "train-probe" / f"{steps}-steps"
+    shutil.rmtree(folder, ignore_errors=True)
+    start = time.perf_counter()
+    with timed_bar(f"probe: timing {steps} training steps", 15 * steps):
+        _, report = kind.train(journey.target()[0], data, folder, config, False, args.device or "cpu",
+                               None)  # fmt: skip
+    return time.perf_counter() - start, float(report["training_time_s"]), report
+
+
+def _seconds_per_step(short_s: float, long_s: float) -> float:
+    """A training step's seconds from the training loops of the two probes (`PROBE_STEPS` steps): their difference
+    per step, where the longer one took longer; else the longer one's mean (each loop's time is rounded to 0.1 s)."""
+    (short, long_) = PROBE_STEPS
+    per_step = (long_s - short_s) / (long_ - short) if long_s > short_s else long_s / long_
+    return max(per_step, 1e-3)
 
 
 def _trained_head(journey: Journey):

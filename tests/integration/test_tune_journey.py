@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -243,6 +244,13 @@ def test_the_data_grows_before_training_where_the_epochs_would_leave_time_unspen
     grown = load_distillation_data([Path(f) for f in train["data_folders"]], with_aux=True)
     assert grown.seq_bounds.shape[0] > steps["data"]["sequences"]
     assert main(_tune(model_folders["llama"], out, conversations, "eagle", "--budget-minutes", "3")) == 0
+    # interrupted after the probes, before the schedule was kept: the rerun probes again over the probes' checkpoints
+    assert sorted(p.name for p in (out / "train-probe").iterdir()) == ["1-steps", "3-steps"]
+    for name in ("train", "bench_head", "publish"):
+        (out / "steps" / f"{name}.json").unlink()
+    shutil.rmtree(out / "train")
+    shutil.rmtree(out / "data" / "conversations-for-training")
+    assert main(_tune(model_folders["llama"], out, conversations, "eagle", "--budget-minutes", "3")) == 0
 
 
 @pytest.mark.parametrize(
@@ -273,3 +281,15 @@ def test_training_grows_its_data_by_the_spare_time_over_a_conversations_cost(
 )
 def test_the_data_grows_by_the_measured_rate_while_a_third_of_its_share_is_left(count, seconds, share, available, more):
     assert tune._more_conversations(count, seconds, share, available) == more
+
+
+@pytest.mark.parametrize(
+    ("short", "long", "per_step"),
+    [
+        (1.4, 2.2, 0.4),  # the 1-step run's warm-up left out: (2.2 - 1.4) / 2
+        (0.0, 0.0, 1e-3),  # tiny steps, rounded to 0.0 s: at least 1 ms
+        (0.5, 0.3, 0.1),  # the longer run no longer (noise): its mean, 0.3 / 3
+    ],
+)
+def test_a_training_step_is_timed_by_the_difference_of_two_probes(short, long, per_step):
+    assert tune._seconds_per_step(short, long) == pytest.approx(per_step)
