@@ -492,7 +492,7 @@ def step_data(journey: Journey) -> dict:
     count = args.conversations or _conversations_for_budget(journey)
     share_s = DATA_SHARE * max(0.0, journey.budget_left())  # the data's seconds
     folders: list[Path] = []
-    total, rate = 0, None
+    total, rate, left = 0, None, None
     for value in args.data:
         if value in SOURCES or Path(value).is_file():
             journey.say(f"reading the conversations of {value} (cleaned, de-duplicated, checked against Spec-Bench)")
@@ -506,15 +506,15 @@ def step_data(journey: Journey) -> dict:
             if more:  # the conversations went faster than predicted: the rest of the data's share on more of them
                 journey.say(f"{count} conversations took {seconds:.0f} s of the data's {share_s:.0f} s: "
                             f"teacher-forcing {more} more")  # fmt: skip
-                rest = pick_conversations(source, None, args.seed)[count:]
-                others = ConversationSet(rest, source.held_out, source.counts, source.file)
-                folders += _teacher_forced(journey, others, folder.with_name(folder.name + "-more"), more, layers)[0]
+                folders += _teacher_forced_after(journey, source, count, folder.with_name(folder.name + "-more"),
+                                                 more, layers)  # fmt: skip
                 total += more
+            left = max(0, len(source.train) - count - more)  # for the train step's growth (`_growth_room`)
         else:
             folders.append(Path(value))
     data = load_distillation_data(folders, with_aux=bool(layers))
     return {"sources": list(args.data), "folders": [str(f) for f in folders], "conversations": total,
-            "conversations_predicted": count, "seconds_per_conversation": rate,
+            "conversations_predicted": count, "seconds_per_conversation": rate, "conversations_left": left,
             "aux_layers": list(layers), "sequences": int(data.seq_bounds.shape[0]),
             "tokens": int(data.input_ids.numel()), "prompt_format": chat_rendering(tokenizer)}  # fmt: skip
 
@@ -539,6 +539,16 @@ def _teacher_forced(
     if not timing.is_file():
         _write_json(timing, None if resumed else time.perf_counter() - start)
     return built, json.loads(timing.read_text(encoding="utf-8"))
+
+
+def _teacher_forced_after(
+    journey: Journey, source: ConversationSet, taken: int, folder: Path, count: int, layers: tuple
+) -> list[Path]:
+    """`_teacher_forced` of ``count`` conversations of ``source`` after the ``taken`` its first build took (in the
+    order that build picks them)."""
+    rest = pick_conversations(source, None, journey.args.seed)[taken:]
+    others = ConversationSet(rest, source.held_out, source.counts, source.file)
+    return _teacher_forced(journey, others, folder, count, layers)[0]
 
 
 def _more_conversations(count: int, seconds: float | None, share_s: float, available: int) -> int:
@@ -604,11 +614,9 @@ def _grown(journey: Journey, count: int) -> list[Path]:
     teacher-forced into ``DIR/data/<source>-for-training`` (resuming a build begun there)."""
     built = journey.results["data"]
     (value,) = built["sources"]
-    source = _conversation_source(value)
-    rest = pick_conversations(source, None, journey.args.seed)[built["conversations"] :]
-    others = ConversationSet(rest, source.held_out, source.counts, source.file)
     folder = journey.out / "data" / f"{Path(value).stem}-for-training"
-    return _teacher_forced(journey, others, folder, count, tuple(built["aux_layers"]))[0]
+    return _teacher_forced_after(journey, _conversation_source(value), built["conversations"], folder, count,
+                                 tuple(built["aux_layers"]))  # fmt: skip
 
 
 def _more_for_training(spare_s: float, left_s: float, data_s: float | None, train_s: float, available: int) -> int:
@@ -623,17 +631,14 @@ def _more_for_training(spare_s: float, left_s: float, data_s: float | None, trai
 
 
 def _growth_room(journey: Journey) -> tuple[float | None, int]:
-    """``(seconds per conversation, conversations not taken yet)`` of the data's source, where the data came from one
-    conversation source (ShareGPT or a JSON file) at a measured rate and no ``--conversations`` fixed their count;
-    ``(None, 0)`` otherwise."""
-    built, args = journey.results["data"], journey.args
-    if args.conversations or len(built["sources"]) != 1 or not built.get("seconds_per_conversation"):
+    """``(seconds per conversation, conversations not taken yet)`` of the data's source, as the data step recorded
+    them, where the data came from one conversation source (ShareGPT or a JSON file) at a measured rate and no
+    ``--conversations`` fixed their count; ``(None, 0)`` otherwise."""
+    built = journey.results["data"]
+    left, rate = built.get("conversations_left"), built.get("seconds_per_conversation")
+    if journey.args.conversations or len(built["sources"]) != 1 or not rate or left is None:
         return None, 0
-    value = built["sources"][0]
-    if not (value in SOURCES or Path(value).is_file()):
-        return None, 0
-    available = len(_conversation_source(value).train) - int(built["conversations"])
-    return float(built["seconds_per_conversation"]), max(0, available)
+    return float(rate), int(left)
 
 
 def _schedule(journey: Journey, data) -> dict:

@@ -236,6 +236,7 @@ def test_the_data_grows_before_training_where_the_epochs_would_leave_time_unspen
     assert main(_tune(model_folders["llama"], out, conversations, "eagle", "--budget-minutes", "3")) == 0
     steps = json.loads((out / "tune_report.json").read_text())["steps"]
     assert steps["data"]["conversations"] == 8 and len(steps["data"]["folders"]) == 1
+    assert steps["data"]["conversations_left"] == 40 - 8  # recorded where the file was read, not read again
     train = steps["train"]
     added = train["conversations_added"]
     assert added == train["schedule"]["more_conversations"] and 8 <= added <= 40 - 8  # the rest of the file
